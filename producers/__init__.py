@@ -1,0 +1,1 @@
+"""Event producers: a seeded demo-event generator and a load-generator CLI."""

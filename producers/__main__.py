@@ -1,0 +1,3 @@
+from producers.cli import main
+
+raise SystemExit(main())

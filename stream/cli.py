@@ -1,0 +1,150 @@
+"""``python -m stream``: worker, broker, topics, train-model, demo. Thin: parse, set up logging, call one function."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stream.errors import StreamError
+
+log = logging.getLogger("stream")
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+
+
+def _worker_parser(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run one inference worker (a consumer-group member)")
+    # Defaults live in WorkerSettings; None here means "not given", so STREAM_* env can fill it.
+    p.add_argument("--bootstrap-servers", help="default: STREAM_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS")
+    p.add_argument("--input-topic")
+    p.add_argument("--output-topic")
+    p.add_argument("--group-id")
+    p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 256)")
+    p.add_argument("--max-wait-ms", type=float, help="close a batch when its first record waited this long (20)")
+    p.add_argument("--model", help="demo, or package.module:HandlerClass (default demo)")
+    p.add_argument("--model-dir", type=Path)
+    p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
+    p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
+    p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
+    p.add_argument("--stop-at-end", action="store_true", default=None,
+                   help="drain to the end offsets that existed at start, commit, exit 0")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from stream.config import load_settings
+
+    fields = ["bootstrap_servers", "input_topic", "output_topic", "group_id", "max_batch_size", "max_wait_ms",
+              "model", "model_dir", "device", "metrics_port", "commit_interval_ms", "max_inflight_batches",
+              "shutdown_timeout_s", "stop_at_end", "log_level"]
+    settings = load_settings({f: getattr(args, f) for f in fields})
+    _setup_logging(settings.log_level)
+    from stream.worker import Worker
+
+    worker = Worker(settings)
+    worker.install_signal_handlers()
+    summary = worker.run()
+    print(f"worker summary: {summary.line()}", flush=True)
+    return summary.exit_code
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    _setup_logging()
+    from stream.broker import start_broker
+
+    broker = start_broker(args.kind, args.port)
+    print(f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}", flush=True)
+    stopping = False
+
+    def handle(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    try:
+        while not stopping and broker.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        broker.stop()
+    return 0 if stopping else 1
+
+
+def run_topics(args: argparse.Namespace) -> int:
+    from stream.topics import create_topics
+
+    status = create_topics(args.bootstrap_servers, args.topics, args.partitions,
+                           replication_factor=args.replication_factor)
+    for name, state in status.items():
+        print(f"{name}: {state}")
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    _setup_logging()
+    from stream.models.train_demo import train
+
+    result = train(args.out)
+    print(f"demo model saved to {args.out}: held-out ROC AUC {result['auc']:.4f}, "
+          f"fraud rate {result['positive_rate']:.3f}")
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from stream.demo import run_demo as demo
+
+    return demo(broker_kind=args.broker, events=args.events, workers=args.workers, partitions=args.partitions,
+                bootstrap=args.bootstrap_servers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from stream.models.demo import DEFAULT_MODEL_DIR
+
+    parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _worker_parser(sub)
+    b = sub.add_parser("broker", help="run a single-node broker on 127.0.0.1 in the foreground")
+    b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka")
+    b.add_argument("--port", type=int, default=None, help="default: a free port")
+    t = sub.add_parser("topics", help="topic administration")
+    tsub = t.add_subparsers(dest="topics_command", required=True)
+    tc = tsub.add_parser("create", help="create topics (an existing topic is fine)")
+    tc.add_argument("--bootstrap-servers", required=True)
+    tc.add_argument("--partitions", type=int, default=8)
+    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument("topics", nargs="+")
+    m = sub.add_parser("train-model", help="train the demo fraud model (safetensors + config.json)")
+    m.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
+    d = sub.add_parser("demo", help="the whole pipeline end to end on a local broker, verified")
+    d.add_argument("--broker", choices=["kafka", "tansu"], default="tansu")
+    d.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
+    d.add_argument("--events", type=int, default=100_000)
+    d.add_argument("--workers", type=int, default=2)
+    d.add_argument("--partitions", type=int, default=8)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    runners = {"worker": run_worker, "broker": run_broker, "topics": run_topics, "train-model": run_train,
+               "demo": run_demo}
+    try:
+        return runners[args.command](args)
+    except StreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

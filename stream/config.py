@@ -1,0 +1,155 @@
+"""Worker settings: frozen, validated, from CLI flags > ``STREAM_*`` env > defaults.
+
+librdkafka settings pass through from the environment with Confluent's naming rule
+(``KAFKA_SESSION_TIMEOUT_MS`` -> ``session.timeout.ms``; ``__`` -> ``_``; ``___`` -> ``-``).
+``KAFKA_CONSUMER_*`` and ``KAFKA_PRODUCER_*`` reach only that client.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream.errors import ConfigError
+
+# Settings the worker owns: a pass-through value that contradicts them would break the delivery guarantee.
+_CONSUMER_OWNED = {
+    "enable.auto.commit": "false",
+    "enable.auto.offset.store": "false",
+    "partition.assignment.strategy": "cooperative-sticky",
+}
+_PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
+_TOKEN = re.compile(r"_{1,3}|[^_]+")
+
+
+def env_to_librdkafka_key(name: str) -> str:
+    """``SESSION_TIMEOUT_MS`` -> ``session.timeout.ms`` (Confluent's docker naming rule)."""
+    out = []
+    for token in _TOKEN.findall(name.lower()):
+        out.append({"_": ".", "__": "_", "___": "-"}.get(token, token))
+    return "".join(out)
+
+
+def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(consumer, producer) librdkafka settings from ``KAFKA_*`` variables."""
+    common: dict[str, str] = {}
+    consumer: dict[str, str] = {}
+    producer: dict[str, str] = {}
+    for name, value in environ.items():
+        if name.startswith("KAFKA_CONSUMER_"):
+            consumer[env_to_librdkafka_key(name[len("KAFKA_CONSUMER_"):])] = value
+        elif name.startswith("KAFKA_PRODUCER_"):
+            producer[env_to_librdkafka_key(name[len("KAFKA_PRODUCER_"):])] = value
+        elif name.startswith("KAFKA_"):
+            common[env_to_librdkafka_key(name[len("KAFKA_"):])] = value
+    return {**common, **consumer}, {**common, **producer}
+
+
+class WorkerSettings(BaseSettings):
+    """Everything the worker needs; invalid combinations fail before any connection is made."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_", frozen=True, extra="forbid")
+
+    bootstrap_servers: str = Field(default="", description="Kafka bootstrap servers (host:port,...)")
+    input_topic: str = Field(min_length=1, max_length=249)
+    output_topic: str = Field(min_length=1, max_length=249)
+    group_id: str = Field(min_length=1)
+    max_batch_size: int = Field(default=256, ge=1, le=65536)
+    max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0)
+    model: str = Field(default="demo", min_length=1)
+    model_dir: Path | None = None
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    max_inflight_batches: int = Field(default=4, ge=1, le=1024)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    stop_at_end: bool = False
+    schemas_dir: Path | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _check_topics(self) -> WorkerSettings:
+        if self.input_topic == self.output_topic:
+            raise ValueError("input_topic and output_topic must differ (the worker would consume its own output)")
+        return self
+
+    def consumer_config(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        consumer, _ = kafka_env_config(os.environ if environ is None else environ)
+        _check_owned(consumer, _CONSUMER_OWNED)
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1_000,
+            # Fetch big chunks: the poll thread hands whole batches on, it never waits on the model.
+            "fetch.min.bytes": 1,
+            "queued.max.messages.kbytes": 65536,
+        }
+        conf.update(consumer)
+        conf.update(_CONSUMER_OWNED)
+        conf["group.id"] = self.group_id
+        if not conf["bootstrap.servers"]:
+            raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+        return conf
+
+    def producer_config(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        _, producer = kafka_env_config(os.environ if environ is None else environ)
+        _check_owned(producer, _PRODUCER_OWNED)
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "batch.num.messages": 10_000,
+        }
+        conf.update(producer)
+        conf.update(_PRODUCER_OWNED)
+        if not conf["bootstrap.servers"]:
+            raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+        return conf
+
+
+def _check_owned(conf: Mapping[str, str], owned: Mapping[str, str]) -> None:
+    for key, required in owned.items():
+        if key in conf and str(conf[key]).lower() != required:
+            raise ConfigError(
+                f"librdkafka setting {key}={conf[key]!r} (from the environment) conflicts with the worker's "
+                f"delivery guarantee, which needs {key}={required}; unset it"
+            )
+
+
+def load_settings(overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> WorkerSettings:
+    """Settings from CLI overrides (None values ignored), then ``STREAM_*`` env, then defaults.
+
+    ``KAFKA_BOOTSTRAP_SERVERS`` fills ``bootstrap_servers`` when neither the flag nor
+    ``STREAM_BOOTSTRAP_SERVERS`` is given. Raises ConfigError with one line per bad setting.
+    """
+    env = os.environ if environ is None else environ
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "bootstrap_servers" not in given and "STREAM_BOOTSTRAP_SERVERS" not in env and env.get(
+        "KAFKA_BOOTSTRAP_SERVERS"
+    ):
+        given["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
+    try:
+        if environ is None:
+            return WorkerSettings(**given)
+        # Validate against an explicit environment (tests): no process env involved.
+        stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items() if k.startswith("STREAM_")}
+        return WorkerSettings.model_validate({**stream_env, **given})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        flag = "--" + where.replace("_", "-") if err["loc"] else where
+        lines.append(f"{flag} (STREAM_{where.upper()}): {err['msg']}")
+    return "invalid worker settings:\n  " + "\n  ".join(lines)

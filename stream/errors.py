@@ -1,0 +1,71 @@
+"""One error root for the project, with a few subclasses that carry context."""
+
+from __future__ import annotations
+
+
+class StreamError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ConfigError(StreamError):
+    """Bad configuration: raised before anything connects, with a message naming the setting."""
+
+
+class DecodeError(StreamError):
+    """A record's bytes could not be turned into an event.
+
+    `reason` is a short machine-readable category (e.g. ``bad-magic``, ``unknown-schema``); topic,
+    partition and offset are filled in when the bytes came from Kafka.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.detail = message
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        where = f" at {topic}[{partition}]@{offset}" if topic is not None else ""
+        super().__init__(f"{reason}: {message}{where}")
+
+    def at(self, topic: str, partition: int, offset: int) -> DecodeError:
+        """The same error, located at a Kafka record."""
+        return DecodeError(self.reason, self.detail, topic=topic, partition=partition, offset=offset)
+
+
+class ModelError(StreamError):
+    """The model failed on a batch."""
+
+
+class UnrecoverableModelError(ModelError):
+    """The model cannot serve at all (cannot load, device lost): the worker must stop without committing."""
+
+
+class KafkaClientError(StreamError):
+    """A Kafka client operation failed; keeps librdkafka's error code and whether it is retriable/fatal."""
+
+    def __init__(self, operation: str, error: object) -> None:
+        self.operation = operation
+        self.kafka_error = error
+        code = getattr(error, "code", None)
+        self.code = code() if callable(code) else None
+        fatal = getattr(error, "fatal", None)
+        self.fatal = bool(fatal()) if callable(fatal) else False
+        retriable = getattr(error, "retriable", None)
+        self.retriable = bool(retriable()) if callable(retriable) else False
+        super().__init__(f"{operation} failed: {error}")
+
+
+class PublishError(KafkaClientError):
+    """A prediction could not be delivered: nothing at or after it may be committed."""
+
+
+class BrokerError(StreamError):
+    """A local broker (Apache Kafka or Tansu) could not be prepared or started."""

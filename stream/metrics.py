@@ -1,0 +1,108 @@
+"""Prometheus metrics for the worker, built against an injected registry (no global state).
+
+Histograms that are fed a whole batch at a time use `BulkHistogram`, which bins a numpy array in
+one call instead of one Python call per record.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+INFERENCE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                       1.0, 2.5, 5.0, 10.0)
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(17))
+
+
+class BulkHistogram(Collector):
+    """A histogram that accepts arrays: ``observe_many`` costs one numpy call per batch."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._doc = documentation
+        self._bounds = np.asarray(sorted(buckets), dtype=np.float64)
+        self._counts = np.zeros(len(self._bounds) + 1, dtype=np.int64)  # last slot: +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.observe_many(np.asarray([value], dtype=np.float64))
+
+    def observe_many(self, values: np.ndarray) -> None:
+        if len(values) == 0:
+            return
+        # Bucket i counts values <= bounds[i] (Prometheus "le" semantics).
+        slots = np.searchsorted(self._bounds, values, side="left")
+        binned = np.bincount(slots, minlength=len(self._counts))
+        total = float(np.sum(values))
+        with self._lock:
+            self._counts += binned
+            self._sum += total
+
+    def snapshot(self) -> tuple[np.ndarray, float]:
+        with self._lock:
+            return self._counts.copy(), self._sum
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        counts, total = self.snapshot()
+        cumulative = np.cumsum(counts)
+        buckets: list[tuple[str, Any]] = [
+            (_le(b), int(c)) for b, c in zip(self._bounds.tolist(), cumulative[:-1].tolist(), strict=True)
+        ]
+        buckets.append(("+Inf", int(cumulative[-1])))
+        family = HistogramMetricFamily(self._name, self._doc, buckets=buckets, sum_value=total)
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._doc)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class StreamMetrics:
+    """Every metric the worker exports. Names use base units and ``_total`` for counters."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.consumed = Counter("stream_records_consumed", "Input records returned by the consumer.",
+                                registry=r)
+        self.predicted = Counter("stream_predictions", "Predictions acknowledged by the broker.", registry=r)
+        self.committed = Counter(
+            "stream_offsets_committed",
+            "Input offsets covered by successful commits (sum of commit-position advances).", registry=r)
+        self.batches = Counter("stream_batches", "Micro-batches dispatched to the model.", registry=r)
+        self.decode_errors = Counter("stream_decode_errors", "Input records that failed to decode.",
+                                     ["reason"], registry=r)
+        self.commit_failures = Counter("stream_commit_failures", "Offset commits the broker rejected.",
+                                       registry=r)
+        self.assigned_partitions = Gauge("stream_assigned_partitions", "Input partitions assigned now.",
+                                         registry=r)
+        self.in_flight = Gauge("stream_records_in_flight", "Records dispatched and not yet acknowledged.",
+                               registry=r)
+        self.batch_size = BulkHistogram("stream_batch_size_records", "Records per micro-batch.",
+                                        BATCH_SIZE_BUCKETS, r)
+        self.inference_seconds = BulkHistogram("stream_inference_seconds",
+                                               "Model time per micro-batch (collate + forward + outputs).",
+                                               INFERENCE_BUCKETS_S, r)
+        self.e2e_latency_seconds = BulkHistogram(
+            "stream_end_to_end_latency_seconds",
+            "Event ts_ms (producer time) to the broker's acknowledgement of its prediction.",
+            LATENCY_BUCKETS_S, r)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> Any:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the server (``.shutdown()``)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server

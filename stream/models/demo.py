@@ -1,0 +1,84 @@
+"""The demo model: a small tabular fraud-scoring MLP over the 32 event features.
+
+Weights are stored as safetensors plus a small JSON config and loaded without pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from stream.errors import UnrecoverableModelError
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class FraudMLP(nn.Module):
+    def __init__(self, n_features: int = 32, hidden: tuple[int, ...] = (64, 32)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = n_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)  # logits (n,)
+
+
+class DemoFraudHandler:
+    """Model handler for FraudMLP: outputs ``fraud_score`` (probability) and ``is_fraud``."""
+
+    output_fields = ("fraud_score", "is_fraud")
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        self.model_dir = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+        self.name = "demo-fraud-mlp"
+        self.version = "unloaded"
+        self.n_features = 32
+        self.threshold = 0.5
+        self._model: FraudMLP | None = None
+        self._pin = False
+
+    def load(self, device: torch.device) -> None:
+        config_path = self.model_dir / CONFIG_FILE
+        weights_path = self.model_dir / WEIGHTS_FILE
+        if not config_path.is_file() or not weights_path.is_file():
+            raise UnrecoverableModelError(
+                f"demo model not found in {self.model_dir} (needs {CONFIG_FILE} and {WEIGHTS_FILE}); "
+                "train it with `python -m stream train-model`"
+            )
+        config: dict[str, Any] = json.loads(config_path.read_text())
+        self.name = str(config["name"])
+        self.version = str(config["version"])
+        self.n_features = int(config["n_features"])
+        self.threshold = float(config.get("threshold", 0.5))
+        model = FraudMLP(self.n_features, tuple(config["hidden"]))
+        model.load_state_dict(load_file(str(weights_path), device="cpu"))
+        self._model = model.to(device).eval()
+        self._pin = device.type == "cuda"
+
+    def collate(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
+        tensor = torch.from_numpy(features)
+        if self._pin:
+            # Pinned host memory lets the copy run asynchronously with respect to the host thread.
+            return tensor.pin_memory().to(device, non_blocking=True)
+        return tensor.to(device)
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        assert self._model is not None, "load() first"
+        return torch.sigmoid(self._model(inputs))
+
+    def outputs(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
+        scores = raw.float().cpu().numpy()
+        return {"fraud_score": scores, "is_fraud": scores >= self.threshold}

@@ -1,0 +1,128 @@
+"""A pure per-partition offset tracker: what was dispatched, what was acknowledged, what may be committed.
+
+Records are dispatched in spans (the records of one partition in one micro-batch, in offset order).
+A span completes when every record in it is acknowledged (prediction or dead-letter record delivered).
+A partition's commit position is ``last offset + 1`` of the longest run of completed spans from the
+oldest one: an unacknowledged record holds back every later one, so a crash never skips a record.
+Acks are O(1); spans belong to a partition *assignment*, so acks that arrive after a revoke (or
+after the partition came back) are ignored instead of corrupting the new assignment's state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from stream.errors import StreamError
+
+TopicPartition = tuple[str, int]
+
+
+class Span:
+    """The records of one partition in one batch: offsets ``first..last``, ``count`` records."""
+
+    __slots__ = ("count", "first", "last", "outstanding", "partition")
+
+    def __init__(self, partition: PartitionState, first: int, last: int, count: int) -> None:
+        self.partition = partition
+        self.first = first
+        self.last = last
+        self.count = count
+        self.outstanding = count
+
+    def ack(self, n: int = 1) -> None:
+        """n records of this span are durably delivered."""
+        self.outstanding -= n
+        if self.outstanding < 0:
+            raise StreamError(f"span {self.first}..{self.last} acknowledged more than {self.count} times")
+
+    @property
+    def done(self) -> bool:
+        return self.outstanding == 0
+
+
+class PartitionState:
+    __slots__ = ("active", "committed", "spans", "tp")
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.spans: deque[Span] = deque()
+        self.committed: int | None = None  # last position handed out by `committable`
+        self.active = True
+
+    def watermark(self) -> int | None:
+        """Commit position after the longest completed prefix of spans (pops them), or None."""
+        position = None
+        spans = self.spans
+        while spans and spans[0].outstanding == 0:
+            position = spans.popleft().last + 1
+        return position
+
+
+class OffsetTracker:
+    """Tracks dispatched and acknowledged records per assigned partition; computes commit positions."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[TopicPartition, PartitionState] = {}
+        self._pending: dict[TopicPartition, int] = {}  # advanced, not yet committed
+
+    def assign(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            old = self._partitions.get(tp)
+            if old is not None:
+                old.active = False
+            self._partitions[tp] = PartitionState(tp)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Revoked or lost partitions: drop their state; late acks for them are ignored."""
+        for tp in tps:
+            state = self._partitions.pop(tp, None)
+            if state is not None:
+                state.active = False
+            self._pending.pop(tp, None)
+
+    def assigned(self) -> list[TopicPartition]:
+        return list(self._partitions)
+
+    def is_assigned(self, tp: TopicPartition) -> bool:
+        return tp in self._partitions
+
+    def dispatch(self, tp: TopicPartition, first: int, last: int, count: int) -> Span:
+        """Record that ``count`` records with offsets ``first..last`` of ``tp`` went to processing."""
+        state = self._partitions.get(tp)
+        if state is None:
+            raise StreamError(f"dispatch for unassigned partition {tp[0]}[{tp[1]}]")
+        if count < 1 or last < first or count > last - first + 1:
+            raise StreamError(f"bad span {first}..{last} with {count} records for {tp[0]}[{tp[1]}]")
+        if state.spans and first <= state.spans[-1].last:
+            raise StreamError(
+                f"offsets must increase: {tp[0]}[{tp[1]}] span {first}..{last} after ..{state.spans[-1].last}"
+            )
+        span = Span(state, first, last, count)
+        state.spans.append(span)
+        return span
+
+    def in_flight(self, tp: TopicPartition | None = None) -> int:
+        """Records dispatched and not yet acknowledged (for one partition, or all)."""
+        states = self._partitions.values() if tp is None else [self._partitions[tp]]
+        return sum(span.outstanding for state in states for span in state.spans)
+
+    def committable(self, tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """Positions that advanced since the last call (for all or the given partitions); marks them handed out."""
+        for state in self._partitions.values():
+            position = state.watermark()
+            if position is not None:
+                self._pending[state.tp] = position
+        selected = list(self._pending) if tps is None else [tp for tp in tps if tp in self._pending]
+        out = {}
+        for tp in selected:
+            position = self._pending.pop(tp)
+            self._partitions[tp].committed = position
+            out[tp] = position
+        return out
+
+    def restore(self, positions: dict[TopicPartition, int]) -> None:
+        """Put back positions whose commit failed, so the next `committable` offers them again."""
+        for tp, position in positions.items():
+            if tp in self._partitions and tp not in self._pending:
+                self._pending[tp] = position

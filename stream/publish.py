@@ -1,0 +1,107 @@
+"""The producer side: produce predictions, turn delivery reports into offset acknowledgements.
+
+Only one thread (the `Publisher`'s delivery thread) serves delivery callbacks, so span counters are
+written by one thread. A failed delivery is recorded, never acknowledged: the span it belongs to can
+never complete, so no offset at or after it is committed; the worker raises the recorded error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaError, Message, Producer
+
+from stream.errors import PublishError
+from stream.offsets import Span
+
+log = logging.getLogger(__name__)
+Headers = list[tuple[str, bytes]]
+
+
+class SpanDelivery:
+    """Delivery callback for the predictions of one span; calls ``on_done`` once all are acknowledged."""
+
+    __slots__ = ("_publisher", "span", "ts_ms")
+
+    def __init__(self, publisher: Publisher, span: Span) -> None:
+        self._publisher = publisher
+        self.span = span
+        self.ts_ms: np.ndarray | None = None  # event times, for end-to-end latency
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._publisher.record_failure(PublishError("deliver prediction", err), msg)
+            return
+        span = self.span
+        span.outstanding -= 1
+        if span.outstanding == 0:
+            self._publisher.span_done(self)
+
+
+class Publisher:
+    """Wraps the confluent-kafka Producer; a daemon thread polls it for delivery reports."""
+
+    def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
+                 poll_interval_s: float = 0.05) -> None:
+        self._producer = Producer({**config, "error_cb": self._on_client_error})
+        self._on_span_done = on_span_done
+        self._poll_interval_s = poll_interval_s
+        self._failures: list[PublishError] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll_loop, name="delivery", daemon=True)
+        self._thread.start()
+
+    # -- delivery thread ------------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(self._poll_interval_s)
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.record_failure(PublishError("producer", err), None)
+        else:
+            log.warning("producer: %s", err)
+
+    def record_failure(self, error: PublishError, msg: Message | None) -> None:
+        with self._lock:
+            self._failures.append(error)
+        if msg is not None:
+            log.error("delivery to %s[%s] failed: %s", msg.topic(), msg.partition(), error)
+
+    def span_done(self, delivery: SpanDelivery) -> None:
+        self._on_span_done(delivery)
+
+    # -- any thread ------------------------------------------------------------------------------
+    def failure(self) -> PublishError | None:
+        with self._lock:
+            return self._failures[0] if self._failures else None
+
+    def produce_many(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None],
+                     headers: Sequence[Headers], callbacks: Sequence[SpanDelivery]) -> None:
+        """Queue records for delivery; waits (bounded by librdkafka's queue) when the local queue is full."""
+        produce = self._producer.produce
+        for value, key, hdrs, callback in zip(values, keys, headers, callbacks, strict=True):
+            while True:
+                try:
+                    produce(topic, value, key, headers=hdrs, on_delivery=callback)
+                    break
+                except BufferError:
+                    # The delivery thread drains the queue; waiting here is the backpressure.
+                    if self._stop.is_set():
+                        raise PublishError("produce", "publisher closed while the local queue was full") from None
+                    time.sleep(0.001)
+
+    def in_queue(self) -> int:
+        return len(self._producer)
+
+    def close(self, timeout_s: float) -> int:
+        """Stop the delivery thread, flush what is queued; returns how many records are still undelivered."""
+        self._stop.set()
+        self._thread.join()
+        return int(self._producer.flush(timeout_s))

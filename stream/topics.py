@@ -1,0 +1,98 @@
+"""Admin helpers: create topics idempotently, read end offsets and a group's committed offsets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stream.errors import KafkaClientError, StreamError
+
+
+def admin(bootstrap: str, **extra: Any) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **extra})
+
+
+def wait_ready(bootstrap: str, timeout_s: float = 60.0) -> None:
+    """Block until the cluster answers a metadata request with at least one broker."""
+    client = admin(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if client.list_topics(timeout=2).brokers:
+                return
+        except KafkaException as exc:
+            last = exc
+        time.sleep(0.1)
+    raise StreamError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s ({last})")
+
+
+def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, replication_factor: int = 1,
+                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> dict[str, str]:
+    """Create topics; an existing topic is fine. Returns {topic: "created" | "exists"}.
+
+    Waits until every partition of every topic has a leader, so producers can use them at once.
+    """
+    names = list(dict.fromkeys(topics))
+    if partitions < 1:
+        raise StreamError(f"--partitions must be >= 1, got {partitions}")
+    client = admin(bootstrap)
+    futures = client.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+         for t in names], operation_timeout=timeout_s)
+    status = {}
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            status[name] = "created"
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise KafkaClientError(f"create topic {name}", err) from exc
+            status[name] = "exists"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = client.list_topics(timeout=5)
+        ready = all(
+            t in md.topics and md.topics[t].error is None and md.topics[t].partitions
+            and all(p.leader >= 0 for p in md.topics[t].partitions.values())
+            for t in names
+        )
+        if ready:
+            return status
+        if time.monotonic() > deadline:
+            raise StreamError(f"topics {names} have no leaders after {timeout_s:.0f}s")
+        time.sleep(0.1)
+
+
+def partitions_of(bootstrap: str, topic: str) -> list[int]:
+    md = admin(bootstrap).list_topics(topic, timeout=10)
+    info = md.topics.get(topic)
+    if info is None or info.error is not None:
+        raise StreamError(f"topic {topic!r} not found ({info.error if info else 'no metadata'})")
+    return sorted(info.partitions)
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """High watermark per partition (for read_committed readers: the last stable offset)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stream-offsets-probe",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in partitions_of(bootstrap, topic)}
+    finally:
+        consumer.close()
+
+
+def committed_offsets(bootstrap: str, group_id: str, topic: str) -> dict[int, int]:
+    """The group's committed position per partition (-1 where nothing is committed)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
+        return {tp.partition: (tp.offset if tp.offset >= 0 else -1) for tp in consumer.committed(tps, timeout=10)}
+    finally:
+        consumer.close()

@@ -1,0 +1,496 @@
+"""The orchestrator: one poll thread owns the consumer; a processing thread runs decode -> model ->
+encode -> produce; the publisher's delivery thread turns acknowledgements into commit positions.
+
+    poll thread:  consume -> MicroBatcher -> dispatch (spans in OffsetTracker) -> bounded queue
+                  commits (async on a timer, sync on revoke and shutdown); pauses input when the queue is full
+    processor:    decode batch -> one forward pass -> encode batch -> produce (key and input headers kept)
+    delivery:     producer.poll -> SpanDelivery acks -> commit positions advance
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from stream.batching import MicroBatcher
+from stream.codec import EventDecoder, PredictionEncoder, SchemaRegistry
+from stream.config import WorkerSettings
+from stream.errors import KafkaClientError, StreamError
+from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
+from stream.metrics import StreamMetrics
+from stream.offsets import OffsetTracker
+from stream.publish import Publisher, SpanDelivery
+
+log = logging.getLogger(__name__)
+HEADER_TOPIC = "stream.input.topic"
+HEADER_PARTITION = "stream.input.partition"
+HEADER_OFFSET = "stream.input.offset"
+_IDLE_POLL_S = 0.1
+_STALL_STEP_S = 0.05
+_PAUSE_AFTER_S = 1.0
+
+
+@dataclass
+class Dispatched:
+    """A closed micro-batch on its way to the processor."""
+
+    messages: list[Message]
+    partitions: np.ndarray  # input partition per message
+    deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
+
+
+@dataclass
+class WorkerSummary:
+    consumed: int = 0
+    predicted: int = 0
+    committed: int = 0
+    batches: int = 0
+    batched_records: int = 0
+    error: str | None = None
+    exit_code: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.batched_records / self.batches if self.batches else 0.0
+
+    def line(self) -> str:
+        return (f"consumed={self.consumed} predicted={self.predicted} committed={self.committed} "
+                f"batches={self.batches} mean_batch_size={self.mean_batch_size:.1f}"
+                + (f" error={self.error!r}" if self.error else ""))
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        handler: ModelHandler | None = None,
+        metrics: StreamMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else StreamMetrics()
+        self._clock = clock
+        registry = SchemaRegistry.from_dir(settings.schemas_dir)
+        handler = handler if handler is not None else create_handler(settings.model, settings.model_dir)
+        self._engine = InferenceEngine(handler, select_device(settings.device))
+        self._decoder = EventDecoder(registry, self._engine.handler.n_features)
+        self._encoder = PredictionEncoder(registry, self._engine.handler.output_fields)
+        self._consumer_config = settings.consumer_config()
+        self._producer_config = settings.producer_config()
+        self._batcher: MicroBatcher[Message] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock)
+        self._tracker = OffsetTracker()
+        self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=settings.max_inflight_batches)
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._failure_lock = threading.Lock()
+        self._summary = WorkerSummary()
+        self._paused = False
+        self._committed_positions: dict[tuple[str, int], int] = {}
+        self._consumer: Consumer | None = None
+        self._publisher: Publisher | None = None
+        self._end_offsets: dict[int, int] | None = None
+        self._next_drain_check = 0.0
+
+    # ---------------------------------------------------------------------------- public
+    def request_stop(self) -> None:
+        """Stop fetching, finish and publish what is in flight, commit, exit (safe from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: finishing in-flight work and stopping", signal.Signals(signum).name)
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(self) -> WorkerSummary:
+        s = self.settings
+        self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done)
+        self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,
+                                   "error_cb": self._on_consumer_error})
+        processor = threading.Thread(target=self._process_loop, name="processor", daemon=True)
+        processor.start()
+        metrics_server = self.metrics.serve(s.metrics_port, s.metrics_host) if s.metrics_port is not None else None
+        try:
+            if s.stop_at_end:
+                self._end_offsets = self._read_end_offsets()
+            self._consumer.subscribe([s.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_lost)
+            log.info("worker consuming %s -> %s as group %s (max_batch_size=%d, max_wait_ms=%g)",
+                     s.input_topic, s.output_topic, s.group_id, s.max_batch_size, s.max_wait_ms)
+            self._poll_loop()
+        except BaseException as exc:  # keep going to the orderly shutdown below, then report
+            self._fail(exc)
+        finally:
+            self._shutdown(processor)
+            if metrics_server is not None:
+                metrics_server.shutdown()
+        summary = self._summary
+        if self._failure is not None:
+            summary.error = f"{type(self._failure).__name__}: {self._failure}"
+            summary.exit_code = 1
+        log.info("shutdown summary: %s", summary.line())
+        return summary
+
+    # ---------------------------------------------------------------------------- poll thread
+    def _poll_loop(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        batcher = self._batcher
+        commit_every_s = self.settings.commit_interval_ms / 1000.0
+        next_commit = self._clock() + commit_every_s
+        stalled_since: float | None = None
+        while not self._stop.is_set() and self._failure_now() is None:
+            messages: list[Message] = []
+            if batcher.ready():
+                if self._try_dispatch(wait_s=0.0 if self._paused else _STALL_STEP_S):
+                    stalled_since = None
+                else:
+                    # Queue full. Pausing restarts fetching on resume, so only pause on a sustained stall;
+                    # until then the short blocking put keeps consume() calls (membership) frequent enough.
+                    now = self._clock()
+                    stalled_since = now if stalled_since is None else stalled_since
+                    if self._paused:
+                        messages = consumer.consume(1, _STALL_STEP_S)  # serves rebalances, heartbeats
+                    elif now - stalled_since >= _PAUSE_AFTER_S:
+                        self._set_paused(True)
+            elif len(batcher) == 0:
+                # Empty batch: take one record as soon as it arrives, so its wait is timed from arrival.
+                messages = consumer.consume(1, _IDLE_POLL_S)
+            else:
+                messages = consumer.consume(max(batcher.room, 1), batcher.time_left() or 0.0)
+            if messages:
+                self._accept(messages)
+            now = self._clock()
+            if now >= next_commit:
+                self._commit(asynchronous=True)
+                next_commit = now + commit_every_s
+            if self._end_offsets is not None and self._drained():
+                log.info("stop-at-end: every partition is committed up to its end offset at start")
+                break
+            self.metrics.in_flight.set(self._tracker.in_flight())
+
+    def _accept(self, messages: list[Message]) -> None:
+        good = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                good.append(msg)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            elif err.fatal() or not err.retriable():
+                raise KafkaClientError("consume", err)
+            else:
+                log.warning("consume: %s", err)
+        if good:
+            self._summary.consumed += len(good)
+            self.metrics.consumed.inc(len(good))
+            self._batcher.add(good)
+
+    def _try_dispatch(self, wait_s: float) -> bool:
+        """Hand the closed batch to the processor, waiting up to ``wait_s`` for queue space."""
+        if self._queue.full():
+            deadline = self._clock() + wait_s
+            while self._queue.full():
+                if self._clock() >= deadline:
+                    return False
+                time.sleep(0.0005)
+        self._queue.put_nowait(self._close_batch())  # only this thread puts: the space is still there
+        if self._paused:
+            self._set_paused(False)
+        return True
+
+    def _close_batch(self) -> Dispatched:
+        """Take the open batch and register its per-partition spans with the offset tracker."""
+        messages = self._batcher.take()
+        if len(messages) > self._batcher.max_batch_size:  # a record that slipped in while paused
+            self._batcher.add(messages[self._batcher.max_batch_size:])
+            messages = messages[: self._batcher.max_batch_size]
+        partitions = np.fromiter((m.partition() for m in messages), dtype=np.int32, count=len(messages))
+        bounds: dict[int, list[int]] = {}
+        for msg in messages:
+            p, off = msg.partition(), msg.offset()
+            b = bounds.get(p)
+            if b is None:
+                bounds[p] = [off, off, 1]
+            else:
+                b[1] = off
+                b[2] += 1
+        topic = self.settings.input_topic
+        for p, (first, _, _) in bounds.items():
+            # Base for the committed counter when the group had no commit for this partition.
+            self._committed_positions.setdefault((topic, p), first)
+        assert self._publisher is not None
+        deliveries = {
+            p: SpanDelivery(self._publisher, self._tracker.dispatch((topic, p), first, last, count))
+            for p, (first, last, count) in bounds.items()
+        }
+        self._summary.batches += 1
+        self._summary.batched_records += len(messages)
+        self.metrics.batches.inc()
+        self.metrics.batch_size.observe(len(messages))
+        return Dispatched(messages, partitions, deliveries)
+
+    def _set_paused(self, paused: bool) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        assignment = consumer.assignment()
+        if assignment:
+            (consumer.pause if paused else consumer.resume)(assignment)
+        self._paused = paused
+
+    def _commit(self, *, asynchronous: bool, tps: list[tuple[str, int]] | None = None) -> None:
+        positions = self._tracker.committable(tps)
+        if not positions:
+            return
+        consumer = self._consumer
+        assert consumer is not None
+        offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
+        if asynchronous:
+            consumer.commit(offsets=offsets, asynchronous=True)
+            return
+        try:
+            result = consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            self.metrics.commit_failures.inc()
+            self._tracker.restore(positions)
+            raise KafkaClientError("commit", exc.args[0]) from exc
+        self._record_commits(result or offsets)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None:
+            # Offer the positions again; a later commit of a higher position supersedes them.
+            self.metrics.commit_failures.inc()
+            log.warning("async commit failed: %s", err)
+            self._tracker.restore({(tp.topic, tp.partition): tp.offset for tp in partitions if tp.offset >= 0})
+            return
+        self._record_commits(partitions)
+
+    def _record_commits(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.error is not None or tp.offset < 0:
+                continue
+            key = (tp.topic, tp.partition)
+            before = self._committed_positions.get(key)
+            if before is None or tp.offset > before:
+                advanced = tp.offset - (before if before is not None else tp.offset)
+                self._committed_positions[key] = tp.offset
+                self._summary.committed += advanced
+                self.metrics.committed.inc(advanced)
+
+    # ---------------------------------------------------------------------------- rebalances
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        self._tracker.assign(tps)
+        committed = consumer.committed(partitions, timeout=10)
+        for tp in committed:
+            if tp.offset >= 0:
+                self._committed_positions[(tp.topic, tp.partition)] = tp.offset
+        if self._paused:
+            consumer.pause(partitions)
+        self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
+        log.info("assigned %s", _fmt(tps))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Finish the revoked partitions' in-flight records, commit them synchronously, forget them."""
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        revoked = set(tps)
+        dropped = self._batcher.discard(lambda m: (m.topic(), m.partition()) not in revoked)
+        deadline = time.monotonic() + self._revoke_budget_s()
+        live = [tp for tp in tps if self._tracker.is_assigned(tp)]
+        while (any(self._tracker.in_flight(tp) for tp in live) and time.monotonic() < deadline
+               and self._failure_now() is None):
+            time.sleep(0.002)
+        try:
+            self._commit(asynchronous=False, tps=live)
+        except KafkaClientError as exc:
+            log.error("commit on revoke failed (the next owner re-processes from the last commit): %s", exc)
+        unfinished = sum(self._tracker.in_flight(tp) for tp in live)
+        if unfinished:
+            log.warning("revoke: %d records still unacknowledged after %.1fs; not committed",
+                        unfinished, self._revoke_budget_s())
+        self._tracker.forget(tps)
+        self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
+        log.info("revoked %s (dropped %d unstarted records)", _fmt(tps), dropped)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Ownership already gone: commit nothing, drop state (their in-flight records may be repeated)."""
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        lost = set(tps)
+        self._batcher.discard(lambda m: (m.topic(), m.partition()) not in lost)
+        self._tracker.forget(tps)
+        self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
+        log.warning("lost %s", _fmt(tps))
+
+    def _revoke_budget_s(self) -> float:
+        max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
+        return min(max_poll_ms / 2000.0, self.settings.shutdown_timeout_s)
+
+    # ---------------------------------------------------------------------------- processor thread
+    def _process_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._failure_now() is not None:
+                continue  # drain without work: nothing after a failure may be published
+            try:
+                self._process(item)
+            except BaseException as exc:
+                self._fail(exc)
+
+    def _process(self, batch: Dispatched) -> None:
+        msgs = batch.messages
+        events, errors = self._decoder.decode_batch([m.value() for m in msgs])
+        if errors:
+            index, error = errors[0]
+            bad = msgs[index]
+            for _, e in errors:
+                self.metrics.decode_errors.labels(e.reason).inc()
+            raise error.at(bad.topic(), bad.partition(), bad.offset())
+        result = self._engine.run(events.features)
+        self.metrics.inference_seconds.observe(result.seconds)
+        handler = self._engine.handler
+        payloads = self._encoder.encode_batch(
+            events, result.outputs, model_name=handler.name, model_version=handler.version,
+            predicted_ts_ms=int(time.time() * 1000), batch_size=len(msgs))
+        row_partitions = batch.partitions[events.index]
+        for p, delivery in batch.deliveries.items():
+            delivery.ts_ms = events.ts_ms[row_partitions == p]
+        topic = msgs[0].topic().encode()
+        keys = []
+        headers = []
+        callbacks = []
+        for i in events.index.tolist():
+            m = msgs[i]
+            keys.append(m.key())
+            p = m.partition()
+            headers.append([(HEADER_TOPIC, topic), (HEADER_PARTITION, b"%d" % p),
+                            (HEADER_OFFSET, b"%d" % m.offset())])
+            callbacks.append(batch.deliveries[p])
+        assert self._publisher is not None
+        self._publisher.produce_many(self.settings.output_topic, payloads, keys, headers, callbacks)
+
+    # ---------------------------------------------------------------------------- delivery thread
+    def _on_span_done(self, delivery: SpanDelivery) -> None:
+        n = delivery.span.count
+        self._summary.predicted += n
+        self.metrics.predicted.inc(n)
+        if delivery.ts_ms is not None and len(delivery.ts_ms):
+            now_ms = time.time() * 1000.0
+            self.metrics.e2e_latency_seconds.observe_many((now_ms - delivery.ts_ms) / 1000.0)
+
+    # ---------------------------------------------------------------------------- errors, end, shutdown
+    def _fail(self, exc: BaseException) -> None:
+        with self._failure_lock:
+            if self._failure is None:
+                self._failure = exc
+                log.error("worker failing: %s: %s", type(exc).__name__, exc)
+        self._stop.set()
+
+    def _failure_now(self) -> BaseException | None:
+        if self._failure is None and self._publisher is not None:
+            failure = self._publisher.failure()
+            if failure is not None:
+                self._fail(failure)
+        return self._failure
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fail(KafkaClientError("consumer", err))
+        else:
+            log.warning("consumer: %s", err)
+
+    def _read_end_offsets(self) -> dict[int, int]:
+        consumer = self._consumer
+        assert consumer is not None
+        topic = self.settings.input_topic
+        metadata = consumer.list_topics(topic, timeout=10)
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            raise StreamError(f"input topic {topic!r} not found: {info.error if info else 'no metadata'}")
+        ends = {}
+        for p in info.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            ends[p] = high if high > low else -1  # -1: nothing to consume
+        log.info("stop-at-end: end offsets at start %s", ends)
+        return ends
+
+    def _drained(self) -> bool:
+        """True once the group's committed offsets reach the end offsets seen at start, for every partition."""
+        now = self._clock()
+        if now < self._next_drain_check:
+            return False
+        self._next_drain_check = now + 0.25
+        assert self._end_offsets is not None and self._consumer is not None
+        pending = {p: end for p, end in self._end_offsets.items() if end >= 0}
+        # Own partitions first (no round trip): what we committed.
+        topic = self.settings.input_topic
+        for (t, p), pos in self._committed_positions.items():
+            if t == topic and p in pending and pos >= pending[p]:
+                del pending[p]
+        if not pending:
+            return True
+        if self._tracker.in_flight() or len(self._batcher):
+            return False
+        self._commit(asynchronous=False)
+        others = [TopicPartition(topic, p) for p in pending]
+        for tp in self._consumer.committed(others, timeout=10):
+            if tp.offset != OFFSET_INVALID and tp.offset >= pending[tp.partition]:
+                del pending[tp.partition]
+        return not pending
+
+    def _shutdown(self, processor: threading.Thread) -> None:
+        consumer, publisher = self._consumer, self._publisher
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        failed = self._failure_now() is not None
+        # 1. Finish the open batch (never after a failure: nothing past it may be published).
+        while not failed and len(self._batcher) and consumer is not None:
+            try:
+                self._queue.put(self._close_batch(), timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Full:
+                self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
+                break
+        # 2. Let the processor finish the queue.
+        try:
+            self._queue.put(None, timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Full:
+            log.error("processor did not drain its queue within the shutdown timeout")
+        processor.join(timeout=max(deadline - time.monotonic(), 0.01))
+        # 3. Wait for every delivery report, then commit the acknowledged watermark.
+        if publisher is not None:
+            undelivered = publisher.close(max(deadline - time.monotonic(), 0.01))
+            if undelivered:
+                log.error("%d predictions undelivered at shutdown; their offsets stay uncommitted", undelivered)
+            failure = publisher.failure()
+            if failure is not None:
+                self._fail(failure)
+        if consumer is not None:
+            try:
+                self._commit(asynchronous=False)
+            except KafkaClientError as exc:
+                self._fail(exc)
+            self._stop.set()
+            try:
+                consumer.close()  # leaves the group; on_revoke finds nothing left to do
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consumer close: %s", exc)
+
+
+def _fmt(tps: list[tuple[str, int]]) -> str:
+    if not tps:
+        return "nothing"
+    return f"{tps[0][0]}{sorted(p for _, p in tps)}"
