@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from stream.errors import BrokerError
+from stream.process import die_with_parent
 
 log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"
@@ -93,12 +92,6 @@ def ensure_kafka_jars() -> Path:
         raise BrokerError(f"maven could not resolve Kafka {KAFKA_VERSION}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     (libs / ".complete").write_text(KAFKA_VERSION + "\n")
     return libs
-
-
-def _die_with_parent() -> None:
-    """Child-side: get SIGTERM when the parent dies, so a killed test run leaves no broker behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_file: Path) -> None:
@@ -190,7 +183,7 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
         raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
     with open(workdir / "stdout.log", "wb") as out:
         proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     broker = LocalBroker("kafka", port, proc, workdir)
     try:
         _wait_port(port, proc, timeout_s, workdir / "stdout.log")
@@ -220,7 +213,7 @@ def start_tansu(port: int | None = None, *, timeout_s: float = 30.0) -> LocalBro
         proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent)
     broker = LocalBroker("tansu", port, proc, workdir)
     try:
         _wait_port(port, proc, timeout_s, log_file)

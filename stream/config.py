@@ -25,6 +25,8 @@ _CONSUMER_OWNED = {
     "partition.assignment.strategy": "cooperative-sticky",
 }
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
+# STREAM_* variables read elsewhere (broker cache, test fixture), not worker settings.
+NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER"})
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
@@ -136,11 +138,10 @@ def load_settings(overrides: Mapping[str, Any], environ: Mapping[str, str] | Non
         "KAFKA_BOOTSTRAP_SERVERS"
     ):
         given["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
+    # Every STREAM_* variable must be a setting (typos fail loudly) except the few other tools read.
+    stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items()
+                  if k.startswith("STREAM_") and k not in NON_SETTING_ENV}
     try:
-        if environ is None:
-            return WorkerSettings(**given)
-        # Validate against an explicit environment (tests): no process env involved.
-        stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items() if k.startswith("STREAM_")}
         return WorkerSettings.model_validate({**stream_env, **given})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None

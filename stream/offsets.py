@@ -124,5 +124,9 @@ class OffsetTracker:
     def restore(self, positions: dict[TopicPartition, int]) -> None:
         """Put back positions whose commit failed, so the next `committable` offers them again."""
         for tp, position in positions.items():
-            if tp in self._partitions and tp not in self._pending:
-                self._pending[tp] = position
+            state = self._partitions.get(tp)
+            if state is None or tp in self._pending:
+                continue
+            if state.committed is not None and position < state.committed:
+                continue  # a newer position was handed out since: never regress
+            self._pending[tp] = position

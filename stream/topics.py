@@ -77,13 +77,31 @@ def partitions_of(bootstrap: str, topic: str) -> list[int]:
     return sorted(info.partitions)
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    """High watermark per partition (for read_committed readers: the last stable offset)."""
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+    """High watermark per partition: the offset after the last record.
+
+    Asked twice: by ListOffsets, and from the high watermark a fetch response carries (the largest wins).
+    The embedded Tansu broker answers ListOffsets(latest) wrongly (we measured 1 on a 1,449-record
+    partition) but its fetch responses are right; on Apache Kafka both agree.
+    """
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stream-offsets-probe",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+                         "enable.auto.commit": False, "max.partition.fetch.bytes": 1024})
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in partitions_of(bootstrap, topic)}
+        parts = partitions_of(bootstrap, topic)
+        listed = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                  for p in parts}
+        consumer.assign([TopicPartition(topic, p, max(listed[p][1], listed[p][0], 0)) for p in parts])
+        fetched: dict[int, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(fetched) < len(parts) and time.monotonic() < deadline:
+            consumer.consume(100, 0.1)
+            for p in parts:
+                high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+                if high >= 0:
+                    fetched[p] = high
+        if len(fetched) < len(parts):
+            raise StreamError(f"no fetch response for {topic} partitions {sorted(set(parts) - set(fetched))}")
+        return {p: max(listed[p][1], fetched[p]) for p in parts}
     finally:
         consumer.close()
 

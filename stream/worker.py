@@ -30,6 +30,7 @@ from stream.inference import InferenceEngine, ModelHandler, create_handler, sele
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
 from stream.publish import Publisher, SpanDelivery
+from stream.topics import end_offsets
 
 log = logging.getLogger(__name__)
 HEADER_TOPIC = "stream.input.topic"
@@ -415,17 +416,7 @@ class Worker:
             log.warning("consumer: %s", err)
 
     def _read_end_offsets(self) -> dict[int, int]:
-        consumer = self._consumer
-        assert consumer is not None
-        topic = self.settings.input_topic
-        metadata = consumer.list_topics(topic, timeout=10)
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None:
-            raise StreamError(f"input topic {topic!r} not found: {info.error if info else 'no metadata'}")
-        ends = {}
-        for p in info.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-            ends[p] = high if high > low else -1  # -1: nothing to consume
+        ends = end_offsets(self.settings.bootstrap_servers, self.settings.input_topic)
         log.info("stop-at-end: end offsets at start %s", ends)
         return ends
 
@@ -436,7 +427,7 @@ class Worker:
             return False
         self._next_drain_check = now + 0.25
         assert self._end_offsets is not None and self._consumer is not None
-        pending = {p: end for p, end in self._end_offsets.items() if end >= 0}
+        pending = {p: end for p, end in self._end_offsets.items() if end > 0}
         # Own partitions first (no round trip): what we committed.
         topic = self.settings.input_topic
         for (t, p), pos in self._committed_positions.items():

@@ -1,0 +1,70 @@
+"""Worker child processes for the demo, the tests and the chaos suite: started, signalled and reaped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+_SUMMARY = re.compile(r"worker summary: consumed=(\d+) predicted=(\d+) committed=(\d+) batches=(\d+)")
+
+
+def die_with_parent() -> None:
+    """Child-side (preexec): get SIGTERM when the parent dies, so a killed test run leaves nothing behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class WorkerProcess:
+    """A ``python -m stream worker`` child process, logging to a file; stopped by PID."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen([sys.executable, "-m", "stream", "worker", *args], stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit within the bound. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return int(self.proc.returncode)
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Exit code once the process exits within ``timeout_s``, else None."""
+        try:
+            return int(self.proc.wait(timeout_s))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def summary(self) -> dict[str, int] | None:
+        match = _SUMMARY.search(self.output())
+        if match is None:
+            return None
+        keys = ("consumed", "predicted", "committed", "batches")
+        return dict(zip(keys, map(int, match.groups()), strict=True))

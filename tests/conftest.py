@@ -1,0 +1,63 @@
+"""Shared fixtures: the demo model (trained once per session) and, for integration tests, one broker
+per session: KAFKA_BOOTSTRAP_SERVERS if set, else Apache Kafka when java and mvn exist, else Tansu
+(STREAM_TEST_BROKER=kafka|tansu forces one).
+With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka is a failure, not a fallback."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stream.broker import kafka_available, start_kafka, start_tansu
+from stream.models.train_demo import train
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    bootstrap: str
+    kind: str  # "external", "kafka" or "tansu"
+
+    @property
+    def hides_aborted_transactions(self) -> bool:
+        return self.kind != "tansu"
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo-model")
+    train(out, n_train=100_000, epochs=6)
+    return out
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[BrokerInfo]:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield BrokerInfo(external, "external")
+        return
+    choice = os.environ.get("STREAM_TEST_BROKER", "auto")  # auto | kafka | tansu
+    if choice == "tansu":
+        local = start_tansu()
+    elif kafka_available() or choice == "kafka":
+        local = start_kafka()
+    elif os.environ.get("STREAM_REQUIRE_KAFKA") == "1":
+        pytest.fail("STREAM_REQUIRE_KAFKA=1 but Apache Kafka is unavailable (needs java and mvn)")
+    else:
+        local = start_tansu()
+    try:
+        yield BrokerInfo(local.bootstrap, local.kind)
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Topic and group names unique per test, readable in broker logs."""
+    stem = request.node.name.replace("[", "-").replace("]", "")[:60]
+    run = uuid.uuid4().hex[:6]
+    return lambda kind: f"{stem}-{kind}-{run}"

@@ -1,0 +1,225 @@
+"""End-to-end behaviour against the session broker (Apache Kafka in CI): real worker processes,
+real signals, verified by an independent reader of the output topic."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.events import generate_events
+from producers.load import produce_events
+from stream.broker import free_port
+from stream.codec import SchemaRegistry, decode
+from stream.process import WorkerProcess
+from stream.topics import committed_offsets, create_topics, end_offsets
+from stream.verify import OutputReader, check_committed
+from stream.worker import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
+from tests.conftest import BrokerInfo
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+PARTITIONS = 4
+# Tansu answers a new group's first join after ~half the session timeout: keep it short everywhere.
+WORKER_ENV = {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"}
+
+
+class Pipeline:
+    def __init__(self, broker: BrokerInfo, name: Callable[[str], str], model_dir: Path, tmp: Path) -> None:
+        self.bootstrap = broker.bootstrap
+        self.input, self.output, self.group = name("in"), name("out"), name("group")
+        self.model_dir = model_dir
+        self.tmp = tmp
+        self.workers: list[WorkerProcess] = []
+        create_topics(self.bootstrap, [self.input, self.output], PARTITIONS)
+
+    def worker(self, *extra: str) -> WorkerProcess:
+        args = ["--bootstrap-servers", self.bootstrap, "--input-topic", self.input, "--output-topic", self.output,
+                "--group-id", self.group, "--model-dir", str(self.model_dir), "--commit-interval-ms", "200",
+                *extra]
+        proc = WorkerProcess(args, self.tmp / f"worker-{len(self.workers)}.log", WORKER_ENV)
+        self.workers.append(proc)
+        return proc
+
+    def produce(self, count: int, *, seed: int, start: int = 0) -> set[str]:
+        summary = produce_events(self.bootstrap, self.input, count, seed=seed, start=start)
+        assert summary.failed == 0 and summary.delivered == count, summary.line()
+        return set(generate_events(count, seed=seed, start=start).event_ids)
+
+    def reader(self) -> OutputReader:
+        return OutputReader(self.bootstrap, self.output)
+
+    def committed_problems(self) -> list[str]:
+        return check_committed(committed_offsets(self.bootstrap, self.group, self.input),
+                               end_offsets(self.bootstrap, self.input))
+
+    def cleanup(self) -> None:
+        for w in self.workers:
+            w.kill()
+
+
+@pytest.fixture
+def pipeline(broker: BrokerInfo, unique_name: Callable[[str], str], model_dir: Path,
+             tmp_path: Path) -> Iterator[Pipeline]:
+    p = Pipeline(broker, unique_name, model_dir, tmp_path)
+    yield p
+    p.cleanup()
+
+
+def wait_for_assignment(worker: WorkerProcess, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if " assigned " in worker.output():
+            return
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"no assignment within {timeout_s}s:\n{worker.output()[-3000:]}")
+
+
+def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeline: Pipeline) -> None:
+    port = free_port()
+    worker = pipeline.worker("--metrics-port", str(port), "--max-batch-size", "64", "--max-wait-ms", "10")
+    wait_for_assignment(worker)
+    expected = pipeline.produce(5_000, seed=11)
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=90), f"missing {reader.missing(expected)}"
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert worker.terminate() == 0, worker.output()[-3000:]
+    reader.poll(1.0)
+    assert len(reader.predictions) == 5_000 and reader.duplicates() == 0 and reader.unexpected(expected) == 0
+    assert pipeline.committed_problems() == []
+    # Each prediction keeps the input key and names its input record.
+    events = {e: k for e, k in zip(*_ids_and_keys(11, 5_000), strict=True)}
+    offsets_seen = set()
+    for p in reader.predictions:
+        assert p.key == events[p.event_id].encode()
+        assert p.headers[HEADER_TOPIC] == pipeline.input.encode()
+        offsets_seen.add((int(p.headers[HEADER_PARTITION]), int(p.headers[HEADER_OFFSET])))
+        assert 1 <= int(p.record["batch_size"]) <= 64  # type: ignore[call-overload]
+        assert p.record["model_name"] == "demo-fraud-mlp"
+    assert len(offsets_seen) == 5_000
+    assert "stream_records_consumed_total 5000.0" in metrics
+    for name in ("stream_predictions_total", "stream_offsets_committed_total", "stream_batch_size_records_bucket",
+                 "stream_inference_seconds_bucket", "stream_end_to_end_latency_seconds_bucket"):
+        assert name in metrics
+    assert "worker summary: consumed=5000 predicted=5000 committed=5000" in worker.output()
+
+
+def _ids_and_keys(seed: int, count: int) -> tuple[list[str], list[str]]:
+    block = generate_events(count, seed=seed)
+    return block.event_ids, block.keys
+
+
+def test_restart_after_sigterm_resumes_without_loss_or_duplicates(pipeline: Pipeline) -> None:
+    first = pipeline.worker()
+    wait_for_assignment(first)
+    expected = pipeline.produce(3_000, seed=21)
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=90)
+    assert first.terminate() == 0, first.output()[-3000:]
+    # Produced while no worker runs: the restarted worker must pick up exactly these.
+    expected |= pipeline.produce(3_000, seed=21, start=3_000)
+    second = pipeline.worker()
+    assert reader.read_until(expected, timeout_s=90), f"missing {reader.missing(expected)}"
+    assert second.terminate() == 0, second.output()[-3000:]
+    reader.poll(1.0)
+    assert reader.duplicates() == 0 and len(reader.predictions) == 6_000
+    assert pipeline.committed_problems() == []
+    assert "consumed=3000 predicted=3000 committed=3000" in second.output()
+
+
+def test_two_workers_split_partitions_and_predict_every_event_once(pipeline: Pipeline) -> None:
+    a, b = pipeline.worker(), pipeline.worker()
+    wait_for_assignment(a)
+    wait_for_assignment(b)
+    # Both members hold partitions once the group has settled: wait until the assignments are disjoint
+    # and cover every partition (cooperative rebalancing may take two rounds).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        owned_a, owned_b = _owned(a), _owned(b)
+        if owned_a and owned_b and owned_a | owned_b == set(range(PARTITIONS)) and not owned_a & owned_b:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"group did not settle: a={_owned(a)} b={_owned(b)}")
+    expected = pipeline.produce(8_000, seed=31)
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=90), f"missing {reader.missing(expected)}"
+    codes = [a.terminate(), b.terminate()]
+    assert codes == [0, 0]
+    reader.poll(1.0)
+    assert len(reader.predictions) == 8_000 and reader.duplicates() == 0
+    sa, sb = a.summary(), b.summary()
+    assert sa and sb and sa["consumed"] > 0 and sb["consumed"] > 0
+    assert sa["consumed"] + sb["consumed"] == 8_000
+    assert pipeline.committed_problems() == []
+
+
+_OWNERSHIP = re.compile(r" (assigned|revoked|lost) \S+?\[([\d, ]*)\]")
+
+
+def _owned(worker: WorkerProcess) -> set[int]:
+    """Partitions a worker holds now, replayed from its assign/revoke/lost log lines."""
+    owned: set[int] = set()
+    for verb, listed in _OWNERSHIP.findall(worker.output()):
+        parts = {int(x) for x in listed.split(",") if x.strip()}
+        owned = owned | parts if verb == "assigned" else owned - parts
+    return owned
+
+
+def test_stop_at_end_drains_commits_and_exits_zero(pipeline: Pipeline) -> None:
+    expected = pipeline.produce(4_000, seed=41)
+    worker = pipeline.worker("--stop-at-end")
+    assert worker.wait(120) == 0, worker.output()[-3000:]
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=30)
+    assert len(reader.predictions) == 4_000 and reader.duplicates() == 0
+    assert pipeline.committed_problems() == []
+    # Events produced after it exited are left for the next run.
+    pipeline.produce(10, seed=41, start=4_000)
+    assert pipeline.committed_problems() != []
+
+
+def test_stop_at_end_on_an_empty_topic_exits_at_once(pipeline: Pipeline) -> None:
+    worker = pipeline.worker("--stop-at-end")
+    assert worker.wait(60) == 0, worker.output()[-3000:]
+    assert "consumed=0" in worker.output()
+
+
+def test_bad_configuration_fails_fast_with_a_clear_message(pipeline: Pipeline) -> None:
+    worker = pipeline.worker("--max-batch-size", "0")
+    assert worker.wait(60) == 2
+    assert "--max-batch-size" in worker.output()
+
+
+def test_predictions_decode_with_the_registered_schema(pipeline: Pipeline) -> None:
+    expected = pipeline.produce(300, seed=51)
+    worker = pipeline.worker("--stop-at-end")
+    assert worker.wait(120) == 0, worker.output()[-3000:]
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=30)
+    registry = SchemaRegistry.from_dir()
+    schema, record = decode(registry, _first_raw_value(pipeline))
+    assert schema.name == "stream.demo.FraudPrediction" and schema.schema_id == 2
+    assert set(record) == {"event_id", "model_name", "model_version", "fraud_score", "is_fraud", "event_ts_ms",
+                           "predicted_ts_ms", "batch_size"}
+    assert record["predicted_ts_ms"] >= record["event_ts_ms"]
+
+
+def _first_raw_value(pipeline: Pipeline) -> bytes:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": pipeline.bootstrap, "group.id": "raw-peek", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(pipeline.output, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None and msg.error() is None:
+                return bytes(msg.value())
+        raise AssertionError("no prediction to peek at")
+    finally:
+        c.close()

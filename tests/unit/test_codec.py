@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.events import generate_events
+from stream.codec import (
+    EVENT_SCHEMA,
+    PREDICTION_SCHEMA,
+    EventDecoder,
+    PredictionEncoder,
+    SchemaRegistry,
+    decode,
+    encode,
+)
+from stream.errors import ConfigError, DecodeError
+
+REGISTRY = SchemaRegistry.from_dir()
+EVENT = REGISTRY.by_name(EVENT_SCHEMA)
+
+
+def event_bytes(**overrides: object) -> bytes:
+    record = {"event_id": "e-1", "key": "acct-1", "ts_ms": 1_700_000_000_000, "features": [0.5] * 32}
+    record.update(overrides)
+    return encode(EVENT, record)
+
+
+def test_wire_format_is_confluent_framing() -> None:
+    value = event_bytes()
+    assert value[0] == 0
+    assert struct.unpack(">I", value[1:5])[0] == EVENT.schema_id == 1
+
+
+def test_round_trip_batch_of_generated_events() -> None:
+    block = generate_events(50, seed=3, ts_ms=123)
+    values = [encode(EVENT, r) for r in block.records()]
+    batch, errors = EventDecoder(REGISTRY, 32).decode_batch(values)
+    assert errors == []
+    assert batch.event_ids == block.event_ids
+    assert batch.features.dtype == np.float32 and batch.features.shape == (50, 32)
+    np.testing.assert_array_equal(batch.features, block.features)
+    assert batch.ts_ms.tolist() == [123] * 50
+    assert batch.index.tolist() == list(range(50))
+
+
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        (None, "null-value"),
+        (b"\x00\x00", "truncated"),
+        (b"\x01" + event_bytes()[1:], "bad-magic"),
+        (b"\x00\x00\x00\x03\xe7" + event_bytes()[5:], "unknown-schema"),
+        (event_bytes()[:-7], "corrupt-avro"),
+        (event_bytes() + b"\x00", "corrupt-avro"),
+        (event_bytes(features=[1.0] * 31), "feature-count"),
+        (event_bytes(features=[float("nan")] + [0.0] * 31), "non-finite"),
+        (event_bytes(features=[float("inf")] + [0.0] * 31), "non-finite"),
+    ],
+)
+def test_bad_records_raise_typed_errors_without_sinking_the_batch(value: bytes | None, reason: str) -> None:
+    good = event_bytes()
+    batch, errors = EventDecoder(REGISTRY, 32).decode_batch([good, value, good])
+    assert len(batch) == 2 and batch.index.tolist() == [0, 2]
+    assert [(i, e.reason) for i, e in errors] == [(1, reason)]
+
+
+def test_prediction_record_is_not_an_event() -> None:
+    pred = encode(REGISTRY.by_name(PREDICTION_SCHEMA), {
+        "event_id": "x", "model_name": "m", "model_version": "1", "fraud_score": 0.5, "is_fraud": False,
+        "event_ts_ms": 1, "predicted_ts_ms": 2, "batch_size": 1})
+    _, errors = EventDecoder(REGISTRY, 32).decode_batch([pred])
+    assert errors[0][1].reason == "wrong-schema"
+
+
+def test_decode_error_carries_location() -> None:
+    err = DecodeError("bad-magic", "magic byte 1 is not 0").at("in", 3, 42)
+    assert (err.topic, err.partition, err.offset, err.reason) == ("in", 3, 42, "bad-magic")
+    assert "in[3]@42" in str(err)
+
+
+def test_prediction_encoder_round_trip() -> None:
+    block = generate_events(3, seed=1, ts_ms=1000)
+    batch, _ = EventDecoder(REGISTRY, 32).decode_batch([encode(EVENT, r) for r in block.records()])
+    encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
+    scores = np.array([0.1, 0.9, 0.5], dtype=np.float32)
+    values = encoder.encode_batch(batch, {"fraud_score": scores, "is_fraud": scores >= 0.5},
+                                  model_name="m", model_version="7", predicted_ts_ms=2000, batch_size=4)
+    records = [decode(REGISTRY, v)[1] for v in values]
+    assert [r["event_id"] for r in records] == block.event_ids
+    assert [r["is_fraud"] for r in records] == [False, True, True]
+    assert records[1]["fraud_score"] == pytest.approx(0.9)
+    assert {r["batch_size"] for r in records} == {4}
+    assert {r["event_ts_ms"] for r in records} == {1000}
+
+
+def test_encoder_rejects_outputs_missing_from_schema() -> None:
+    with pytest.raises(ConfigError, match="not fields"):
+        PredictionEncoder(REGISTRY, ("fraud_score", "embedding"))
+
+
+def test_registry_errors_are_clear(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="cannot load"):
+        SchemaRegistry.from_dir(tmp_path)
+    with pytest.raises(ConfigError, match="not in the registry"):
+        REGISTRY.by_name("nope.Nope")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes_only_typed_errors(data: bytes) -> None:
+    batch, errors = EventDecoder(REGISTRY, 32).decode_batch([data])
+    assert len(batch) + len(errors) == 1
+    for _, err in errors:
+        assert isinstance(err, DecodeError)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_valid_header_random_body(body: bytes) -> None:
+    batch, errors = EventDecoder(REGISTRY, 32).decode_batch([EVENT.header + body])
+    assert len(batch) + len(errors) == 1

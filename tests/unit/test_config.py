@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+
+from stream.config import env_to_librdkafka_key, kafka_env_config, load_settings
+from stream.errors import ConfigError
+
+BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "127.0.0.1:9092"}
+
+
+def test_defaults() -> None:
+    s = load_settings(BASE, environ={})
+    assert (s.max_batch_size, s.max_wait_ms, s.model, s.stop_at_end) == (256, 20.0, "demo", False)
+
+
+def test_flags_override_env_and_env_overrides_defaults() -> None:
+    env = {"STREAM_MAX_BATCH_SIZE": "64", "STREAM_MAX_WAIT_MS": "5"}
+    s = load_settings({**BASE, "max_batch_size": 32}, environ=env)
+    assert s.max_batch_size == 32 and s.max_wait_ms == 5.0
+
+
+def test_kafka_bootstrap_env_is_a_fallback() -> None:
+    s = load_settings({k: v for k, v in BASE.items() if k != "bootstrap_servers"},
+                      environ={"KAFKA_BOOTSTRAP_SERVERS": "h:1"})
+    assert s.bootstrap_servers == "h:1"
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ({"max_batch_size": 0}, "--max-batch-size"),
+        ({"max_wait_ms": -1}, "--max-wait-ms"),
+        ({"output_topic": "in"}, "must differ"),
+        ({"device": "tpu"}, "--device"),
+        ({"metrics_port": 70000}, "--metrics-port"),
+    ],
+)
+def test_bad_values_give_clear_errors(override: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_settings({**BASE, **override}, environ={})
+
+
+def test_missing_required_setting_is_named() -> None:
+    with pytest.raises(ConfigError, match="--group-id"):
+        load_settings({k: v for k, v in BASE.items() if k != "group_id"}, environ={})
+
+
+def test_unknown_stream_env_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="STREAM_MAX_BATCH"):
+        load_settings(BASE, environ={"STREAM_MAX_BATCH": "3"})
+
+
+def test_confluent_naming_rule() -> None:
+    assert env_to_librdkafka_key("SESSION_TIMEOUT_MS") == "session.timeout.ms"
+    assert env_to_librdkafka_key("SASL_KERBEROS__SERVICE___NAME") == "sasl.kerberos_service-name"
+
+
+def test_pass_through_and_client_specific_prefixes() -> None:
+    consumer, producer = kafka_env_config({"KAFKA_CLIENT_ID": "x", "KAFKA_CONSUMER_FETCH_MIN_BYTES": "10",
+                                           "KAFKA_PRODUCER_LINGER_MS": "2", "OTHER": "1"})
+    assert consumer == {"client.id": "x", "fetch.min.bytes": "10"}
+    assert producer == {"client.id": "x", "linger.ms": "2"}
+    s = load_settings(BASE, environ={})
+    conf = s.consumer_config({"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
+    assert conf["session.timeout.ms"] == "6000"
+    assert conf["enable.auto.commit"] == "false" and conf["enable.auto.offset.store"] == "false"
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky" and conf["group.id"] == "g"
+    assert s.producer_config({"KAFKA_PRODUCER_LINGER_MS": "2"})["linger.ms"] == "2"
+
+
+def test_settings_that_break_the_guarantee_are_refused() -> None:
+    s = load_settings(BASE, environ={})
+    with pytest.raises(ConfigError, match=r"enable\.auto\.commit"):
+        s.consumer_config({"KAFKA_ENABLE_AUTO_COMMIT": "true"})
+    with pytest.raises(ConfigError, match="acks"):
+        s.producer_config({"KAFKA_ACKS": "1"})
+
+
+def test_no_bootstrap_is_a_clear_error() -> None:
+    s = load_settings({k: v for k, v in BASE.items() if k != "bootstrap_servers"}, environ={})
+    with pytest.raises(ConfigError, match="bootstrap"):
+        s.consumer_config({})
