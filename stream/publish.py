@@ -20,7 +20,7 @@ from stream.errors import PublishError
 from stream.offsets import Span
 
 log = logging.getLogger(__name__)
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, str | bytes | None]]
 
 
 class SpanDelivery:

@@ -56,8 +56,8 @@ class OutputReader:
             _, record = decode(self._registry, msg.value())
             event_id = str(record["event_id"])
             self._ids[event_id] += 1
-            self.predictions.append(Prediction(event_id, record, msg.key(), dict(msg.headers() or []),
-                                               time.time() * 1000.0))
+            headers = {k: v for k, v in msg.headers() or [] if isinstance(v, bytes)}  # type: ignore[str-unpack]
+            self.predictions.append(Prediction(event_id, record, msg.key(), headers, time.time() * 1000.0))
             got += 1
         return got
 

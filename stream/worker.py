@@ -29,7 +29,7 @@ from stream.errors import KafkaClientError, StreamError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
-from stream.publish import Publisher, SpanDelivery
+from stream.publish import Headers, Publisher, SpanDelivery
 from stream.topics import end_offsets
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,9 @@ class Worker:
         partitions = np.fromiter((m.partition() for m in messages), dtype=np.int32, count=len(messages))
         bounds: dict[int, list[int]] = {}
         for msg in messages:
-            p, off = msg.partition(), msg.offset()
+            # Consumed records always have a partition and an offset (None only for produced ones).
+            p: int = msg.partition()  # type: ignore[assignment]
+            off: int = msg.offset()  # type: ignore[assignment]
             b = bounds.get(p)
             if b is None:
                 bounds[p] = [off, off, 1]
@@ -361,7 +363,7 @@ class Worker:
             bad = msgs[index]
             for _, e in errors:
                 self.metrics.decode_errors.labels(e.reason).inc()
-            raise error.at(bad.topic(), bad.partition(), bad.offset())
+            raise error.at(str(bad.topic()), int(bad.partition() or 0), int(bad.offset() or 0))
         result = self._engine.run(events.features)
         self.metrics.inference_seconds.observe(result.seconds)
         handler = self._engine.handler
@@ -371,14 +373,14 @@ class Worker:
         row_partitions = batch.partitions[events.index]
         for p, delivery in batch.deliveries.items():
             delivery.ts_ms = events.ts_ms[row_partitions == p]
-        topic = msgs[0].topic().encode()
-        keys = []
-        headers = []
-        callbacks = []
+        topic = self.settings.input_topic.encode()
+        keys: list[bytes | None] = []
+        headers: list[Headers] = []
+        callbacks: list[SpanDelivery] = []
         for i in events.index.tolist():
             m = msgs[i]
             keys.append(m.key())
-            p = m.partition()
+            p: int = m.partition()  # type: ignore[no-redef]
             headers.append([(HEADER_TOPIC, topic), (HEADER_PARTITION, b"%d" % p),
                             (HEADER_OFFSET, b"%d" % m.offset())])
             callbacks.append(batch.deliveries[p])

@@ -33,13 +33,14 @@ class FraudMLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)  # logits (n,)
+        logits: torch.Tensor = self.net(x)
+        return logits.squeeze(-1)  # (n,)
 
 
 class DemoFraudHandler:
     """Model handler for FraudMLP: outputs ``fraud_score`` (probability) and ``is_fraud``."""
 
-    output_fields = ("fraud_score", "is_fraud")
+    output_fields: tuple[str, ...] = ("fraud_score", "is_fraud")
 
     def __init__(self, model_dir: Path | None = None) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR

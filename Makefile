@@ -1,0 +1,51 @@
+# Quick start: `make demo` (whole pipeline on the embedded broker), `make test` (the test suite).
+# Both create .venv and install what they need when it is missing.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: help venv model demo demo-kafka test unit integration lint typecheck kafka-jars clean
+
+help:
+	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
+	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
+	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
+	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+model: $(STAMP)
+	$(PY) -m stream train-model
+
+demo: $(STAMP)
+	$(PY) -m stream demo --broker tansu
+
+demo-kafka: $(STAMP)
+	$(PY) -m stream demo --broker kafka
+
+lint: $(STAMP)
+	$(PY) -m ruff check stream producers tests
+
+typecheck: $(STAMP)
+	$(PY) -m mypy stream producers
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration
+
+test: lint typecheck
+	$(PY) -m pytest tests
+
+clean:
+	rm -rf $(VENV) artifacts results .pytest_cache .mypy_cache .ruff_cache *.egg-info
