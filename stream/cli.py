@@ -38,6 +38,14 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
     p.add_argument("--stop-at-end", action="store_true", default=None,
                    help="drain to the end offsets that existed at start, commit, exit 0")
+    p.add_argument("--dlq-topic", help="dead-letter topic for bad records (created if missing); "
+                   "without it a bad record stops the worker")
+    p.add_argument("--max-input-bytes", type=int, help="larger input values are dead-lettered (default 1 MiB)")
+    p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
+    p.add_argument("--retry-backoff-ms", type=float, help="first retry delay, doubled per retry (50)")
+    p.add_argument("--dlq-max-fraction", type=float,
+                   help="stop when more than this fraction of the last --dlq-window records was dead-lettered (0.5)")
+    p.add_argument("--dlq-window", type=int, help="records in the circuit breaker's window (1000)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -46,7 +54,8 @@ def run_worker(args: argparse.Namespace) -> int:
 
     fields = ["bootstrap_servers", "input_topic", "output_topic", "group_id", "max_batch_size", "max_wait_ms",
               "model", "model_dir", "device", "metrics_port", "commit_interval_ms", "max_inflight_batches",
-              "shutdown_timeout_s", "stop_at_end", "log_level"]
+              "shutdown_timeout_s", "stop_at_end", "dlq_topic", "max_input_bytes", "model_retries",
+              "retry_backoff_ms", "dlq_max_fraction", "dlq_window", "log_level"]
     settings = load_settings({f: getattr(args, f) for f in fields})
     _setup_logging(settings.log_level)
     from stream.worker import Worker

@@ -140,7 +140,8 @@ class EventDecoder:
         self._schema_name = schema_name
         registry.by_name(schema_name)  # fail at start-up, not on the first record
 
-    def decode_batch(self, values: Sequence[bytes | None]) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
+    def decode_batch(self, values: Sequence[bytes | None], max_bytes: int | None = None,
+                     ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
         n = len(values)
         feats = np.empty((n, self._n_features), dtype=np.float32)
         ts = np.empty(n, dtype=np.int64)
@@ -150,6 +151,8 @@ class EventDecoder:
         row = 0
         for i, value in enumerate(values):
             try:
+                if max_bytes is not None and value is not None and len(value) > max_bytes:
+                    raise DecodeError("oversized", f"{len(value)} bytes exceeds the {max_bytes}-byte limit")
                 schema, record = decode(self._registry, value)
                 if schema.name != self._schema_name:
                     raise DecodeError("wrong-schema", f"schema {schema.name} is not {self._schema_name}")

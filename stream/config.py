@@ -26,7 +26,7 @@ _CONSUMER_OWNED = {
 }
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 # STREAM_* variables read elsewhere (broker cache, test fixture), not worker settings.
-NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER"})
+NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER", "STREAM_TEST_SLEEP_S"})
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
@@ -73,6 +73,12 @@ class WorkerSettings(BaseSettings):
     max_inflight_batches: int = Field(default=4, ge=1, le=1024)
     shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
     stop_at_end: bool = False
+    dlq_topic: str | None = Field(default=None, min_length=1, max_length=249)
+    max_input_bytes: int = Field(default=1_048_576, ge=16, le=1_073_741_824)
+    model_retries: int = Field(default=2, ge=0, le=100)
+    retry_backoff_ms: float = Field(default=50.0, ge=0.0, le=60_000.0)
+    dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    dlq_window: int = Field(default=1000, ge=1, le=10_000_000)
     schemas_dir: Path | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -80,6 +86,8 @@ class WorkerSettings(BaseSettings):
     def _check_topics(self) -> WorkerSettings:
         if self.input_topic == self.output_topic:
             raise ValueError("input_topic and output_topic must differ (the worker would consume its own output)")
+        if self.dlq_topic is not None and self.dlq_topic in (self.input_topic, self.output_topic):
+            raise ValueError("dlq_topic must differ from the input and output topics")
         return self
 
     def consumer_config(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

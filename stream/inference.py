@@ -96,8 +96,15 @@ class InferenceEngine:
                 inputs = self.handler.collate(features, self.device)
                 raw = self.handler.predict(inputs)
                 outputs = self.handler.outputs(raw)
+        except UnrecoverableModelError:
+            raise
         except torch.cuda.OutOfMemoryError as exc:
             raise ModelError(f"out of device memory on a batch of {n}: {exc}") from exc
+        except RuntimeError as exc:
+            if "CUDA error" in str(exc) or "device-side assert" in str(exc):
+                # The CUDA context is unusable after these: no retry can succeed in this process.
+                raise UnrecoverableModelError(f"device failure on {self.device}: {exc}") from exc
+            raise ModelError(f"model {self.handler.name} failed on a batch of {n}: {exc}") from exc
         except Exception as exc:
             raise ModelError(f"model {self.handler.name} failed on a batch of {n}: {exc}") from exc
         seconds = time.perf_counter() - started

@@ -84,8 +84,9 @@ class StreamMetrics:
             "stream_offsets_committed",
             "Input offsets covered by successful commits (sum of commit-position advances).", registry=r)
         self.batches = Counter("stream_batches", "Micro-batches dispatched to the model.", registry=r)
-        self.decode_errors = Counter("stream_decode_errors", "Input records that failed to decode.",
-                                     ["reason"], registry=r)
+        self.dead_letters = Counter("stream_dead_letters", "Records sent to the dead-letter topic.",
+                                    ["stage", "reason"], registry=r)
+        self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
         self.commit_failures = Counter("stream_commit_failures", "Offset commits the broker rejected.",
                                        registry=r)
         self.assigned_partitions = Gauge("stream_assigned_partitions", "Input partitions assigned now.",

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SUMMARY = re.compile(r"worker summary: consumed=(\d+) predicted=(\d+) committed=(\d+) batches=(\d+)")
+_SUMMARY = re.compile(
+    r"worker summary: consumed=(\d+) predicted=(\d+) dead_lettered=(\d+) committed=(\d+) batches=(\d+)")
 
 
 def die_with_parent() -> None:
@@ -66,5 +67,5 @@ class WorkerProcess:
         match = _SUMMARY.search(self.output())
         if match is None:
             return None
-        keys = ("consumed", "predicted", "committed", "batches")
+        keys = ("consumed", "predicted", "dead_lettered", "committed", "batches")
         return dict(zip(keys, map(int, match.groups()), strict=True))

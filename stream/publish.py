@@ -26,12 +26,13 @@ Headers = list[tuple[str, str | bytes | None]]
 class SpanDelivery:
     """Delivery callback for the predictions of one span; calls ``on_done`` once all are acknowledged."""
 
-    __slots__ = ("_publisher", "span", "ts_ms")
+    __slots__ = ("_publisher", "dead", "span", "ts_ms")
 
     def __init__(self, publisher: Publisher, span: Span) -> None:
         self._publisher = publisher
         self.span = span
-        self.ts_ms: np.ndarray | None = None  # event times, for end-to-end latency
+        self.ts_ms: np.ndarray | None = None  # event times of its predictions, for end-to-end latency
+        self.dead = 0  # how many of the span's records went to the dead-letter topic
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
@@ -82,7 +83,7 @@ class Publisher:
         with self._lock:
             return self._failures[0] if self._failures else None
 
-    def produce_many(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None],
+    def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
                      headers: Sequence[Headers], callbacks: Sequence[SpanDelivery]) -> None:
         """Queue records for delivery; waits (bounded by librdkafka's queue) when the local queue is full."""
         produce = self._producer.produce

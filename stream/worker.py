@@ -29,31 +29,21 @@ from stream.errors import KafkaClientError, StreamError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
-from stream.publish import Headers, Publisher, SpanDelivery
-from stream.topics import end_offsets
+from stream.processing import BatchProcessor, Dispatched, ProcessingPolicy
+from stream.publish import Publisher, SpanDelivery
+from stream.topics import create_topics, end_offsets, partitions_of
 
 log = logging.getLogger(__name__)
-HEADER_TOPIC = "stream.input.topic"
-HEADER_PARTITION = "stream.input.partition"
-HEADER_OFFSET = "stream.input.offset"
 _IDLE_POLL_S = 0.1
 _STALL_STEP_S = 0.05
 _PAUSE_AFTER_S = 1.0
 
 
 @dataclass
-class Dispatched:
-    """A closed micro-batch on its way to the processor."""
-
-    messages: list[Message]
-    partitions: np.ndarray  # input partition per message
-    deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
-
-
-@dataclass
 class WorkerSummary:
     consumed: int = 0
     predicted: int = 0
+    dead_lettered: int = 0
     committed: int = 0
     batches: int = 0
     batched_records: int = 0
@@ -66,7 +56,8 @@ class WorkerSummary:
         return self.batched_records / self.batches if self.batches else 0.0
 
     def line(self) -> str:
-        return (f"consumed={self.consumed} predicted={self.predicted} committed={self.committed} "
+        return (f"consumed={self.consumed} predicted={self.predicted} dead_lettered={self.dead_lettered} "
+                f"committed={self.committed} "
                 f"batches={self.batches} mean_batch_size={self.mean_batch_size:.1f}"
                 + (f" error={self.error!r}" if self.error else ""))
 
@@ -101,6 +92,7 @@ class Worker:
         self._committed_positions: dict[tuple[str, int], int] = {}
         self._consumer: Consumer | None = None
         self._publisher: Publisher | None = None
+        self._processor: BatchProcessor | None = None
         self._end_offsets: dict[int, int] | None = None
         self._next_drain_check = 0.0
 
@@ -119,7 +111,15 @@ class Worker:
 
     def run(self) -> WorkerSummary:
         s = self.settings
+        if s.dlq_topic:
+            status = create_topics(s.bootstrap_servers, [s.dlq_topic],
+                                   len(partitions_of(s.bootstrap_servers, s.input_topic)))
+            log.info("dead-letter topic %s: %s", s.dlq_topic, status[s.dlq_topic])
         self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done)
+        policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
+                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window)
+        self._processor = BatchProcessor(policy, self._engine, self._decoder, self._encoder, self._publisher,
+                                         self.metrics)
         self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,
                                    "error_cb": self._on_consumer_error})
         processor = threading.Thread(target=self._process_loop, name="processor", daemon=True)
@@ -351,46 +351,16 @@ class Worker:
             if self._failure_now() is not None:
                 continue  # drain without work: nothing after a failure may be published
             try:
-                self._process(item)
+                assert self._processor is not None
+                self._processor.process(item)
             except BaseException as exc:
                 self._fail(exc)
 
-    def _process(self, batch: Dispatched) -> None:
-        msgs = batch.messages
-        events, errors = self._decoder.decode_batch([m.value() for m in msgs])
-        if errors:
-            index, error = errors[0]
-            bad = msgs[index]
-            for _, e in errors:
-                self.metrics.decode_errors.labels(e.reason).inc()
-            raise error.at(str(bad.topic()), int(bad.partition() or 0), int(bad.offset() or 0))
-        result = self._engine.run(events.features)
-        self.metrics.inference_seconds.observe(result.seconds)
-        handler = self._engine.handler
-        payloads = self._encoder.encode_batch(
-            events, result.outputs, model_name=handler.name, model_version=handler.version,
-            predicted_ts_ms=int(time.time() * 1000), batch_size=len(msgs))
-        row_partitions = batch.partitions[events.index]
-        for p, delivery in batch.deliveries.items():
-            delivery.ts_ms = events.ts_ms[row_partitions == p]
-        topic = self.settings.input_topic.encode()
-        keys: list[bytes | None] = []
-        headers: list[Headers] = []
-        callbacks: list[SpanDelivery] = []
-        for i in events.index.tolist():
-            m = msgs[i]
-            keys.append(m.key())
-            p: int = m.partition()  # type: ignore[no-redef]
-            headers.append([(HEADER_TOPIC, topic), (HEADER_PARTITION, b"%d" % p),
-                            (HEADER_OFFSET, b"%d" % m.offset())])
-            callbacks.append(batch.deliveries[p])
-        assert self._publisher is not None
-        self._publisher.produce_many(self.settings.output_topic, payloads, keys, headers, callbacks)
-
     # ---------------------------------------------------------------------------- delivery thread
     def _on_span_done(self, delivery: SpanDelivery) -> None:
-        n = delivery.span.count
+        n = delivery.span.count - delivery.dead
         self._summary.predicted += n
+        self._summary.dead_lettered += delivery.dead
         self.metrics.predicted.inc(n)
         if delivery.ts_ms is not None and len(delivery.ts_ms):
             now_ms = time.time() * 1000.0

@@ -16,9 +16,9 @@ from producers.load import produce_events
 from stream.broker import free_port
 from stream.codec import SchemaRegistry, decode
 from stream.process import WorkerProcess
+from stream.processing import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import OutputReader, check_committed
-from stream.worker import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -105,7 +105,7 @@ def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeli
     for name in ("stream_predictions_total", "stream_offsets_committed_total", "stream_batch_size_records_bucket",
                  "stream_inference_seconds_bucket", "stream_end_to_end_latency_seconds_bucket"):
         assert name in metrics
-    assert "worker summary: consumed=5000 predicted=5000 committed=5000" in worker.output()
+    assert "worker summary: consumed=5000 predicted=5000 dead_lettered=0 committed=5000" in worker.output()
 
 
 def _ids_and_keys(seed: int, count: int) -> tuple[list[str], list[str]]:
@@ -128,7 +128,7 @@ def test_restart_after_sigterm_resumes_without_loss_or_duplicates(pipeline: Pipe
     reader.poll(1.0)
     assert reader.duplicates() == 0 and len(reader.predictions) == 6_000
     assert pipeline.committed_problems() == []
-    assert "consumed=3000 predicted=3000 committed=3000" in second.output()
+    assert "consumed=3000 predicted=3000 dead_lettered=0 committed=3000" in second.output()
 
 
 def test_two_workers_split_partitions_and_predict_every_event_once(pipeline: Pipeline) -> None:

@@ -1,0 +1,238 @@
+"""One micro-batch, start to finish on the processor thread: decode, run the model (isolating poison
+records), encode, and hand predictions and dead-letter records to the publisher.
+
+Every input record of a batch leaves as exactly one output record: its prediction, or its dead-letter
+record. Both count as the record's acknowledgement, so an offset commits only after one of them is
+delivered. Without a dead-letter topic, a bad record stops the worker (nothing past it is committed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from confluent_kafka import Message
+
+from stream.codec import EventBatch, EventDecoder, PredictionEncoder
+from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
+from stream.inference import InferenceEngine
+from stream.metrics import StreamMetrics
+from stream.publish import Headers, Publisher, SpanDelivery
+
+log = logging.getLogger(__name__)
+HEADER_TOPIC = "stream.input.topic"
+HEADER_PARTITION = "stream.input.partition"
+HEADER_OFFSET = "stream.input.offset"
+DLQ_STAGE = "stream.dlq.stage"
+DLQ_ERROR_CLASS = "stream.dlq.error.class"
+DLQ_ERROR_REASON = "stream.dlq.error.reason"
+DLQ_ERROR_MESSAGE = "stream.dlq.error.message"
+DLQ_MODEL = "stream.dlq.model"
+DLQ_VALUE_BYTES = "stream.dlq.value.bytes"
+
+
+@dataclass
+class Dispatched:
+    """A closed micro-batch on its way to the processor."""
+
+    messages: list[Message]
+    partitions: np.ndarray  # input partition per message
+    deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
+
+
+@dataclass(frozen=True)
+class ProcessingPolicy:
+    input_topic: str
+    output_topic: str
+    dlq_topic: str | None
+    max_input_bytes: int
+    model_retries: int
+    retry_backoff_ms: float
+    dlq_max_fraction: float
+    dlq_window: int
+
+
+class DeadLetterBreaker:
+    """Trips when more than ``max_fraction`` of the last ``window`` records were dead-lettered."""
+
+    def __init__(self, max_fraction: float, window: int) -> None:
+        self.max_fraction = max_fraction
+        self.window = window
+        self._recent: deque[tuple[int, int]] = deque()  # (records, dead) per batch
+        self._records = 0
+        self._dead = 0
+
+    def record(self, records: int, dead: int) -> None:
+        self._recent.append((records, dead))
+        self._records += records
+        self._dead += dead
+        while self._recent and self._records - self._recent[0][0] >= self.window:
+            r, d = self._recent.popleft()
+            self._records -= r
+            self._dead -= d
+        if self._records >= min(self.window, 100) and self._dead > self.max_fraction * self._records:
+            raise StreamError(
+                f"dead-letter circuit breaker: {self._dead} of the last {self._records} records failed "
+                f"(> {self.max_fraction:.0%}); stopping instead of dead-lettering the stream")
+
+
+@dataclass(frozen=True)
+class DeadRecord:
+    index: int  # position in the batch
+    stage: str  # "decode" | "model"
+    reason: str
+    error: BaseException
+
+
+class BatchProcessor:
+    def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: EventDecoder,
+                 encoder: PredictionEncoder, publisher: Publisher, metrics: StreamMetrics,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.policy = policy
+        self._engine = engine
+        self._decoder = decoder
+        self._encoder = encoder
+        self._publisher = publisher
+        self._metrics = metrics
+        self._sleep = sleep
+        self._breaker = DeadLetterBreaker(policy.dlq_max_fraction, policy.dlq_window)
+        self._topic_header = policy.input_topic.encode()
+
+    def process(self, batch: Dispatched) -> None:
+        msgs = batch.messages
+        events, errors = self._decoder.decode_batch([m.value() for m in msgs], self.policy.max_input_bytes)
+        dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
+        if len(events):
+            ok_rows, outputs, poison = self._infer_isolating(events.features)
+            dead += [DeadRecord(int(events.index[row]), "model", "model-error", err) for row, err in poison]
+            if poison:
+                events = _select(events, ok_rows)
+            self._publish_predictions(batch, events, outputs)
+        if dead:
+            self._dead_letter(batch, dead)
+        else:
+            self._breaker.record(len(msgs), 0)
+
+    # ------------------------------------------------------------------ model, with poison isolation
+    def _infer_isolating(self, features: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],
+                                                             list[tuple[int, ModelError]]]:
+        """Run the batch; on a model error retry with backoff, then bisect to isolate failing rows.
+
+        Returns (rows that succeeded, their outputs in row order, [(row, error)] for the poison rows).
+        """
+        ok: list[np.ndarray] = []
+        parts: list[dict[str, np.ndarray]] = []
+        poison: list[tuple[int, ModelError]] = []
+        pending = [(0, len(features), True)]  # (start, stop, retry whole) in row order, stack
+        while pending:
+            start, stop, retry = pending.pop()
+            try:
+                result = self._run(features[start:stop], retries=self.policy.model_retries if retry else 0)
+            except UnrecoverableModelError:
+                raise
+            except ModelError as exc:
+                if stop - start == 1:
+                    poison.append((start, exc))
+                    log.warning("poison record isolated at row %d: %s", start, exc)
+                else:
+                    mid = (start + stop) // 2
+                    pending += [(mid, stop, False), (start, mid, False)]  # left half first
+                continue
+            ok.append(np.arange(start, stop))
+            parts.append(result)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), {f: np.zeros(0) for f in self._engine.handler.output_fields}, poison
+        outputs = {f: np.concatenate([p[f] for p in parts]) for f in parts[0]}
+        return np.concatenate(ok), outputs, poison
+
+    def _run(self, features: np.ndarray, retries: int) -> dict[str, np.ndarray]:
+        attempt = 0
+        while True:
+            try:
+                result = self._engine.run(features)
+                self._metrics.inference_seconds.observe(result.seconds)
+                return result.outputs
+            except UnrecoverableModelError:
+                raise
+            except ModelError as exc:
+                if attempt >= retries:
+                    raise
+                attempt += 1
+                self._metrics.model_retries.inc()
+                delay_s = self.policy.retry_backoff_ms / 1000.0 * 2 ** (attempt - 1)
+                log.warning("model error (retry %d/%d in %.0f ms): %s", attempt, retries, delay_s * 1000, exc)
+                self._sleep(delay_s)
+
+    # ------------------------------------------------------------------ publishing
+    def _publish_predictions(self, batch: Dispatched, events: EventBatch, outputs: dict[str, np.ndarray]) -> None:
+        if not len(events):
+            return
+        msgs = batch.messages
+        handler = self._engine.handler
+        payloads = self._encoder.encode_batch(
+            events, outputs, model_name=handler.name, model_version=handler.version,
+            predicted_ts_ms=int(time.time() * 1000), batch_size=len(msgs))
+        row_partitions = batch.partitions[events.index]
+        for partition, delivery in batch.deliveries.items():
+            delivery.ts_ms = events.ts_ms[row_partitions == partition]
+        topic = self._topic_header
+        keys: list[bytes | None] = []
+        headers: list[Headers] = []
+        callbacks: list[SpanDelivery] = []
+        for i in events.index.tolist():
+            m = msgs[i]
+            keys.append(m.key())
+            p: int = m.partition()
+            headers.append([(HEADER_TOPIC, topic), (HEADER_PARTITION, b"%d" % p),
+                            (HEADER_OFFSET, b"%d" % m.offset())])
+            callbacks.append(batch.deliveries[p])
+        self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
+
+    def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord]) -> None:
+        msgs = batch.messages
+        first = dead[0]
+        m0 = msgs[first.index]
+        if self.policy.dlq_topic is None:
+            err = first.error
+            if isinstance(err, DecodeError):
+                err = err.at(self.policy.input_topic, int(m0.partition() or 0), int(m0.offset() or 0))
+            raise StreamError(f"bad record and no --dlq-topic to send it to ({first.stage}): {err}") from err
+        self._breaker.record(len(msgs), len(dead))
+        handler = self._engine.handler
+        values: list[bytes | None] = []
+        keys: list[bytes | None] = []
+        headers: list[Headers] = []
+        callbacks: list[SpanDelivery] = []
+        for d in dead:
+            m = msgs[d.index]
+            p: int = m.partition()  # type: ignore[assignment]
+            raw = m.value()
+            oversized = raw is not None and len(raw) > self.policy.max_input_bytes
+            message = str(d.error)[:1000]
+            hdrs: Headers = [
+                (HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % p),
+                (HEADER_OFFSET, b"%d" % (m.offset() or 0)), (DLQ_STAGE, d.stage.encode()),
+                (DLQ_ERROR_CLASS, type(d.error).__name__.encode()), (DLQ_ERROR_REASON, d.reason.encode()),
+                (DLQ_ERROR_MESSAGE, message.encode("utf-8", "replace")),
+                (DLQ_VALUE_BYTES, b"%d" % (len(raw) if raw is not None else -1)),
+            ]
+            if d.stage == "model":
+                hdrs.append((DLQ_MODEL, f"{handler.name}:{handler.version}".encode()))
+            # The original bytes travel with the error, except an oversized value (its size is in a header).
+            values.append(None if oversized else raw)
+            keys.append(m.key())
+            headers.append(hdrs)
+            delivery = batch.deliveries[p]
+            delivery.dead += 1
+            callbacks.append(delivery)
+            self._metrics.dead_letters.labels(d.stage, d.reason).inc()
+        self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
+
+
+def _select(events: EventBatch, rows: np.ndarray) -> EventBatch:
+    return EventBatch(events.index[rows], [events.event_ids[r] for r in rows.tolist()], events.ts_ms[rows],
+                      events.features[rows])

@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from producers.events import generate_events
+from stream.codec import EVENT_SCHEMA, EventDecoder, PredictionEncoder, SchemaRegistry, decode, encode
+from stream.errors import ModelError, StreamError, UnrecoverableModelError
+from stream.inference import InferenceEngine
+from stream.metrics import StreamMetrics
+from stream.offsets import OffsetTracker
+from stream.processing import (
+    DLQ_ERROR_REASON,
+    DLQ_MODEL,
+    DLQ_STAGE,
+    HEADER_OFFSET,
+    BatchProcessor,
+    DeadLetterBreaker,
+    Dispatched,
+    ProcessingPolicy,
+)
+from stream.publish import SpanDelivery
+from tests.handlers import POISON_MARK, PoisonHandler
+
+REGISTRY = SchemaRegistry.from_dir()
+EVENT = REGISTRY.by_name(EVENT_SCHEMA)
+
+
+class FakeMessage:
+    def __init__(self, value: bytes | None, partition: int, offset: int, key: bytes) -> None:
+        self._v, self._p, self._o, self._k = value, partition, offset, key
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def key(self) -> bytes:
+        return self._k
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def topic(self) -> str:
+        return "in"
+
+
+class FakePublisher:
+    """Acknowledges every record at once, like a broker that never fails."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, dict[str, bytes]]] = []
+        self.done: list[SpanDelivery] = []
+
+    def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
+                     headers: Sequence[Any], callbacks: Sequence[SpanDelivery]) -> None:
+        for v, k, h, cb in zip(values, keys, headers, callbacks, strict=True):
+            self.sent.append((topic, v, k, dict(h)))
+            cb(None, None)  # type: ignore[arg-type]
+
+    def span_done(self, delivery: SpanDelivery) -> None:
+        self.done.append(delivery)
+
+    def topics(self) -> list[str]:
+        return [t for t, *_ in self.sent]
+
+
+def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
+         max_fraction: float = 0.9) -> tuple[BatchProcessor, FakePublisher]:
+    engine = InferenceEngine(handler or PoisonHandler(model_dir), torch.device("cpu"))
+    publisher = FakePublisher()
+    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000)
+    processor = BatchProcessor(policy, engine, EventDecoder(REGISTRY, 32),
+                               PredictionEncoder(REGISTRY, engine.handler.output_fields),
+                               publisher, StreamMetrics(), sleep=lambda s: None)  # type: ignore[arg-type]
+    return processor, publisher
+
+
+def batch_of(values: list[bytes | None], publisher: FakePublisher) -> tuple[Dispatched, OffsetTracker]:
+    tracker = OffsetTracker()
+    tracker.assign([("in", 0)])
+    msgs = [FakeMessage(v, 0, i, b"k%d" % i) for i, v in enumerate(values)]
+    span = tracker.dispatch(("in", 0), 0, len(values) - 1, len(values))
+    delivery = SpanDelivery(publisher, span)  # type: ignore[arg-type]
+    return Dispatched(msgs, np.zeros(len(values), dtype=np.int32), {0: delivery}), tracker  # type: ignore[arg-type]
+
+
+def events(n: int, poison_rows: Sequence[int] = ()) -> list[bytes | None]:
+    block = generate_events(n, seed=9)
+    records = block.records()
+    for r in poison_rows:
+        records[r]["features"] = [POISON_MARK] + [0.0] * 31
+    return [encode(EVENT, r) for r in records]
+
+
+def test_clean_batch_publishes_one_prediction_per_event_and_completes_the_span(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(20), pub)
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 20
+    assert tracker.committable() == {("in", 0): 20}
+    assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"%d" % i for i in range(20)]
+
+
+@pytest.mark.parametrize("poison", [[0], [7], [19], [3, 4, 15], list(range(20))])
+def test_poison_records_are_isolated_and_the_rest_published(model_dir: Path, poison: list[int]) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(20, poison), pub)
+    processor.process(batch)
+    dead = [(int(h[HEADER_OFFSET]), h) for t, _, _, h in pub.sent if t == "dlq"]
+    assert sorted(o for o, _ in dead) == poison
+    assert all(h[DLQ_STAGE] == b"model" and h[DLQ_MODEL].startswith(b"demo-fraud-mlp") for _, h in dead)
+    preds = [decode(REGISTRY, v)[1]["event_id"] for t, v, _, _ in pub.sent if t == "out" and v]
+    expected = [e for i, e in enumerate(generate_events(20, seed=9).event_ids) if i not in poison]
+    assert preds == expected  # order kept
+    assert tracker.committable() == {("in", 0): 20}, "dead letters acknowledge their records too"
+    assert batch.deliveries[0].dead == len(poison)
+
+
+def test_bad_bytes_go_to_the_dlq_with_key_value_and_headers(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    good = events(3)
+    values: list[bytes | None] = [good[0], b"\x07garbage", None, good[1], b"\x00" * 20_000, good[2]]
+    batch, tracker = batch_of(values, pub)
+    processor.process(batch)
+    dlq = {int(h[HEADER_OFFSET]): (v, k, h) for t, v, k, h in pub.sent if t == "dlq"}
+    assert {o: h[DLQ_ERROR_REASON] for o, (_, _, h) in dlq.items()} == {
+        1: b"bad-magic", 2: b"null-value", 4: b"oversized"}
+    assert dlq[1][0] == b"\x07garbage" and dlq[1][1] == b"k1"
+    assert dlq[4][0] is None and dlq[4][2]["stream.dlq.value.bytes"] == b"20000"
+    assert pub.topics().count("out") == 3
+    assert tracker.committable() == {("in", 0): 6}
+
+
+def test_without_dlq_a_bad_record_stops_and_acknowledges_nothing(model_dir: Path) -> None:
+    processor, pub = make(model_dir, dlq=None)
+    batch, tracker = batch_of([events(1)[0], b"\x01bad"], pub)
+    with pytest.raises(StreamError, match=r"no --dlq-topic.*in\[0\]@1"):
+        processor.process(batch)
+    assert tracker.committable() == {}
+
+
+class FlakyHandler(PoisonHandler):
+    def __init__(self, model_dir: Path, failures: int) -> None:
+        super().__init__(model_dir)
+        self.failures = failures
+        self.calls = 0
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError("transient")
+        return super().predict(inputs)
+
+
+def test_transient_errors_are_retried_before_splitting(model_dir: Path) -> None:
+    handler = FlakyHandler(model_dir, failures=2)
+    processor, pub = make(model_dir, handler=handler, retries=2)
+    batch, _ = batch_of(events(8), pub)
+    processor.process(batch)
+    assert handler.calls == 3 and pub.topics() == ["out"] * 8
+
+
+class DeadDevice(PoisonHandler):
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        raise UnrecoverableModelError("device lost")
+
+
+def test_systemic_error_stops_without_acknowledging(model_dir: Path) -> None:
+    processor, pub = make(model_dir, handler=DeadDevice(model_dir))
+    batch, tracker = batch_of(events(4), pub)
+    with pytest.raises(UnrecoverableModelError):
+        processor.process(batch)
+    assert pub.sent == [] and tracker.committable() == {}
+
+
+def test_circuit_breaker_trips_on_a_mostly_bad_stream(model_dir: Path) -> None:
+    processor, pub = make(model_dir, max_fraction=0.2)
+    for _ in range(3):
+        batch, _ = batch_of(events(50), pub)
+        processor.process(batch)
+    with pytest.raises(StreamError, match="circuit breaker"):
+        for _ in range(5):
+            batch, _ = batch_of([b"\x01x"] * 50, pub)
+            processor.process(batch)
+
+
+def test_breaker_window_forgets_old_batches() -> None:
+    breaker = DeadLetterBreaker(0.5, window=100)
+    for _ in range(10):
+        breaker.record(100, 0)
+    breaker.record(100, 40)  # 40 % of the window: fine
+    with pytest.raises(StreamError):
+        breaker.record(100, 60)
+
+
+def test_model_error_type_is_preserved_for_single_bad_rows(model_dir: Path) -> None:
+    engine = InferenceEngine(PoisonHandler(model_dir), torch.device("cpu"))
+    with pytest.raises(ModelError, match="poison"):
+        engine.run(np.full((1, 32), POISON_MARK, dtype=np.float32))
