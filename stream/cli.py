@@ -46,22 +46,38 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--dlq-max-fraction", type=float,
                    help="stop when more than this fraction of the last --dlq-window records was dead-lettered (0.5)")
     p.add_argument("--dlq-window", type=int, help="records in the circuit breaker's window (1000)")
+    p.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
+                   help="exactly-once: one Kafka transaction per micro-batch, offsets committed inside it")
+    p.add_argument("--transactional-id", help="exactly-once: a stable id per replica (default: group-host-pid)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    # Catch SIGTERM/SIGINT from the first moment: a replica stopped while it is still importing torch or
+    # loading the model must exit 0 without consuming, not die of the default signal action.
+    early_stop: list[int] = []
+
+    def remember(signum: int, _frame: Any) -> None:
+        early_stop.append(signum)
+
+    signal.signal(signal.SIGTERM, remember)
+    signal.signal(signal.SIGINT, remember)
     from stream.config import load_settings
 
     fields = ["bootstrap_servers", "input_topic", "output_topic", "group_id", "max_batch_size", "max_wait_ms",
               "model", "model_dir", "device", "metrics_port", "commit_interval_ms", "max_inflight_batches",
               "shutdown_timeout_s", "stop_at_end", "dlq_topic", "max_input_bytes", "model_retries",
-              "retry_backoff_ms", "dlq_max_fraction", "dlq_window", "log_level"]
+              "retry_backoff_ms", "dlq_max_fraction", "dlq_window", "guarantee", "transactional_id",
+              "log_level"]
     settings = load_settings({f: getattr(args, f) for f in fields})
     _setup_logging(settings.log_level)
     from stream.worker import Worker
 
     worker = Worker(settings)
     worker.install_signal_handlers()
+    if early_stop:
+        log.info("signal %s during start-up: stopping before consuming", signal.Signals(early_stop[0]).name)
+        worker.request_stop()
     summary = worker.run()
     print(f"worker summary: {summary.line()}", flush=True)
     return summary.exit_code

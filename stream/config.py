@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,8 @@ _CONSUMER_OWNED = {
 }
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 # STREAM_* variables read elsewhere (broker cache, test fixture), not worker settings.
-NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER", "STREAM_TEST_SLEEP_S"})
+NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER", "STREAM_TEST_SLEEP_S",
+                             "STREAM_TEST_KILL_AT", "STREAM_TEST_KILL_AFTER"})
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
@@ -80,6 +82,8 @@ class WorkerSettings(BaseSettings):
     dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     dlq_window: int = Field(default=1000, ge=1, le=10_000_000)
     schemas_dir: Path | None = None
+    guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
@@ -89,6 +93,10 @@ class WorkerSettings(BaseSettings):
         if self.dlq_topic is not None and self.dlq_topic in (self.input_topic, self.output_topic):
             raise ValueError("dlq_topic must differ from the input and output topics")
         return self
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee == "exactly-once"
 
     def consumer_config(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         consumer, _ = kafka_env_config(os.environ if environ is None else environ)
@@ -105,6 +113,10 @@ class WorkerSettings(BaseSettings):
         conf.update(consumer)
         conf.update(_CONSUMER_OWNED)
         conf["group.id"] = self.group_id
+        if self.exactly_once:
+            if str(conf.get("isolation.level", "read_committed")) != "read_committed":
+                raise ConfigError("--guarantee exactly-once needs isolation.level=read_committed on the consumer")
+            conf["isolation.level"] = "read_committed"
         if not conf["bootstrap.servers"]:
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
         return conf
@@ -120,6 +132,22 @@ class WorkerSettings(BaseSettings):
         }
         conf.update(producer)
         conf.update(_PRODUCER_OWNED)
+        if self.exactly_once:
+            # Default: unique per process. Give each replica a stable id (e.g. its pod name) so that a restarted
+            # replica aborts its predecessor's open transaction at once instead of after transaction.timeout.ms.
+            conf["transactional.id"] = self.transactional_id or (
+                f"{self.group_id}-{socket.gethostname()}-{os.getpid()}")
+            timeout_ms = int(conf.setdefault("transaction.timeout.ms", 60_000))
+            if timeout_ms <= self.max_wait_ms + 1000:
+                raise ConfigError(
+                    f"transaction.timeout.ms={timeout_ms} cannot fit a batch: it must exceed --max-wait-ms "
+                    f"({self.max_wait_ms:g}) plus the model and publish time, by at least 1000 ms")
+            if timeout_ms > 900_000:
+                raise ConfigError(f"transaction.timeout.ms={timeout_ms} exceeds the brokers' default "
+                                  "transaction.max.timeout.ms (900000); the broker would refuse it")
+        elif "transactional.id" in conf:
+            raise ConfigError("transactional.id is set but --guarantee is at-least-once; "
+                              "use --guarantee exactly-once")
         if not conf["bootstrap.servers"]:
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
         return conf

@@ -69,3 +69,13 @@ class PublishError(KafkaClientError):
 
 class BrokerError(StreamError):
     """A local broker (Apache Kafka or Tansu) could not be prepared or started."""
+
+
+class TransactionError(KafkaClientError):
+    """A transactional call failed. ``requires_abort``: abort and rewind; ``fatal``: this producer is
+    fenced or broken and the worker must stop."""
+
+    def __init__(self, operation: str, error: object) -> None:
+        super().__init__(operation, error)
+        requires_abort = getattr(error, "txn_requires_abort", None)
+        self.requires_abort = bool(requires_abort()) if callable(requires_abort) else False

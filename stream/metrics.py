@@ -86,6 +86,8 @@ class StreamMetrics:
         self.batches = Counter("stream_batches", "Micro-batches dispatched to the model.", registry=r)
         self.dead_letters = Counter("stream_dead_letters", "Records sent to the dead-letter topic.",
                                     ["stage", "reason"], registry=r)
+        self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
+                                            registry=r)
         self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
         self.commit_failures = Counter("stream_commit_failures", "Offset commits the broker rejected.",
                                        registry=r)

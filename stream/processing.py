@@ -13,10 +13,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from confluent_kafka import Message
 
+from stream import faults
 from stream.codec import EventBatch, EventDecoder, PredictionEncoder
 from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine
@@ -42,6 +44,8 @@ class Dispatched:
     messages: list[Message]
     partitions: np.ndarray  # input partition per message
     deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
+    epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
+    group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class BatchProcessor:
         events, errors = self._decoder.decode_batch([m.value() for m in msgs], self.policy.max_input_bytes)
         dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
         if len(events):
+            faults.reach("during-inference")
             ok_rows, outputs, poison = self._infer_isolating(events.features)
             dead += [DeadRecord(int(events.index[row]), "model", "model-error", err) for row, err in poison]
             if poison:

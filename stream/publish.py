@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from stream.errors import PublishError
+from stream.errors import PublishError, TransactionError
 from stream.offsets import Span
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,11 @@ class SpanDelivery:
         self.dead = 0  # how many of the span's records went to the dead-letter topic
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if self._publisher.transactional:
+            # The transaction commit acknowledges the span; a failed record fails the commit instead.
+            if err is not None:
+                log.debug("delivery in a transaction failed: %s", err)
+            return
         if err is not None:
             self._publisher.record_failure(PublishError("deliver prediction", err), msg)
             return
@@ -49,6 +54,7 @@ class Publisher:
 
     def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
                  poll_interval_s: float = 0.05) -> None:
+        self.transactional = "transactional.id" in config
         self._producer = Producer({**config, "error_cb": self._on_client_error})
         self._on_span_done = on_span_done
         self._poll_interval_s = poll_interval_s
@@ -97,6 +103,33 @@ class Publisher:
                     if self._stop.is_set():
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
                     time.sleep(0.001)
+
+    # -- transactions (processor thread only) ---------------------------------------------------------
+    def init_transactions(self, timeout_s: float) -> None:
+        self._txn_call("init transactions", lambda: self._producer.init_transactions(timeout_s))
+
+    def begin_transaction(self) -> None:
+        self._txn_call("begin transaction", self._producer.begin_transaction)
+
+    def commit_transaction(self, offsets: list[TopicPartition], group_metadata: Any, timeout_s: float) -> None:
+        """Add the input offsets to the open transaction and commit it (retriable errors are retried)."""
+        self._txn_call("send offsets to transaction",
+                       lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s))
+        self._txn_call("commit transaction", lambda: self._producer.commit_transaction(timeout_s))
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self._txn_call("abort transaction", lambda: self._producer.abort_transaction(timeout_s))
+
+    def _txn_call(self, operation: str, call: Callable[[], object], attempts: int = 3) -> None:
+        for attempt in range(1, attempts + 1):
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                error = TransactionError(operation, exc.args[0])
+                if not error.retriable or error.fatal or error.requires_abort or attempt == attempts:
+                    raise error from exc
+                log.warning("%s: retriable error, retrying: %s", operation, exc)
 
     def in_queue(self) -> int:
         return len(self._producer)

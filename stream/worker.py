@@ -9,6 +9,7 @@ encode -> produce; the publisher's delivery thread turns acknowledgements into c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import signal
@@ -20,12 +21,21 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
+from stream import faults
 from stream.batching import MicroBatcher
 from stream.codec import EventDecoder, PredictionEncoder, SchemaRegistry
 from stream.config import WorkerSettings
-from stream.errors import KafkaClientError, StreamError
+from stream.errors import KafkaClientError, StreamError, TransactionError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
@@ -94,6 +104,8 @@ class Worker:
         self._publisher: Publisher | None = None
         self._processor: BatchProcessor | None = None
         self._end_offsets: dict[int, int] | None = None
+        self._epoch = 0  # exactly-once: bumped by each rewind
+        self._rewind_after: int | None = None  # exactly-once: epoch whose batches the processor abandoned
         self._next_drain_check = 0.0
 
     # ---------------------------------------------------------------------------- public
@@ -126,6 +138,8 @@ class Worker:
         processor.start()
         metrics_server = self.metrics.serve(s.metrics_port, s.metrics_host) if s.metrics_port is not None else None
         try:
+            if s.exactly_once:
+                self._publisher.init_transactions(self._txn_timeout_s())
             if s.stop_at_end:
                 self._end_offsets = self._read_end_offsets()
             self._consumer.subscribe([s.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -174,7 +188,10 @@ class Worker:
             else:
                 messages = consumer.consume(max(batcher.room, 1), batcher.time_left() or 0.0)
             if messages:
+                faults.reach("after-poll")
                 self._accept(messages)
+            if self._rewind_pending():
+                self._rewind()
             now = self._clock()
             if now >= next_commit:
                 self._commit(asynchronous=True)
@@ -245,7 +262,8 @@ class Worker:
         self._summary.batched_records += len(messages)
         self.metrics.batches.inc()
         self.metrics.batch_size.observe(len(messages))
-        return Dispatched(messages, partitions, deliveries)
+        metadata = self._consumer.consumer_group_metadata() if self.settings.exactly_once and self._consumer else None
+        return Dispatched(messages, partitions, deliveries, self._epoch, metadata)
 
     def _set_paused(self, paused: bool) -> None:
         consumer = self._consumer
@@ -262,6 +280,9 @@ class Worker:
         consumer = self._consumer
         assert consumer is not None
         offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
+        if self.settings.exactly_once:
+            self._record_commits(offsets)  # already committed inside their transactions
+            return
         if asynchronous:
             consumer.commit(offsets=offsets, asynchronous=True)
             return
@@ -315,7 +336,7 @@ class Worker:
         deadline = time.monotonic() + self._revoke_budget_s()
         live = [tp for tp in tps if self._tracker.is_assigned(tp)]
         while (any(self._tracker.in_flight(tp) for tp in live) and time.monotonic() < deadline
-               and self._failure_now() is None):
+               and self._failure_now() is None and not self._rewind_pending()):
             time.sleep(0.002)
         try:
             self._commit(asynchronous=False, tps=live)
@@ -350,14 +371,77 @@ class Worker:
                 return
             if self._failure_now() is not None:
                 continue  # drain without work: nothing after a failure may be published
+            if self._rewind_after is not None and item.epoch <= self._rewind_after:
+                continue  # consumed before a rewind: it will be consumed again
             try:
-                assert self._processor is not None
-                self._processor.process(item)
+                if self.settings.exactly_once:
+                    self._process_in_transaction(item)
+                else:
+                    assert self._processor is not None
+                    self._processor.process(item)
+                    faults.reach("after-produce")
             except BaseException as exc:
                 self._fail(exc)
 
+    def _process_in_transaction(self, batch: Dispatched) -> None:
+        """One transaction: the batch's predictions and dead letters, plus its input offsets."""
+        publisher, processor = self._publisher, self._processor
+        assert publisher is not None and processor is not None
+        timeout_s = self._txn_timeout_s()
+        started = time.monotonic()
+        publisher.begin_transaction()
+        try:
+            processor.process(batch)
+            faults.reach("after-produce")
+            topic = self.settings.input_topic
+            offsets = [TopicPartition(topic, p, d.span.last + 1) for p, d in batch.deliveries.items()]
+            faults.reach("in-transaction")
+            publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
+        except TransactionError as exc:
+            if exc.fatal or not exc.requires_abort:
+                raise
+            log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)
+            publisher.abort_transaction(timeout_s)
+            self.metrics.transactions_aborted.inc()
+            self._rewind_after = batch.epoch
+            return
+        except BaseException:
+            with contextlib.suppress(TransactionError):
+                publisher.abort_transaction(timeout_s)
+            raise
+        elapsed = time.monotonic() - started
+        if elapsed > timeout_s / 2:
+            log.warning("a batch transaction took %.1fs, over half of transaction.timeout.ms (%.0fs): "
+                        "raise it or lower --max-batch-size", elapsed, timeout_s)
+        for delivery in batch.deliveries.values():
+            delivery.span.outstanding = 0
+            self._on_span_done(delivery)
+
+    def _rewind(self) -> None:
+        """Exactly-once, after an aborted transaction: drop everything consumed since the last commit and
+        seek every assigned partition back to its committed offset."""
+        consumer = self._consumer
+        assert consumer is not None and self._rewind_after is not None
+        self._epoch = self._rewind_after + 1
+        self._batcher.take()
+        assignment = consumer.assignment()
+        tps = [(tp.topic, tp.partition) for tp in assignment]
+        self._tracker.forget(tps)
+        self._tracker.assign(tps)
+        for tp in consumer.committed(assignment, timeout=10):
+            consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        log.info("rewound %s to the committed offsets (epoch %d)", _fmt(tps), self._epoch)
+
+    def _rewind_pending(self) -> bool:
+        """An aborted transaction's batches are abandoned: nothing of theirs will be acknowledged."""
+        return self._rewind_after is not None and self._rewind_after >= self._epoch
+
+    def _txn_timeout_s(self) -> float:
+        return int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0
+
     # ---------------------------------------------------------------------------- delivery thread
     def _on_span_done(self, delivery: SpanDelivery) -> None:
+        faults.reach("after-delivery")
         n = delivery.span.count - delivery.dead
         self._summary.predicted += n
         self._summary.dead_lettered += delivery.dead
