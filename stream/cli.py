@@ -52,16 +52,11 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def run_worker(args: argparse.Namespace) -> int:
-    # Catch SIGTERM/SIGINT from the first moment: a replica stopped while it is still importing torch or
-    # loading the model must exit 0 without consuming, not die of the default signal action.
-    early_stop: list[int] = []
-
-    def remember(signum: int, _frame: Any) -> None:
-        early_stop.append(signum)
-
-    signal.signal(signal.SIGTERM, remember)
-    signal.signal(signal.SIGINT, remember)
+def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
+    """``early_stop`` collects SIGTERM/SIGINT received before the worker's own handlers exist (while torch
+    and the model load): a replica stopped during start-up exits 0 without consuming."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: early_stop.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: early_stop.append(signum))
     from stream.config import load_settings
 
     fields = ["bootstrap_servers", "input_topic", "output_topic", "group_id", "max_batch_size", "max_wait_ms",
@@ -160,10 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early_signals: list[int] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    runners = {"worker": run_worker, "broker": run_broker, "topics": run_topics, "train-model": run_train,
-               "demo": run_demo}
+    early = early_signals if early_signals is not None else []
+    if args.command != "worker":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if early:
+            return 128 + early[0]
+    runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "topics": run_topics,
+               "train-model": run_train, "demo": run_demo}
     try:
         return runners[args.command](args)
     except StreamError as exc:

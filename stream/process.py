@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _SUMMARY = re.compile(
@@ -26,6 +27,7 @@ class WorkerProcess:
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
+        self.started = time.monotonic()
         self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen([sys.executable, "-m", "stream", "worker", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -38,6 +40,8 @@ class WorkerProcess:
     def terminate(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit within the bound. Returns the exit code."""
         if self.proc.poll() is None:
+            # Before the interpreter runs its first line no handler can exist; give it that moment.
+            time.sleep(max(0.0, self.started + 0.5 - time.monotonic()))
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)

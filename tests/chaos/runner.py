@@ -100,7 +100,9 @@ class Fleet:
         """Slots whose process exited; returns them (exit codes are checked by the caller)."""
         gone = [slot for slot, p in self.live.items() if p.proc.poll() is not None]
         for slot in gone:
-            self.finished.append(self.live.pop(slot))
+            proc = self.live.pop(slot)
+            proc.kill()  # already dead: reaps it and closes its log
+            self.finished.append(proc)
         return gone
 
     def stop(self, slot: int) -> int:
