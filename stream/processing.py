@@ -118,6 +118,7 @@ class BatchProcessor:
                 events = _select(events, ok_rows)
             self._publish_predictions(batch, events, outputs)
         if dead:
+            dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
             self._dead_letter(batch, dead)
         else:
             self._breaker.record(len(msgs), 0)

@@ -142,6 +142,8 @@ class Worker:
                 self._publisher.init_transactions(self._txn_timeout_s())
             if s.stop_at_end:
                 self._end_offsets = self._read_end_offsets()
+            if self._stop.is_set():
+                return self._finish(processor, metrics_server)  # stopped during start-up: never join the group
             self._consumer.subscribe([s.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_lost)
             log.info("worker consuming %s -> %s as group %s (max_batch_size=%d, max_wait_ms=%g)",
@@ -149,10 +151,12 @@ class Worker:
             self._poll_loop()
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
-        finally:
-            self._shutdown(processor)
-            if metrics_server is not None:
-                metrics_server.shutdown()
+        return self._finish(processor, metrics_server)
+
+    def _finish(self, processor: threading.Thread, metrics_server: Any) -> WorkerSummary:
+        self._shutdown(processor)
+        if metrics_server is not None:
+            metrics_server.shutdown()
         summary = self._summary
         if self._failure is not None:
             summary.error = f"{type(self._failure).__name__}: {self._failure}"
@@ -319,10 +323,10 @@ class Worker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
         self._tracker.assign(tps)
-        committed = consumer.committed(partitions, timeout=10)
-        for tp in committed:
-            if tp.offset >= 0:
-                self._committed_positions[(tp.topic, tp.partition)] = tp.offset
+        for tp in tps:
+            # The committed counter's base is set by this assignment's first dispatched offset; no broker
+            # round trip inside the rebalance callback.
+            self._committed_positions.pop(tp, None)
         if self._paused:
             consumer.pause(partitions)
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
@@ -533,7 +537,7 @@ class Worker:
             self._stop.set()
             try:
                 consumer.close()  # leaves the group; on_revoke finds nothing left to do
-            except (KafkaException, RuntimeError) as exc:
+            except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
                 log.warning("consumer close: %s", exc)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from producers.events import generate_events
+from stream.codec import EVENT_SCHEMA, SchemaRegistry, encode
 from stream.models.demo import DemoFraudHandler
 
 POISON_MARK = 999.0  # an event whose first feature equals this makes the model raise
@@ -41,3 +43,20 @@ def poison_features(n: int) -> np.ndarray:
     x = np.zeros((n, 32), dtype=np.float32)
     x[:, 0] = POISON_MARK
     return x
+
+
+def bad_values() -> dict[str, bytes | None]:
+    """One input value per dead-letter category (``oversized`` assumes ``--max-input-bytes 4096``)."""
+    event = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
+    good = generate_events(1, seed=1).records()[0]
+    framed = encode(event, good)
+    return {
+        "bad-magic": b"\x05" + framed[1:],
+        "unknown-schema": b"\x00\x00\x00\x10\x00" + framed[5:],
+        "corrupt-avro": framed[:-9],
+        "feature-count": encode(event, {**good, "features": [0.1] * 7}),
+        "non-finite": encode(event, {**good, "features": [float("nan")] * 32}),
+        "null-value": None,
+        "oversized": framed + b"\x00" * 5000,
+        "model-error": encode(event, {**good, "event_id": "poison", "features": [POISON_MARK] + [0.0] * 31}),
+    }

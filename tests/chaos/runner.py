@@ -46,6 +46,7 @@ class ChaosConfig:
     max_batch_size: int = 128
     seed: int = 1
     scale: tuple[int, ...] = ()  # replica counts to step through after the kills (e.g. 1, 3, 1)
+    poison_fraction: float = 0.0  # bad records (every dead-letter category, in turn) per good event
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="stream-chaos-")))
     timeout_s: float = 600.0
 
@@ -62,6 +63,8 @@ class ChaosResult:
     hanging_transactions: list[str]
     aborted_records_seen_uncommitted: int
     worker_failures: list[str]
+    dead_lettered: int = 0  # distinct poison records found on the DLQ
+    poison_injected: int = 0
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -71,6 +74,7 @@ class ChaosResult:
     def line(self) -> str:
         return (f"chaos: events={self.events} kills={self.kills} rebalances={self.rebalances} lost={self.lost} "
                 f"duplicates={self.duplicates} order_violations={self.order_violations} "
+                f"dead_lettered={self.dead_lettered}/{self.poison_injected} "
                 f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)}")
 
 
@@ -82,7 +86,8 @@ class Fleet:
         self.args = ["--bootstrap-servers", cfg.bootstrap, "--input-topic", input_topic, "--output-topic",
                      output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--model-dir", str(cfg.model_dir),
                      "--guarantee", cfg.guarantee, "--max-batch-size", str(cfg.max_batch_size),
-                     "--commit-interval-ms", "200", "--max-wait-ms", "10"]
+                     "--commit-interval-ms", "200", "--max-wait-ms", "10", "--max-input-bytes", "4096",
+                     "--model", "tests.handlers:PoisonHandler", "--dlq-max-fraction", "0.5"]
         self.group = group
         self.live: dict[int, WorkerProcess] = {}
         self.finished: list[WorkerProcess] = []
@@ -133,6 +138,9 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     producer = threading.Thread(target=lambda: produced.update(
         summary=produce_events(cfg.bootstrap, input_topic, cfg.events, seed=cfg.seed, rate=cfg.rate)), daemon=True)
     producer.start()
+    poison_keys: set[str] = set()
+    poisoner = threading.Thread(target=_inject_poison, args=(cfg, input_topic, poison_keys), daemon=True)
+    poisoner.start()
     kills = 0
     failures: list[str] = []
     deadline = time.monotonic() + cfg.timeout_s
@@ -155,6 +163,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         if log:
             print(f"  kills={kills} live={sorted(fleet.live)}", file=sys.stderr, flush=True)
     producer.join(timeout=max(deadline - time.monotonic(), 1))
+    poisoner.join(timeout=max(deadline - time.monotonic(), 1))
     # Replace self-killing replicas with clean ones, then step through the scale plan.
     for slot in list(fleet.live):
         code = fleet.stop(slot)
@@ -169,22 +178,24 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         while len(fleet.live) > target:
             code = fleet.stop(max(fleet.live))
             if code != 0:
-                failures.append(f"scale-down SIGTERM exit {code}")
+                failures.append(f"scale-down SIGTERM exit {code}: {fleet.finished[-1].output()[-1500:]}")
         time.sleep(cfg.kill_interval_s)
     expected = set(generate_events(cfg.events, seed=cfg.seed).event_ids)
     verifier = Verifier(cfg.bootstrap, output_topic, dlq_topic)
-    verifier.read_until(expected, deadline)
+    verifier.read_until(expected | {f"dlq:{k}" for k in poison_keys}, deadline)
     for slot in list(fleet.live):
         code = fleet.stop(slot)
         if code != 0:
             failures.append(f"final SIGTERM of replica {slot} exited {code}: {fleet.finished[-1].output()[-1500:]}")
     verifier.read_more(2.0)
     ids = verifier.id_counts()
+    dead = verifier.dead_letter_counts()
     rebalances = sum(p.output().count(" assigned ") for p in fleet.all())
     result = ChaosResult(
         events=cfg.events, kills=kills, rebalances=rebalances,
-        lost=sum(1 for e in expected if e not in ids),
-        duplicates=sum(c - 1 for c in ids.values() if c > 1),
+        lost=sum(1 for e in expected if e not in ids) + sum(1 for k in poison_keys if k not in dead),
+        duplicates=sum(c - 1 for c in ids.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1),
+        dead_lettered=len(dead), poison_injected=len(poison_keys),
         order_violations=verifier.order_violations(),
         commit_problems=check_committed(committed_offsets(cfg.bootstrap, group, input_topic),
                                         end_offsets(cfg.bootstrap, input_topic)),
@@ -194,6 +205,30 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     )
     verifier.close()
     return result
+
+
+def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str]) -> None:
+    """Bad records of every category, in turn, at ``poison_fraction`` of the event rate; unique keys."""
+    if cfg.poison_fraction <= 0:
+        return
+    from confluent_kafka import Producer
+
+    from tests.handlers import bad_values
+
+    values = list(bad_values().items())
+    count = int(cfg.events * cfg.poison_fraction)
+    interval = 1.0 / (cfg.rate * cfg.poison_fraction)
+    producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True})
+    started = time.monotonic()
+    for i in range(count):
+        time.sleep(max(0.0, started + i * interval - time.monotonic()))
+        reason, value = values[i % len(values)]
+        key = f"poison-{reason}-{i}"
+        producer.produce(topic, value, key.encode())
+        keys.add(key)
+        producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError("poison records undelivered")
 
 
 def _self_kill_env(rng: random.Random) -> dict[str, str]:
@@ -213,6 +248,7 @@ class Verifier:
         # (topic, partition) -> list of (input partition, input offset, event id or None)
         self.outputs: list[tuple[str, int, int, int, str]] = []
         self._ids: dict[str, int] = defaultdict(int)
+        self.violations: list[tuple[str, int, int, int, int, str]] = []
 
     def _consume(self, timeout_s: float) -> int:
         from stream.codec import SchemaRegistry, decode
@@ -228,7 +264,7 @@ class Verifier:
             if m.topic() == self.output_topic:
                 event_id = str(decode(registry, m.value())[1]["event_id"])
             else:
-                event_id = f"dlq:{src[0]}:{src[1]}"
+                event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
             self._ids[event_id] += 1
             self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id))
             n += 1
@@ -252,18 +288,22 @@ class Verifier:
     def id_counts(self) -> dict[str, int]:
         return {k: v for k, v in self._ids.items() if not k.startswith("dlq:")}
 
+    def dead_letter_counts(self) -> dict[str, int]:
+        return {k[4:]: v for k, v in self._ids.items() if k.startswith("dlq:")}
+
     def order_violations(self) -> int:
         """Per (output partition, input partition): input offsets must increase, repeats dropped."""
         last: dict[tuple[str, int, int], int] = {}
         seen: set[tuple[int, int]] = set()
         violations = 0
-        for topic, partition, src_p, src_off, _ in self.outputs:
+        for topic, partition, src_p, src_off, event_id in self.outputs:
             if (src_p, src_off) in seen:
                 continue  # a repeat (at-least-once replay)
             seen.add((src_p, src_off))
             key = (topic, partition, src_p)
             if key in last and src_off < last[key]:
                 violations += 1
+                self.violations.append((topic, partition, src_p, last[key], src_off, event_id))
             last[key] = src_off
         return violations
 
@@ -319,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ChaosConfig(bootstrap, model_dir, events=args.events, partitions=args.partitions,
                               replicas=args.replicas, kills=args.kills, guarantee=mode, rate=args.rate,
                               kill_interval_s=max(args.events / args.rate / (args.kills + 2), 1.0),
-                              seed=args.seed, scale=(1, 3, 1), timeout_s=3600)
+                              seed=args.seed, scale=(1, 3, 1), timeout_s=3600, poison_fraction=0.01)
             result = run_chaos(cfg, log=True)
             print(f"{mode}: {result.line()}", flush=True)
             print(json.dumps(asdict(result))[:2000], file=sys.stderr)

@@ -33,12 +33,14 @@ def needs_hidden_aborts(broker: BrokerInfo, guarantee: str) -> None:
 def test_sigkill_at_every_phase_scale_and_sigterm(broker: BrokerInfo, model_dir: Path, guarantee: str) -> None:
     needs_hidden_aborts(broker, guarantee)
     cfg = ChaosConfig(broker.bootstrap, model_dir, events=15_000, replicas=2, kills=4, guarantee=guarantee,
-                      rate=RATE, kill_interval_s=1.5, max_batch_size=BATCH, scale=(1, 3, 1), timeout_s=300)
+                      rate=RATE, kill_interval_s=1.5, max_batch_size=BATCH, scale=(1, 3, 1), timeout_s=300,
+                      poison_fraction=0.01)
     result = run_chaos(cfg)
     print(result.line())
     assert result.kills >= 4
     assert result.worker_failures == []
     assert result.lost == 0
+    assert result.poison_injected == 150 and result.dead_lettered == 150
     assert result.order_violations == 0
     assert result.commit_problems == []
     assert result.hanging_transactions == []

@@ -17,7 +17,7 @@ from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER
 from stream.topics import committed_offsets, end_offsets
 from stream.verify import check_committed
 from tests.conftest import BrokerInfo
-from tests.handlers import POISON_MARK
+from tests.handlers import bad_values
 from tests.integration.test_pipeline import Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -30,21 +30,6 @@ def pipeline(broker: BrokerInfo, unique_name: Callable[[str], str], model_dir: P
     p = Pipeline(broker, unique_name, model_dir, tmp_path)
     yield p
     p.cleanup()
-
-
-def bad_values() -> dict[str, bytes | None]:
-    good = generate_events(1, seed=1).records()[0]
-    framed = encode(EVENT, good)
-    return {
-        "bad-magic": b"\x05" + framed[1:],
-        "unknown-schema": b"\x00\x00\x00\x10\x00" + framed[5:],
-        "corrupt-avro": framed[:-9],
-        "feature-count": encode(EVENT, {**good, "features": [0.1] * 7}),
-        "non-finite": encode(EVENT, {**good, "features": [float("nan")] * 32}),
-        "null-value": None,
-        "oversized": framed + b"\x00" * 5000,
-        "model-error": encode(EVENT, {**good, "event_id": "poison", "features": [POISON_MARK] + [0.0] * 31}),
-    }
 
 
 Record = tuple[dict[str, bytes], bytes | None, bytes | None]

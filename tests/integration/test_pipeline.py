@@ -223,3 +223,10 @@ def _first_raw_value(pipeline: Pipeline) -> bytes:
         raise AssertionError("no prediction to peek at")
     finally:
         c.close()
+
+
+def test_sigterm_during_start_up_exits_zero_without_joining(pipeline: Pipeline) -> None:
+    worker = pipeline.worker()
+    assert worker.terminate() == 0, worker.output()[-3000:]
+    assert "during start-up" in worker.output()
+    assert " assigned " not in worker.output()

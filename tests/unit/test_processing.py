@@ -54,6 +54,8 @@ class FakeMessage:
 class FakePublisher:
     """Acknowledges every record at once, like a broker that never fails."""
 
+    transactional = False
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None, dict[str, bytes]]] = []
         self.done: list[SpanDelivery] = []
@@ -204,3 +206,12 @@ def test_model_error_type_is_preserved_for_single_bad_rows(model_dir: Path) -> N
     engine = InferenceEngine(PoisonHandler(model_dir), torch.device("cpu"))
     with pytest.raises(ModelError, match="poison"):
         engine.run(np.full((1, 32), POISON_MARK, dtype=np.float32))
+
+
+def test_dead_letters_keep_input_order_across_stages(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    values = events(6, poison_rows=[1])  # row 1: model error (found after decoding)
+    values[4] = b"\x09bad"  # row 4: decode error (found first)
+    batch, _ = batch_of(values, pub)
+    processor.process(batch)
+    assert [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "dlq"] == [1, 4]
