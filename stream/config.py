@@ -26,9 +26,9 @@ _CONSUMER_OWNED = {
     "partition.assignment.strategy": "cooperative-sticky",
 }
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
-# STREAM_* variables read elsewhere (broker cache, test fixture), not worker settings.
-NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_TEST_BROKER", "STREAM_TEST_SLEEP_S",
-                             "STREAM_TEST_KILL_AT", "STREAM_TEST_KILL_AFTER"})
+# STREAM_* variables read elsewhere (broker cache, test fixtures and fault hooks), not worker settings.
+NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA"})
+NON_SETTING_PREFIX = "STREAM_TEST_"
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
@@ -176,7 +176,7 @@ def load_settings(overrides: Mapping[str, Any], environ: Mapping[str, str] | Non
         given["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
     # Every STREAM_* variable must be a setting (typos fail loudly) except the few other tools read.
     stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items()
-                  if k.startswith("STREAM_") and k not in NON_SETTING_ENV}
+                  if k.startswith("STREAM_") and k not in NON_SETTING_ENV and not k.startswith(NON_SETTING_PREFIX)}
     try:
         return WorkerSettings.model_validate({**stream_env, **given})
     except ValidationError as exc:

@@ -39,6 +39,18 @@ class SleepyHandler(DemoFraudHandler):
         return super().predict(inputs)
 
 
+class SlowHandler(DemoFraudHandler):
+    """The demo model plus ``STREAM_TEST_BATCH_SLEEP_S`` seconds per batch: a model slower than the input."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        super().__init__(model_dir)
+        self._sleep_s = float(os.environ.get("STREAM_TEST_BATCH_SLEEP_S", "0.05"))
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        time.sleep(self._sleep_s)
+        return super().predict(inputs)
+
+
 def poison_features(n: int) -> np.ndarray:
     x = np.zeros((n, 32), dtype=np.float32)
     x[:, 0] = POISON_MARK

@@ -65,6 +65,7 @@ class ChaosResult:
     worker_failures: list[str]
     dead_lettered: int = 0  # distinct poison records found on the DLQ
     poison_injected: int = 0
+    phase_kills: dict[str, int] = field(default_factory=dict)  # self-kills per batch phase
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -75,6 +76,7 @@ class ChaosResult:
         return (f"chaos: events={self.events} kills={self.kills} rebalances={self.rebalances} lost={self.lost} "
                 f"duplicates={self.duplicates} order_violations={self.order_violations} "
                 f"dead_lettered={self.dead_lettered}/{self.poison_injected} "
+                f"phase_kills={','.join(f'{k}:{v}' for k, v in self.phase_kills.items())} "
                 f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)}")
 
 
@@ -143,32 +145,51 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     poisoner.start()
     kills = 0
     failures: list[str] = []
+    # Kill points alternate: a SIGKILL from outside (wherever the replica is), then a replica restarted to
+    # SIGKILL itself at the next phase of the batch life cycle, in order, so every phase gets its kill.
+    phases = [p for p in PHASES if cfg.guarantee == "exactly-once" or p != "in-transaction"]
+    phase_kills: dict[str, int] = dict.fromkeys(phases, 0)
+    armed: dict[int, str] = {}
+    armed_at: dict[int, float] = {}
+    next_phase = 0
     deadline = time.monotonic() + cfg.timeout_s
     while kills < cfg.kills and time.monotonic() < deadline:
         time.sleep(cfg.kill_interval_s * rng.uniform(0.5, 1.5))
         for slot in fleet.reap():
             code = fleet.finished[-1].proc.returncode
-            if code == -9:
-                kills += 1  # it killed itself at its phase
+            if code == -9 and slot in armed:
+                kills += 1
+                phase_kills[armed.pop(slot)] += 1
+                fleet.start(slot)
             else:
                 failures.append(f"replica {slot} exited {code}: {fleet.finished[-1].output()[-1500:]}")
-            fleet.start(slot, _self_kill_env(rng))
-        if kills >= cfg.kills:
-            break
+                fleet.start(slot)
+        for slot, since in list(armed_at.items()):
+            if slot in armed and slot in fleet.live and time.monotonic() - since > 20:
+                fleet.kill(slot)  # it never reached its phase (no input left?): kill it from outside
+                armed.pop(slot)
+                kills += 1
+                fleet.start(slot)
+        if kills >= cfg.kills or armed:
+            continue  # wait for the armed replica to reach its phase
         slot = rng.choice(sorted(fleet.live))
-        if rng.random() < 0.5:
-            fleet.kill(slot)  # from outside, at whatever point it is
-            kills += 1
-            fleet.start(slot, _self_kill_env(rng) if rng.random() < 0.5 else None)
+        fleet.kill(slot)
+        kills += 1
+        phase = phases[next_phase % len(phases)]
+        next_phase += 1
+        armed[slot] = phase
+        armed_at[slot] = time.monotonic()
+        fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(2, 10))})
         if log:
-            print(f"  kills={kills} live={sorted(fleet.live)}", file=sys.stderr, flush=True)
+            print(f"  kills={kills} armed {slot} for {phase}", file=sys.stderr, flush=True)
     producer.join(timeout=max(deadline - time.monotonic(), 1))
     poisoner.join(timeout=max(deadline - time.monotonic(), 1))
-    # Replace self-killing replicas with clean ones, then step through the scale plan.
+    # Replace still-armed replicas with clean ones, then step through the scale plan.
     for slot in list(fleet.live):
         code = fleet.stop(slot)
-        if code == -9:
+        if code == -9 and slot in armed:
             kills += 1
+            phase_kills[armed.pop(slot)] += 1
         elif code != 0:
             failures.append(f"replica {slot} exited {code} on SIGTERM: {fleet.finished[-1].output()[-1500:]}")
         fleet.start(slot)
@@ -195,7 +216,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         events=cfg.events, kills=kills, rebalances=rebalances,
         lost=sum(1 for e in expected if e not in ids) + sum(1 for k in poison_keys if k not in dead),
         duplicates=sum(c - 1 for c in ids.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1),
-        dead_lettered=len(dead), poison_injected=len(poison_keys),
+        dead_lettered=len(dead), poison_injected=len(poison_keys), phase_kills=phase_kills,
         order_violations=verifier.order_violations(),
         commit_problems=check_committed(committed_offsets(cfg.bootstrap, group, input_topic),
                                         end_offsets(cfg.bootstrap, input_topic)),
@@ -229,10 +250,6 @@ def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str]) -> None:
         producer.poll(0)
     if producer.flush(60):
         raise RuntimeError("poison records undelivered")
-
-
-def _self_kill_env(rng: random.Random) -> dict[str, str]:
-    return {"STREAM_TEST_KILL_AT": rng.choice(PHASES), "STREAM_TEST_KILL_AFTER": str(rng.randint(2, 25))}
 
 
 class Verifier:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -109,7 +110,11 @@ def test_registry_errors_are_clear(tmp_path) -> None:  # type: ignore[no-untyped
         REGISTRY.by_name("nope.Nope")
 
 
-@settings(max_examples=2000, deadline=None)
+# `make chaos` sets STREAM_TEST_FUZZ_EXAMPLES=100000 for the long fuzz run.
+FUZZ_EXAMPLES = int(os.environ.get("STREAM_TEST_FUZZ_EXAMPLES", "2000"))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes_only_typed_errors(data: bytes) -> None:
     batch, errors = EventDecoder(REGISTRY, 32).decode_batch([data])
@@ -118,7 +123,7 @@ def test_fuzz_random_bytes_only_typed_errors(data: bytes) -> None:
         assert isinstance(err, DecodeError)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=max(FUZZ_EXAMPLES // 4, 500), deadline=None)
 @given(st.binary(max_size=200))
 def test_fuzz_valid_header_random_body(body: bytes) -> None:
     batch, errors = EventDecoder(REGISTRY, 32).decode_batch([EVENT.header + body])
