@@ -6,13 +6,15 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv model demo demo-kafka test unit integration lint typecheck kafka-jars clean
+.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
 	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
+	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills per mode) and a 100,000-example decoder fuzz"
+	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
@@ -46,6 +48,13 @@ integration: $(STAMP)
 
 test: lint typecheck
 	$(PY) -m pytest tests
+
+chaos: $(STAMP)
+	STREAM_TEST_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_codec.py -k fuzz
+	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3
+
+backpressure: $(STAMP)
+	$(PY) -m tests.chaos.backpressure --seconds 120
 
 clean:
 	rm -rf $(VENV) artifacts results .pytest_cache .mypy_cache .ruff_cache *.egg-info

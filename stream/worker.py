@@ -255,7 +255,7 @@ class Worker:
                 b[2] += 1
         topic = self.settings.input_topic
         for p, (first, _, _) in bounds.items():
-            # Base for the committed counter when the group had no commit for this partition.
+            # Base for the committed counter: the first offset this assignment dispatches.
             self._committed_positions.setdefault((topic, p), first)
         assert self._publisher is not None
         deliveries = {

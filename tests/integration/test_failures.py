@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,24 +11,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
 from stream.codec import EVENT_SCHEMA, SchemaRegistry, encode
-from stream.process import WorkerProcess
 from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import committed_offsets, end_offsets
 from stream.verify import check_committed
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
-from tests.integration.test_pipeline import Pipeline, wait_for_assignment
+from tests.integration.harness import Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 EVENT = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
-
-
-@pytest.fixture
-def pipeline(broker: BrokerInfo, unique_name: Callable[[str], str], model_dir: Path,
-             tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(broker, unique_name, model_dir, tmp_path)
-    yield p
-    p.cleanup()
 
 
 Record = tuple[dict[str, bytes], bytes | None, bytes | None]
@@ -100,13 +90,8 @@ def test_without_a_dlq_a_bad_record_stops_the_worker_and_is_not_committed(pipeli
 
 def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline: Pipeline) -> None:
     # The first batch takes 12 s, twice max.poll.interval.ms: the poll thread must keep the membership.
-    args = ["--bootstrap-servers", pipeline.bootstrap, "--input-topic", pipeline.input, "--output-topic",
-            pipeline.output, "--group-id", pipeline.group, "--model-dir", str(pipeline.model_dir),
-            "--model", "tests.handlers:SleepyHandler", "--max-wait-ms", "5"]
-    env = {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", "KAFKA_CONSUMER_MAX_POLL_INTERVAL_MS": "7000",
-           "STREAM_TEST_SLEEP_S": "12"}
-    slow = WorkerProcess(args, pipeline.tmp / "slow.log", env)
-    pipeline.workers.append(slow)
+    slow = pipeline.worker("--model", "tests.handlers:SleepyHandler", "--max-wait-ms", "5",
+                           env={"KAFKA_CONSUMER_MAX_POLL_INTERVAL_MS": "7000", "STREAM_TEST_SLEEP_S": "12"})
     wait_for_assignment(slow)
     expected = pipeline.produce(2_000, seed=81)
     reader = pipeline.reader()
@@ -116,3 +101,74 @@ def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline
     out = slow.output()
     assert " lost " not in out and "revoked" not in out.split("signal SIGTERM")[0], out[-3000:]
     assert reader.duplicates() == 0
+
+
+
+def test_missing_output_topic_stops_the_worker_and_commits_nothing(pipeline: Pipeline,
+                                                                   broker: BrokerInfo) -> None:
+    if broker.kind == "tansu":
+        pytest.skip("Tansu creates topics on first produce")
+    pipeline.output = pipeline.output + "-never-created"
+    pipeline.produce(200, seed=91)
+    # librdkafka retries an unknown topic until message.timeout.ms; shortened here.
+    worker = pipeline.worker("--stop-at-end", env={"KAFKA_PRODUCER_MESSAGE_TIMEOUT_MS": "5000"})
+    assert worker.wait(90) == 1, worker.output()[-3000:]
+    assert "deliver prediction failed" in worker.output()
+    assert set(committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input).values()) == {-1}
+
+
+def test_a_record_too_large_to_publish_stops_the_worker_uncommitted(pipeline: Pipeline) -> None:
+    dlq = pipeline.input.replace("-in-", "-dlq-")
+    pipeline.produce(100, seed=92)
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+    producer.produce(pipeline.input, b"\x05" + b"x" * 3000, b"big")  # dead-lettered with its 3 kB value
+    assert producer.flush(30) == 0
+    worker = pipeline.worker("--stop-at-end", "--dlq-topic", dlq,
+                             env={"KAFKA_PRODUCER_MESSAGE_MAX_BYTES": "2000"})
+    assert worker.wait(90) == 1, worker.output()[-3000:]
+    assert "MSG_SIZE_TOO_LARGE" in worker.output()
+    committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
+    ends = end_offsets(pipeline.bootstrap, pipeline.input)
+    assert sum(max(c, 0) for c in committed.values()) < sum(ends.values()), "the big record was committed"
+
+
+def test_a_model_that_cannot_load_stops_the_worker_with_a_clear_error(pipeline: Pipeline,
+                                                                     tmp_path: Path) -> None:
+    pipeline.model_dir = tmp_path / "no-model-here"
+    worker = pipeline.worker()
+    assert worker.wait(60) == 2, worker.output()[-3000:]
+    assert "demo model not found" in worker.output() and "train-model" in worker.output()
+
+
+def test_an_unreachable_broker_stops_the_worker_within_a_bound(model_dir: Path, tmp_path: Path) -> None:
+    """A private broker (not the session one) disappears while predictions are in flight: the worker must
+    exit 1 on its own, within a bound, naming the failure; it must neither hang nor skip."""
+    from producers.load import produce_events
+    from stream.broker import start_tansu
+    from stream.process import WorkerProcess
+    from stream.topics import create_topics
+
+    private = start_tansu()
+    try:
+        create_topics(private.bootstrap, ["in", "out"], 2)
+        worker = WorkerProcess(
+            ["--bootstrap-servers", private.bootstrap, "--input-topic", "in", "--output-topic", "out",
+             "--group-id", "g", "--model-dir", str(model_dir), "--shutdown-timeout-s", "10",
+             "--model", "tests.handlers:SlowHandler", "--max-batch-size", "50"],
+            tmp_path / "worker.log",
+            {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", "KAFKA_PRODUCER_MESSAGE_TIMEOUT_MS": "4000",
+             "STREAM_TEST_BATCH_SLEEP_S": "0.3"})
+        try:
+            wait_for_assignment(worker)
+            produce_events(private.bootstrap, "in", 2_000, seed=93)  # ~12 s of work for this slow model
+            time.sleep(1.5)
+            private.stop()  # by PID: the broker is gone with predictions still to publish
+            assert worker.wait(90) == 1, worker.output()[-3000:]
+            out = worker.output()
+            assert "deliver prediction failed" in out or "undelivered" in out, out[-3000:]
+            summary = worker.summary()
+            assert summary is not None and summary["predicted"] < 2_000
+        finally:
+            worker.kill()
+    finally:
+        private.stop()
