@@ -54,7 +54,7 @@ chaos: $(STAMP)
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3
 
 backpressure: $(STAMP)
-	$(PY) -m tests.chaos.backpressure --seconds 120
+	$(PY) -m tests.chaos.backpressure --seconds 150
 
 clean:
 	rm -rf $(VENV) artifacts results .pytest_cache .mypy_cache .ruff_cache *.egg-info
