@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure lint typecheck clean
+.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure bench lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -14,13 +14,14 @@ help:
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills per mode) and a 100,000-example decoder fuzz"
+	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -52,6 +53,9 @@ test: lint typecheck
 chaos: $(STAMP)
 	STREAM_TEST_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_codec.py -k fuzz
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3
+
+bench: $(STAMP)
+	$(PY) -m stream bench
 
 backpressure: $(STAMP)
 	$(PY) -m tests.chaos.backpressure --seconds 150

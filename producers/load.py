@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -67,10 +68,12 @@ def produce_events(
     config: dict[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
     timeout_s: float = 120.0,
+    stop: threading.Event | None = None,
 ) -> ProduceSummary:
     """Produce events ``start .. start+count-1`` of stream ``seed``; ``rate`` in events/s (None: as fast as possible).
 
-    Each event's ``ts_ms`` is stamped when it is handed to the producer.
+    Each event's ``ts_ms`` is stamped when it is handed to the producer. Setting ``stop`` ends the run
+    early: the summary then reports what was sent (events ``start .. start+requested-1``).
     """
     if count < 0:
         raise ValueError("count must be >= 0")
@@ -82,9 +85,11 @@ def produce_events(
     report = _Deliveries()
     started = time.monotonic()
     sent = 0
-    while sent < count:
+    while sent < count and not (stop is not None and stop.is_set()):
         block = generate_events(min(BLOCK, count - sent), seed=seed, start=start + sent)
         for record in block.records():
+            if stop is not None and stop.is_set():
+                break
             if rate is not None:
                 delay = started + sent / rate - time.monotonic()
                 if delay > 0:
@@ -106,6 +111,6 @@ def produce_events(
     seconds = time.monotonic() - started
     lat = np.frombuffer(report.latencies, dtype=np.float32) * 1000.0 if len(report.latencies) else np.zeros(1)
     failed = report.failed + remaining
-    return ProduceSummary(count, report.delivered, failed, seconds, float(np.percentile(lat, 50)),
+    return ProduceSummary(sent, report.delivered, failed, seconds, float(np.percentile(lat, 50)),
                           float(np.percentile(lat, 99)),
                           report.first_error or (f"{remaining} undelivered after flush" if remaining else None))

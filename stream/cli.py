@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import signal
 import sys
@@ -49,6 +51,7 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
                    help="exactly-once: one Kafka transaction per micro-batch, offsets committed inside it")
     p.add_argument("--transactional-id", help="exactly-once: a stable id per replica (default: group-host-pid)")
+    p.add_argument("--summary-json", type=Path, help="also write the shutdown summary to this file as JSON")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -75,6 +78,8 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
         worker.request_stop()
     summary = worker.run()
     print(f"worker summary: {summary.line()}", flush=True)
+    if args.summary_json is not None:
+        args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
     return summary.exit_code
 
 
@@ -128,6 +133,35 @@ def run_demo(args: argparse.Namespace) -> int:
                 bootstrap=args.bootstrap_servers)
 
 
+def run_bench_command(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from rich.console import Console
+    from rich.table import Table
+
+    from stream.bench.runner import BenchConfig, format_latency, format_table, run_bench
+
+    cfg = BenchConfig(events=args.events)
+    if args.quick:
+        cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
+                          latency_seconds=2.0)
+    if args.results is not None:
+        cfg.results = args.results
+    console = Console()
+    report = run_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
+    for title, rows in (("drain throughput", format_table(report)),
+                        ("worker end-to-end latency under load", format_latency(report))):
+        table = Table(title=title)
+        for col in rows[0]:
+            table.add_column(col, justify="right")
+        for row in rows[1:]:
+            table.add_row(*row)
+        console.print(table)
+    v = report["versions"]
+    console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
+                  f"broker {report['broker']} (Kafka {v['kafka']}); results in {cfg.results}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from stream.models.demo import DEFAULT_MODEL_DIR
 
@@ -152,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--events", type=int, default=100_000)
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--partitions", type=int, default=8)
+    bench = sub.add_parser("bench", help="benchmark the worker against its limit and its peers")
+    bench.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    bench.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
+    bench.add_argument("--events", type=int, default=1_000_000, help="pre-produced events for the drain runs")
+    bench.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
+    bench.add_argument("--results", type=Path, default=None, help="default: results/bench-<time>")
     return parser
 
 
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
         if early:
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "topics": run_topics,
-               "train-model": run_train, "demo": run_demo}
+               "train-model": run_train, "demo": run_demo, "bench": run_bench_command}
     try:
         return runners[args.command](args)
     except StreamError as exc:

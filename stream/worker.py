@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -59,7 +59,8 @@ class WorkerSummary:
     batched_records: int = 0
     error: str | None = None
     exit_code: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    first_consumed_at: float | None = None  # wall-clock seconds
+    last_committed_at: float | None = None  # wall-clock seconds, last commit that advanced a position
 
     @property
     def mean_batch_size(self) -> float:
@@ -218,6 +219,8 @@ class Worker:
             else:
                 log.warning("consume: %s", err)
         if good:
+            if self._summary.first_consumed_at is None:
+                self._summary.first_consumed_at = time.time()
             self._summary.consumed += len(good)
             self.metrics.consumed.inc(len(good))
             self._batcher.add(good)
@@ -317,6 +320,7 @@ class Worker:
                 advanced = tp.offset - (before if before is not None else tp.offset)
                 self._committed_positions[key] = tp.offset
                 self._summary.committed += advanced
+                self._summary.last_committed_at = time.time()
                 self.metrics.committed.inc(advanced)
 
     # ---------------------------------------------------------------------------- rebalances

@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPar
 from confluent_kafka.admin import OffsetSpec
 
 from producers.events import generate_events
-from producers.load import produce_events
+from producers.load import ProduceSummary, produce_events
 from stream.faults import PHASES
 from stream.process import WorkerProcess
 from stream.processing import HEADER_OFFSET, HEADER_PARTITION
@@ -47,6 +47,7 @@ class ChaosConfig:
     seed: int = 1
     scale: tuple[int, ...] = ()  # replica counts to step through after the kills (e.g. 1, 3, 1)
     poison_fraction: float = 0.0  # bad records (every dead-letter category, in turn) per good event
+    load_until_kills_done: bool = False  # keep producing (up to ``events``) until the last kill, then stop
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="stream-chaos-")))
     timeout_s: float = 600.0
 
@@ -136,12 +137,13 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     fleet = Fleet(cfg, input_topic, output_topic, dlq_topic, group)
     for slot in range(cfg.replicas):
         fleet.start(slot)
-    produced: dict[str, object] = {}
-    producer = threading.Thread(target=lambda: produced.update(
-        summary=produce_events(cfg.bootstrap, input_topic, cfg.events, seed=cfg.seed, rate=cfg.rate)), daemon=True)
+    produced: dict[str, ProduceSummary] = {}
+    stop_load = threading.Event()
+    producer = threading.Thread(target=lambda: produced.update(summary=produce_events(
+        cfg.bootstrap, input_topic, cfg.events, seed=cfg.seed, rate=cfg.rate, stop=stop_load)), daemon=True)
     producer.start()
     poison_keys: set[str] = set()
-    poisoner = threading.Thread(target=_inject_poison, args=(cfg, input_topic, poison_keys), daemon=True)
+    poisoner = threading.Thread(target=_inject_poison, args=(cfg, input_topic, poison_keys, stop_load), daemon=True)
     poisoner.start()
     kills = 0
     failures: list[str] = []
@@ -179,10 +181,13 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         next_phase += 1
         armed[slot] = phase
         armed_at[slot] = time.monotonic()
-        fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(2, 10))})
+        fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(1, 5))})
         if log:
             print(f"  kills={kills} armed {slot} for {phase}", file=sys.stderr, flush=True)
+    if cfg.load_until_kills_done:
+        stop_load.set()
     producer.join(timeout=max(deadline - time.monotonic(), 1))
+    stop_load.set()
     poisoner.join(timeout=max(deadline - time.monotonic(), 1))
     # Replace still-armed replicas with clean ones, then step through the scale plan.
     for slot in list(fleet.live):
@@ -201,7 +206,10 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
             if code != 0:
                 failures.append(f"scale-down SIGTERM exit {code}: {fleet.finished[-1].output()[-1500:]}")
         time.sleep(cfg.kill_interval_s)
-    expected = set(generate_events(cfg.events, seed=cfg.seed).event_ids)
+    sent = produced["summary"].requested if "summary" in produced else 0
+    if "summary" not in produced or produced["summary"].failed:
+        failures.append(f"load generator: {produced.get('summary')}")
+    expected = set(generate_events(sent, seed=cfg.seed).event_ids)
     verifier = Verifier(cfg.bootstrap, output_topic, dlq_topic)
     verifier.read_until(expected | {f"dlq:{k}" for k in poison_keys}, deadline)
     for slot in list(fleet.live):
@@ -213,7 +221,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     dead = verifier.dead_letter_counts()
     rebalances = sum(p.output().count(" assigned ") for p in fleet.all())
     result = ChaosResult(
-        events=cfg.events, kills=kills, rebalances=rebalances,
+        events=sent, kills=kills, rebalances=rebalances,
         lost=sum(1 for e in expected if e not in ids) + sum(1 for k in poison_keys if k not in dead),
         duplicates=sum(c - 1 for c in ids.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1),
         dead_lettered=len(dead), poison_injected=len(poison_keys), phase_kills=phase_kills,
@@ -228,7 +236,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     return result
 
 
-def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str]) -> None:
+def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str], stop: threading.Event) -> None:
     """Bad records of every category, in turn, at ``poison_fraction`` of the event rate; unique keys."""
     if cfg.poison_fraction <= 0:
         return
@@ -242,6 +250,8 @@ def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str]) -> None:
     producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True})
     started = time.monotonic()
     for i in range(count):
+        if stop.is_set():
+            break
         time.sleep(max(0.0, started + i * interval - time.monotonic()))
         reason, value = values[i % len(values)]
         key = f"poison-{reason}-{i}"

@@ -18,7 +18,7 @@ from tests.chaos.runner import ChaosConfig, Fleet, Verifier, hanging_transaction
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
-RATE = 1_000.0  # 20 s of input: it must last through all the kills
+RATE = 1_000.0
 BATCH = 128
 INFLIGHT_BATCHES = 4  # the worker's default --max-inflight-batches
 COMMIT_INTERVAL_S = 0.2  # the fleet's --commit-interval-ms
@@ -33,16 +33,17 @@ def needs_hidden_aborts(broker: BrokerInfo, guarantee: str) -> None:
 def test_sigkill_at_every_phase_scale_and_sigterm(broker: BrokerInfo, model_dir: Path, guarantee: str) -> None:
     needs_hidden_aborts(broker, guarantee)
     kills = 10 if guarantee == "exactly-once" else 8  # half from outside, half at each batch phase in turn
-    cfg = ChaosConfig(broker.bootstrap, model_dir, events=20_000, replicas=2, kills=kills, guarantee=guarantee,
+    # The load (at most 300 s of it) lasts until the last kill, so every armed phase is reached under load.
+    cfg = ChaosConfig(broker.bootstrap, model_dir, events=300_000, replicas=2, kills=kills, guarantee=guarantee,
                       rate=RATE, kill_interval_s=1.0, max_batch_size=BATCH, scale=(1, 3, 1), timeout_s=300,
-                      poison_fraction=0.01)
+                      poison_fraction=0.01, load_until_kills_done=True)
     result = run_chaos(cfg)
     print(result.line())
     assert result.kills >= kills
     assert all(n >= 1 for n in result.phase_kills.values()), result.phase_kills
     assert result.worker_failures == []
     assert result.lost == 0
-    assert result.poison_injected == 200 and result.dead_lettered == 200
+    assert result.poison_injected >= 50 and result.dead_lettered == result.poison_injected
     assert result.order_violations == 0
     assert result.commit_problems == []
     assert result.hanging_transactions == []

@@ -1,0 +1,33 @@
+"""The benchmark runs in CI in quick mode so it cannot rot; no timing is asserted here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream.bench.runner import BenchConfig, format_latency, format_table, run_bench
+from tests.conftest import BrokerInfo
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
+    cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, loads=(0.1, 0.5),
+                      waits_ms=(5.0,), results=tmp_path / "results")
+    report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
+    names = [d["name"] for d in report["drain"]]
+    assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-best", "worker-best-x2"]
+    expected = {"naive": 100, "faust": 1_000}
+    for d in report["drain"]:
+        assert d["events"] >= expected.get(d["name"], 5_000), d
+        assert d["seconds"] > 0 and d["rate"] > 0
+    assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"].startswith("worker"))
+    assert [(r["load"], r["max_wait_ms"]) for r in report["latency"]] == [(0.1, 5.0), (0.5, 5.0)]
+    for r in report["latency"]:
+        assert len(r["latencies_ms"]) == r["events"] and r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
+        if broker.kind == "kafka":
+            assert r["timestamps"] == "LogAppendTime"
+    for name in ("bench.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
+        assert (cfg.results / name).stat().st_size > 0
+    assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 3
