@@ -406,6 +406,13 @@ class Worker:
             faults.reach("in-transaction")
             publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
         except TransactionError as exc:
+            elapsed = time.monotonic() - started
+            if elapsed >= timeout_s:
+                # Rewinding would replay the same batch into the same timeout, forever.
+                raise StreamError(
+                    f"a batch's transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "
+                    f"({timeout_s:.0f}s), and was aborted ({exc}); raise KAFKA_PRODUCER_TRANSACTION_TIMEOUT_MS "
+                    "or lower --max-batch-size") from exc
             if exc.fatal or not exc.requires_abort:
                 raise
             log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)

@@ -172,3 +172,4 @@ def test_an_unreachable_broker_stops_the_worker_within_a_bound(model_dir: Path, 
             worker.kill()
     finally:
         private.stop()
+
