@@ -34,7 +34,10 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--model", help="demo, or package.module:HandlerClass (default demo)")
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
+    p.add_argument("--schemas-dir", type=Path, help="schema registry folder (default: the repo's schemas/)")
     p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
     p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
@@ -60,14 +63,10 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     and the model load): a replica stopped during start-up exits 0 without consuming."""
     signal.signal(signal.SIGTERM, lambda signum, _frame: early_stop.append(signum))
     signal.signal(signal.SIGINT, lambda signum, _frame: early_stop.append(signum))
-    from stream.config import load_settings
+    from stream.config import WorkerSettings, load_settings
 
-    fields = ["bootstrap_servers", "input_topic", "output_topic", "group_id", "max_batch_size", "max_wait_ms",
-              "model", "model_dir", "device", "metrics_port", "commit_interval_ms", "max_inflight_batches",
-              "shutdown_timeout_s", "stop_at_end", "dlq_topic", "max_input_bytes", "model_retries",
-              "retry_backoff_ms", "dlq_max_fraction", "dlq_window", "guarantee", "transactional_id",
-              "log_level"]
-    settings = load_settings({f: getattr(args, f) for f in fields})
+    # Every setting has a flag of the same name; flags left out (None) fall back to STREAM_* env, then defaults.
+    settings = load_settings({f: getattr(args, f, None) for f in WorkerSettings.model_fields})
     _setup_logging(settings.log_level)
     from stream.worker import Worker
 

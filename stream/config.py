@@ -69,6 +69,7 @@ class WorkerSettings(BaseSettings):
     model: str = Field(default="demo", min_length=1)
     model_dir: Path | None = None
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    torch_threads: int = Field(default=1, ge=1, le=1024)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)

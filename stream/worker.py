@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+import torch
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
@@ -86,6 +87,8 @@ class Worker:
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
         registry = SchemaRegistry.from_dir(settings.schemas_dir)
+        # Intra-op threads for CPU inference: the pipeline's own threads need the other cores.
+        torch.set_num_threads(settings.torch_threads)
         handler = handler if handler is not None else create_handler(settings.model, settings.model_dir)
         self._engine = InferenceEngine(handler, select_device(settings.device))
         self._decoder = EventDecoder(registry, self._engine.handler.n_features)
@@ -94,7 +97,9 @@ class Worker:
         self._producer_config = settings.producer_config()
         self._batcher: MicroBatcher[Message] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock)
         self._tracker = OffsetTracker()
-        self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=settings.max_inflight_batches)
+        # Batches waiting for the processor: at most max_inflight_batches (slots), plus room for the sentinel.
+        self._slots = threading.BoundedSemaphore(settings.max_inflight_batches)
+        self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=settings.max_inflight_batches + 1)
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self._failure_lock = threading.Lock()
@@ -227,13 +232,12 @@ class Worker:
 
     def _try_dispatch(self, wait_s: float) -> bool:
         """Hand the closed batch to the processor, waiting up to ``wait_s`` for queue space."""
-        if self._queue.full():
-            deadline = self._clock() + wait_s
-            while self._queue.full():
-                if self._clock() >= deadline:
-                    return False
-                time.sleep(0.0005)
-        self._queue.put_nowait(self._close_batch())  # only this thread puts: the space is still there
+        # A free slot is released by the processor as it takes a batch: block on it, never spin (a spinning
+        # poll thread steals the GIL from the processor).
+        acquired = self._slots.acquire(timeout=wait_s) if wait_s > 0 else self._slots.acquire(blocking=False)
+        if not acquired:
+            return False
+        self._queue.put_nowait(self._close_batch())
         if self._paused:
             self._set_paused(False)
         return True
@@ -377,6 +381,7 @@ class Worker:
             item = self._queue.get()
             if item is None:
                 return
+            self._slots.release()
             if self._failure_now() is not None:
                 continue  # drain without work: nothing after a failure may be published
             if self._rewind_after is not None and item.epoch <= self._rewind_after:
@@ -521,11 +526,10 @@ class Worker:
         failed = self._failure_now() is not None
         # 1. Finish the open batch (never after a failure: nothing past it may be published).
         while not failed and len(self._batcher) and consumer is not None:
-            try:
-                self._queue.put(self._close_batch(), timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Full:
+            if not self._slots.acquire(timeout=max(deadline - time.monotonic(), 0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
+            self._queue.put_nowait(self._close_batch())
         # 2. Let the processor finish the queue.
         try:
             self._queue.put(None, timeout=max(deadline - time.monotonic(), 0.01))

@@ -80,3 +80,12 @@ def test_no_bootstrap_is_a_clear_error() -> None:
     s = load_settings({k: v for k, v in BASE.items() if k != "bootstrap_servers"}, environ={})
     with pytest.raises(ConfigError, match="bootstrap"):
         s.consumer_config({})
+
+
+def test_every_setting_has_a_worker_flag_and_flags_default_to_none() -> None:
+    from stream.cli import build_parser
+    from stream.config import WorkerSettings
+
+    args = build_parser().parse_args(["worker"])
+    assert [f for f in WorkerSettings.model_fields if not hasattr(args, f)] == []
+    assert {f: getattr(args, f) for f in WorkerSettings.model_fields if getattr(args, f) is not None} == {}
