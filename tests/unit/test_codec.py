@@ -128,3 +128,25 @@ def test_fuzz_random_bytes_only_typed_errors(data: bytes) -> None:
 def test_fuzz_valid_header_random_body(body: bytes) -> None:
     batch, errors = EventDecoder(REGISTRY, 32).decode_batch([EVENT.header + body])
     assert len(batch) + len(errors) == 1
+
+
+float32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=max(FUZZ_EXAMPLES // 4, 300), deadline=None)
+@given(records=st.lists(st.fixed_dictionaries({
+    "event_id": st.text(max_size=40), "key": st.text(max_size=20),
+    "ts_ms": st.integers(-(2**63), 2**63 - 1),
+    "features": st.one_of(st.lists(float32s, min_size=32, max_size=32), st.lists(float32s, max_size=70)),
+}), max_size=12), junk=st.lists(st.binary(max_size=60), max_size=3))
+def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], junk: list[bytes]) -> None:
+    decoder = EventDecoder(REGISTRY, 32)
+    values: list[bytes | None] = [encode(EVENT, r) for r in records] + [EVENT.header + j for j in junk] + [None]
+    fast, fast_errors = decoder.decode_batch(values)
+    slow, slow_errors = decoder._decode_slow(values)
+    assert fast.index.tolist() == slow.index.tolist()
+    assert fast.event_ids == slow.event_ids
+    assert fast.ts_ms.tolist() == slow.ts_ms.tolist()
+    assert fast.features.dtype == slow.features.dtype == np.float32
+    assert fast.features.tobytes() == slow.features.tobytes()
+    assert [(i, e.reason) for i, e in fast_errors] == [(i, e.reason) for i, e in slow_errors]
