@@ -12,6 +12,7 @@ from producers.events import generate_events
 from stream.codec import (
     EVENT_SCHEMA,
     PREDICTION_SCHEMA,
+    EventBatch,
     EventDecoder,
     PredictionEncoder,
     SchemaRegistry,
@@ -150,3 +151,21 @@ def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], jun
     assert fast.features.dtype == slow.features.dtype == np.float32
     assert fast.features.tobytes() == slow.features.tobytes()
     assert [(i, e.reason) for i, e in fast_errors] == [(i, e.reason) for i, e in slow_errors]
+
+
+@settings(max_examples=max(FUZZ_EXAMPLES // 4, 300), deadline=None)
+@given(rows=st.lists(st.tuples(st.text(max_size=80), st.integers(-(2**63), 2**63 - 1),
+                               st.floats(width=32, allow_nan=False), st.booleans()), max_size=10),
+       predicted=st.integers(-(2**63), 2**63 - 1), batch_size=st.integers(0, 2**31 - 1),
+       names=st.tuples(st.text(max_size=70), st.text(max_size=10)))
+def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int, float, bool]], predicted: int,
+                                                      batch_size: int, names: tuple[str, str]) -> None:
+    encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
+    assert encoder._fast
+    events = EventBatch(np.arange(len(rows)), [r[0] for r in rows], np.asarray([r[1] for r in rows], dtype=np.int64),
+                        np.zeros((len(rows), 32), dtype=np.float32))
+    outputs = {"fraud_score": np.asarray([r[2] for r in rows], dtype=np.float32),
+               "is_fraud": np.asarray([r[3] for r in rows], dtype=bool)}
+    kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
+              "batch_size": batch_size}
+    assert encoder.encode_batch(events, outputs, **kwargs) == encoder._encode_slow(events, outputs, **kwargs)
