@@ -151,8 +151,18 @@ def avro_string(text: str) -> bytes:
     """Avro string: zigzag-varint length, then UTF-8."""
     raw = text.encode("utf-8")
     length = len(raw)
-    prefix = _SHORT_LENGTHS[length] if length < 64 else encode_longs(np.asarray([length], dtype=np.int64))[0]
-    return prefix + raw
+    return (_SHORT_LENGTHS[length] if length < 64 else avro_long(length)) + raw
+
+
+def avro_long(value: int) -> bytes:
+    """One Avro long (zigzag varint); `encode_longs` does a whole column."""
+    zz = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while zz > 0x7F:
+        out.append((zz & 0x7F) | 0x80)
+        zz >>= 7
+    out.append(zz)
+    return bytes(out)
 
 
 def encode_longs(values: np.ndarray) -> list[bytes]:

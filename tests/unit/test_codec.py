@@ -16,8 +16,10 @@ from stream.codec import (
     EventDecoder,
     PredictionEncoder,
     SchemaRegistry,
+    avro_long,
     decode,
     encode,
+    encode_longs,
 )
 from stream.errors import ConfigError, DecodeError
 
@@ -169,3 +171,17 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
     kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
               "batch_size": batch_size}
     assert encoder.encode_batch(events, outputs, **kwargs) == encoder._encode_slow(events, outputs, **kwargs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=st.integers(-(2**63), 2**63 - 1), seed=st.integers(0, 1000))
+def test_load_generator_parts_match_fastavro(ts: int, seed: int) -> None:
+    from producers.load import block_parts
+
+    block = generate_events(3, seed=seed)
+    heads, tails, keys = block_parts(EVENT, block)
+    for i, record in enumerate(block.records()):
+        assert heads[i] + avro_long(ts) + tails[i] == encode(EVENT, {**record, "ts_ms": ts})
+        assert keys[i] == str(record["key"]).encode()
+    assert [avro_long(v) for v in (0, -1, 1, 63, -64, 64, 2**62)] == encode_longs(
+        np.asarray([0, -1, 1, 63, -64, 64, 2**62], dtype=np.int64))
