@@ -257,7 +257,8 @@ class EventDecoder:
             ts.append(parsed[1])
             floats.append(parsed[2])
             index.append(i)
-        feats = np.frombuffer(b"".join(floats), dtype="<f4").reshape(len(floats), self._n_features)
+        # A bytearray keeps the array writable (torch refuses to wrap read-only memory without a warning).
+        feats = np.frombuffer(bytearray(b"".join(floats)), dtype="<f4").reshape(len(floats), self._n_features)
         finite = np.isfinite(feats).all(axis=1)
         errors: list[tuple[int, DecodeError]] = []
         if not finite.all():

@@ -47,6 +47,8 @@ from stream.topics import create_topics, end_offsets, partitions_of
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.1
 _STALL_STEP_S = 0.05
+_REBALANCE_ERRORS = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
+                               KafkaError.UNKNOWN_MEMBER_ID})
 _PAUSE_AFTER_S = 1.0
 
 
@@ -302,7 +304,12 @@ class Worker:
         except KafkaException as exc:
             self.metrics.commit_failures.inc()
             self._tracker.restore(positions)
-            raise KafkaClientError("commit", exc.args[0]) from exc
+            error = exc.args[0]
+            if error.code() in _REBALANCE_ERRORS:
+                # The group is rebalancing: the positions go out with the next commit, or the revoke's.
+                log.info("commit deferred by a rebalance: %s", error)
+                return
+            raise KafkaClientError("commit", error) from exc
         self._record_commits(result or offsets)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:

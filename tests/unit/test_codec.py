@@ -44,6 +44,7 @@ def test_round_trip_batch_of_generated_events() -> None:
     values = [encode(EVENT, r) for r in block.records()]
     batch, errors = EventDecoder(REGISTRY, 32).decode_batch(values)
     assert errors == []
+    assert batch.features.flags.writeable, "torch wraps it without a copy; read-only memory makes it warn"
     assert batch.event_ids == block.event_ids
     assert batch.features.dtype == np.float32 and batch.features.shape == (50, 32)
     np.testing.assert_array_equal(batch.features, block.features)
