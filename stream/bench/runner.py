@@ -272,19 +272,20 @@ def _plots(report: dict[str, Any], folder: Path) -> None:
     ax.set_xlabel("end-to-end latency (ms, event ts -> broker append of its prediction)")
     ax.set_ylabel("fraction of events")
     ax.set_xscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "latency_cdf.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, folder / "latency_cdf.png")
     fig, ax = plt.subplots(figsize=(8, 4))
     for run in report["latency"]:
         ax.hist(run["batch_sizes"], bins=40, histtype="step",
                 label=f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms")
     ax.set_xlabel("batch size of each prediction's batch")
     ax.set_ylabel("predictions")
+    _save(plt, fig, ax, folder / "batch_sizes.png")
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "batch_sizes.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
