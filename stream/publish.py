@@ -131,9 +131,6 @@ class Publisher:
                     raise error from exc
                 log.warning("%s: retriable error, retrying: %s", operation, exc)
 
-    def in_queue(self) -> int:
-        return len(self._producer)
-
     def close(self, timeout_s: float) -> int:
         """Stop the delivery thread, flush what is queued; returns how many records are still undelivered."""
         self._stop.set()

@@ -15,7 +15,6 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stream.codec import SchemaRegistry, decode
-from stream.errors import StreamError
 from stream.topics import partitions_of
 
 
@@ -83,9 +82,6 @@ class OutputReader:
     def unexpected(self, expected_ids: set[str]) -> int:
         return sum(1 for i in self._ids if i not in expected_ids)
 
-    def ids(self) -> Counter[str]:
-        return self._ids
-
     def latencies_ms(self) -> np.ndarray:
         """Reader receive time minus the event's producer timestamp, per prediction."""
         return np.asarray([p.received_ms - float(p.record["event_ts_ms"]) for p in self.predictions])  # type: ignore[arg-type]
@@ -102,8 +98,3 @@ def check_committed(committed: dict[int, int], ends: dict[int, int]) -> list[str
         if got != end and not (end == 0 and got == -1):
             problems.append(f"partition {p}: committed {got}, end {end}")
     return problems
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise StreamError(message)

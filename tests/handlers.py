@@ -6,7 +6,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from producers.events import generate_events
@@ -49,12 +48,6 @@ class SlowHandler(DemoFraudHandler):
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
         time.sleep(self._sleep_s)
         return super().predict(inputs)
-
-
-def poison_features(n: int) -> np.ndarray:
-    x = np.zeros((n, 32), dtype=np.float32)
-    x[:, 0] = POISON_MARK
-    return x
 
 
 def bad_values() -> dict[str, bytes | None]:
