@@ -1,14 +1,19 @@
-"""``python -m producers``: publish N demo events, with progress and a delivery summary."""
+"""``python -m producers``: publish N demo events, with progress and a delivery summary.
+
+librdkafka producer settings pass through from ``KAFKA_*`` / ``KAFKA_PRODUCER_*`` variables, as for the worker
+(``KAFKA_PRODUCER_LINGER_MS=0`` -> ``linger.ms=0``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from producers.load import produce_events
+from stream.config import kafka_env_config
 
 
 def positive_int(text: str) -> int:
@@ -34,17 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="event stream seed; ids are unique per (seed, index)")
     parser.add_argument("--start", type=positive_int, default=0, help="index of the first event")
     args = parser.parse_args(argv)
+    _, config = kafka_env_config(os.environ)
+    config.pop("bootstrap.servers", None)  # the flag wins
     console = Console(stderr=True)
     if console.is_terminal:
         columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("produce", total=args.count)
             summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed,
-                                     start=args.start, rate=args.rate,
+                                     start=args.start, rate=args.rate, config=config,
                                      on_progress=lambda n: progress.update(task, completed=n))
     else:
         summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed, start=args.start,
-                                 rate=args.rate)
+                                 rate=args.rate, config=config)
     print(summary.line(), flush=True)
     return 0 if summary.failed == 0 and summary.delivered == args.count else 1
 

@@ -16,6 +16,7 @@ from producers.events import EventBlock, generate_events
 from stream.codec import EVENT_SCHEMA, RegisteredSchema, SchemaRegistry, avro_long, avro_string
 
 BLOCK = 5_000
+_BURST = 500  # events per timestamp: a burst is handed over in well under a millisecond
 
 
 @dataclass(frozen=True)
@@ -97,28 +98,33 @@ def produce_events(
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4",
                          "enable.idempotence": True, "acks": "all", **(config or {})})
     report = _Deliveries()
+    produce, poll = producer.produce, producer.poll
     started = time.monotonic()
     sent = 0
     while sent < count and not (stop is not None and stop.is_set()):
         block = generate_events(min(BLOCK, count - sent), seed=seed, start=start + sent)
         heads, tails, keys = block_parts(schema, block)
-        for i in range(len(block)):
-            if stop is not None and stop.is_set():
-                break
+        i = 0
+        while i < len(block) and not (stop is not None and stop.is_set()):
+            # Send in bursts: every event due by now (all of the block without a rate), then wait for the next.
+            end = min(len(block), i + _BURST)
             if rate is not None:
-                delay = started + sent / rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-            value = heads[i] + avro_long(int(time.time() * 1000)) + tails[i]
-            key = keys[i]
-            while True:
-                try:
-                    producer.produce(topic, value, key, on_delivery=report)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
-            producer.poll(0)
-            sent += 1
+                due = int((time.monotonic() - started) * rate) + 1 - sent
+                if due <= 0:
+                    time.sleep(min(-due / rate + 1 / rate, 0.001))
+                    continue
+                end = min(end, i + due)
+            ts = avro_long(int(time.time() * 1000))  # stamped as the burst is handed over
+            for j in range(i, end):
+                while True:
+                    try:
+                        produce(topic, heads[j] + ts + tails[j], keys[j], on_delivery=report)
+                        break
+                    except BufferError:
+                        poll(0.01)
+            poll(0)
+            sent += end - i
+            i = end
         if on_progress is not None:
             on_progress(sent)
     remaining = producer.flush(timeout_s)

@@ -31,6 +31,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--group-id")
     p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 256)")
     p.add_argument("--max-wait-ms", type=float, help="close a batch when its first record waited this long (20)")
+    p.add_argument("--batch-policy", choices=["adaptive", "fixed"],
+                   help="adaptive (default): also close a batch as soon as the model is idle and no more records "
+                        "are waiting; fixed: only by count or time")
     p.add_argument("--model", help="demo, or package.module:HandlerClass (default demo)")
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
@@ -142,7 +145,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     cfg = BenchConfig(events=args.events)
     if args.quick:
         cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
-                          latency_seconds=2.0)
+                          latency_seconds=2.0, warmup_seconds=1.0)
     if args.results is not None:
         cfg.results = args.results
     console = Console()

@@ -66,6 +66,10 @@ class WorkerSettings(BaseSettings):
     group_id: str = Field(min_length=1)
     max_batch_size: int = Field(default=256, ge=1, le=65536)
     max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0)
+    batch_policy: Literal["adaptive", "fixed"] = Field(
+        default="adaptive",
+        description="fixed: a batch closes at max_batch_size or max_wait_ms; adaptive: also as soon as the model "
+                    "is idle and no more records are waiting")
     model: str = Field(default="demo", min_length=1)
     model_dir: Path | None = None
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
@@ -113,6 +117,8 @@ class WorkerSettings(BaseSettings):
         }
         conf.update(consumer)
         conf.update(_CONSUMER_OWNED)
+        if self.bootstrap_servers:  # the flag (or STREAM_BOOTSTRAP_SERVERS) wins over KAFKA_BOOTSTRAP_SERVERS
+            conf["bootstrap.servers"] = self.bootstrap_servers
         conf["group.id"] = self.group_id
         if self.exactly_once:
             if str(conf.get("isolation.level", "read_committed")) != "read_committed":
@@ -133,6 +139,8 @@ class WorkerSettings(BaseSettings):
         }
         conf.update(producer)
         conf.update(_PRODUCER_OWNED)
+        if self.bootstrap_servers:
+            conf["bootstrap.servers"] = self.bootstrap_servers
         if self.exactly_once:
             # Default: unique per process. Give each replica a stable id (e.g. its pod name) so that a restarted
             # replica aborts its predecessor's open transaction at once instead of after transaction.timeout.ms.

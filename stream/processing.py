@@ -122,6 +122,7 @@ class BatchProcessor:
             self._dead_letter(batch, dead)
         else:
             self._breaker.record(len(msgs), 0)
+        self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
     def _infer_isolating(self, features: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],

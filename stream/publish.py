@@ -53,21 +53,30 @@ class Publisher:
     """Wraps the confluent-kafka Producer; a daemon thread polls it for delivery reports."""
 
     def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
-                 poll_interval_s: float = 0.05) -> None:
+                 poll_interval_s: float = 0.002, send_window_s: float = 0.001) -> None:
         self.transactional = "transactional.id" in config
         self._producer = Producer({**config, "error_cb": self._on_client_error})
         self._on_span_done = on_span_done
         self._poll_interval_s = poll_interval_s
+        self._send_window_s = send_window_s
         self._failures: list[PublishError] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._send = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="delivery", daemon=True)
         self._thread.start()
 
     # -- delivery thread ------------------------------------------------------------------------
     def _poll_loop(self) -> None:
+        producer, send = self._producer, self._send
         while not self._stop.is_set():
-            self._producer.poll(self._poll_interval_s)
+            if send.wait(self._poll_interval_s):
+                send.clear()
+                # librdkafka ignores linger.ms while flush() runs: what is queued goes out now, in as few
+                # requests as the burst allows. flush() also serves delivery callbacks, on this thread.
+                producer.flush(self._send_window_s)
+            else:
+                producer.poll(0)
 
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -103,6 +112,12 @@ class Publisher:
                     if self._stop.is_set():
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
                     time.sleep(0.001)
+
+    def send_now(self) -> None:
+        """A burst of records is queued: send it without waiting out linger.ms (which still batches records
+        produced one by one). The delivery thread does the sending, so callbacks stay on that thread."""
+        if not self.transactional:  # commit_transaction() flushes anyway
+            self._send.set()
 
     # -- transactions (processor thread only) ---------------------------------------------------------
     def init_transactions(self, timeout_s: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -18,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
 from producers.load import produce_events
 from stream.broker import BrokerKind, free_port, start_broker
 from stream.codec import SchemaRegistry, decode
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
-from stream.process import WorkerProcess
+from stream.process import WorkerProcess, die_with_parent
+from stream.processing import HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import create_topics, partitions_of
 
 PARTITIONS = 8
@@ -37,8 +39,10 @@ class BenchConfig:
     events: int = 1_000_000
     naive_events: int = 5_000
     faust_events: int = 100_000
-    latency_seconds: float = 15.0
+    latency_seconds: float = 10.0
+    warmup_seconds: float = 3.0
     loads: tuple[float, ...] = (0.1, 0.5, 0.9)
+    fixed_policy_loads: tuple[float, ...] = (0.1, 0.5)  # the same loads with --batch-policy fixed, to compare
     waits_ms: tuple[float, ...] = (5.0, 20.0)
     contenders: tuple[str, ...] = ("passthrough", "naive", "faust", "handtuned")
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
@@ -50,10 +54,21 @@ class Drain:
     events: int
     seconds: float
     peak_rss_mib: float | None = None
+    rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
 
     @property
     def rate(self) -> float:
         return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def rss_growth(self, since: float = 1_000_000) -> tuple[float, float, float] | None:
+        """(consumed, RSS) at the first sample at or past ``since`` events (1/5 of the run when shorter) and at
+        the last sample: (from MiB, to MiB, growth fraction)."""
+        if len(self.rss_samples) < 2:
+            return None
+        mark = since if self.rss_samples[-1][0] >= 2 * since else self.rss_samples[-1][0] / 5
+        start = next(rss for consumed, rss in self.rss_samples if consumed >= mark)
+        end = self.rss_samples[-1][1]
+        return start, end, end / start - 1.0
 
 
 class Bench:
@@ -92,22 +107,35 @@ class Bench:
         result = json.loads(found[0])
         return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
 
-    def worker_drain(self, name: str, extra: list[str], replicas: int = 1) -> Drain:
+    def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
+                     env: dict[str, str] | None = None) -> Drain:
+        """Replicas drain the pre-produced topic (``--stop-at-end``); the first one's RSS is sampled against
+        its consumed count (from its /metrics) for the growth figure."""
         out = self.topic(f"{name}-out")
         group = f"bench-{name}-{self.run}"
+        port = free_port()
         procs = []
         for i in range(replicas):
             summary = self.work / f"{name}-{i}.json"
+            metrics = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if i == 0 else []
             procs.append((WorkerProcess(
                 ["--bootstrap-servers", self.bootstrap, "--input-topic", self.input, "--output-topic", out,
                  "--group-id", group, "--model-dir", str(self.model_dir), "--stop-at-end", "--summary-json",
-                 str(summary), "--log-level", "WARNING", *extra],
-                self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"}), summary))
+                 str(summary), "--log-level", "WARNING", *metrics, *extra],
+                self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}),
+                summary))
         peak = 0.0
+        samples: list[tuple[float, float]] = []  # (consumed by replica 0, its RSS MiB)
+        next_sample = time.monotonic()
         while any(p.proc.poll() is None for p, _ in procs):
             for p, _ in procs:
                 peak = max(peak, _rss_mib(p.pid, "VmHWM") or 0.0)
-            time.sleep(0.2)
+            if time.monotonic() >= next_sample:
+                next_sample += 0.5
+                consumed, rss = _scrape(port, "stream_records_consumed_total"), _rss_mib(procs[0][0].pid)
+                if consumed and rss:
+                    samples.append((consumed, rss))
+            time.sleep(0.1)
         summaries = []
         for p, path in procs:
             if p.proc.returncode != 0:
@@ -116,41 +144,68 @@ class Bench:
             summaries.append(json.loads(path.read_text()))
         first = min(s["first_consumed_at"] for s in summaries if s["first_consumed_at"])
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
-        return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak)
+        return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples)
 
     # ------------------------------------------------------------------ latency under load
-    def latency(self, capacity: float, load: float, wait_ms: float) -> dict[str, Any]:
-        inp = self.topic(f"lat-in-{int(load * 100)}-{int(wait_ms)}")
-        out = self.topic(f"lat-out-{int(load * 100)}-{int(wait_ms)}", log_append_time=True)
+    def latency(self, capacity: float, load: float, wait_ms: float, extra: list[str] | None = None,
+                label: str = "") -> dict[str, Any]:
+        """The worker under a steady offered load: a separate load-generator process paces events at
+        ``load`` x ``capacity``; the first ``warmup_seconds`` are not counted (fetch start, first batches).
+
+        Two latencies per prediction, both from broker clocks where possible: *pipeline* = input record's
+        append time -> its prediction's append time (both topics LogAppendTime; what the worker controls);
+        *from event* = the event's ``ts_ms`` (stamped by the generator) -> prediction append (adds the
+        upstream producer's linger and send)."""
+        tag = f"{int(load * 100)}-{int(wait_ms)}{label}"
+        inp = self.topic(f"lat-in-{tag}", log_append_time=True)
+        out = self.topic(f"lat-out-{tag}", log_append_time=True)
         port = free_port()
         worker = WorkerProcess(
             ["--bootstrap-servers", self.bootstrap, "--input-topic", inp, "--output-topic", out, "--group-id",
-             f"bench-lat-{self.run}-{load}-{wait_ms}", "--model-dir", str(self.model_dir), "--max-wait-ms",
-             str(wait_ms), "--metrics-port", str(port), "--log-level", "INFO"],
-            self.work / f"lat-{load}-{wait_ms}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
+             f"bench-lat-{self.run}-{tag}", "--model-dir", str(self.model_dir), "--max-wait-ms",
+             str(wait_ms), "--metrics-port", str(port), "--log-level", "INFO", *(extra or [])],
+            self.work / f"lat-{tag}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
+        rate = capacity * load
+        warmup = self.cfg.warmup_seconds
+        count = max(int(rate * (self.cfg.latency_seconds + warmup)), 1)
         try:
             while " assigned " not in worker.output():
                 if worker.proc.poll() is not None:
                     raise RuntimeError(worker.output()[-3000:])
                 time.sleep(0.05)
-            rate = capacity * load
-            count = max(int(rate * self.cfg.latency_seconds), 1)
-            produce_events(self.bootstrap, inp, count, seed=7, rate=rate)
-            latencies, batch_sizes, log_append = _read_latencies(self.bootstrap, out, count)
+            started_ms = time.time() * 1000.0
+            generator = subprocess.run(
+                [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
+                 "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7"],
+                capture_output=True, text=True, timeout=self.cfg.latency_seconds + warmup + 300, check=False,
+                preexec_fn=die_with_parent)
+            if generator.returncode != 0:
+                raise RuntimeError(f"load generator failed: {generator.stdout[-1000:]}{generator.stderr[-2000:]}")
+            rows, log_append = _read_latencies(self.bootstrap, inp, out, count)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         finally:
             worker.terminate()
-        lat = np.asarray(latencies)
-        sizes = np.asarray(batch_sizes, dtype=np.float64)
+        steady = rows[rows[:, 0] >= started_ms + warmup * 1000.0]
+        pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
         return {
-            "load": load, "max_wait_ms": wait_ms, "offered_rate": rate, "events": count,
-            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "p999_ms": float(np.percentile(lat, 99.9)),
+            "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
+            "offered_rate": rate, "achieved_rate": _generator_rate(generator.stdout), "events": len(steady),
+            "warmup_events": count - len(steady),
+            **{f"{name}_ms": float(np.percentile(pipeline, q)) for name, q in _PERCENTILES},
+            **{f"from_event_{name}_ms": float(np.percentile(from_event, q)) for name, q in _PERCENTILES},
             "mean_batch_size": float(len(sizes) / np.sum(1.0 / sizes)) if len(sizes) else 0.0,
-            "timestamps": "LogAppendTime" if log_append else "CreateTime (broker ignores LogAppendTime)",
-            "latencies_ms": lat.tolist(), "batch_sizes": sizes.tolist(),
+            "timestamps": "LogAppendTime" if log_append else "CreateTime (the broker ignores LogAppendTime)",
+            "latencies_ms": pipeline.tolist(), "batch_sizes": sizes.tolist(),
             "worker_inference_seconds_sum": _metric(metrics, "stream_inference_seconds_sum"),
         }
+
+
+_PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))
+
+
+def _generator_rate(line: str) -> float | None:
+    found = re.search(r"rate=([\d,]+) rec/s", line)
+    return float(found.group(1).replace(",", "")) if found else None
 
 
 def _rss_mib(pid: int, field: str = "VmRSS") -> float | None:
@@ -164,6 +219,14 @@ def _rss_mib(pid: int, field: str = "VmRSS") -> float | None:
     return None
 
 
+def _scrape(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            return _metric(response.read().decode(), name)
+    except OSError:
+        return None
+
+
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -171,30 +234,44 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-def _read_latencies(bootstrap: str, topic: str, count: int, timeout_s: float = 120.0,
-                    ) -> tuple[list[float], list[int], bool]:
-    """Event ts_ms -> the broker's append time of its prediction (LogAppendTime), per prediction."""
-    registry = SchemaRegistry.from_dir()
+def _read_all(bootstrap: str, topic: str, count: int, deadline: float) -> list[Message]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(bootstrap, topic)])
-    latencies: list[float] = []
-    sizes: list[int] = []
-    log_append = True
+    found: list[Message] = []
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            found += [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
+    finally:
+        consumer.close()
+    if len(found) < count:
+        raise RuntimeError(f"only {len(found)} of {count} records arrived on {topic}")
+    return found
+
+
+def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: int,
+                    timeout_s: float = 180.0) -> tuple[np.ndarray, bool]:
+    """Rows of (event ts_ms, pipeline ms, from-event ms, batch size), one per prediction, and whether every
+    timestamp was the broker's append time (a broker that ignores LogAppendTime gives producers' CreateTime).
+
+    Pipeline latency joins each prediction to its input record through the worker's input-offset headers."""
     deadline = time.monotonic() + timeout_s
-    while len(latencies) < count and time.monotonic() < deadline:
-        for m in consumer.consume(10_000, 0.2):
-            if m.error() is not None:
-                continue
-            ts_type, ts = m.timestamp()
-            log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
-            record = decode(registry, m.value())[1]
-            latencies.append(float(ts - record["event_ts_ms"]))
-            sizes.append(int(record["batch_size"]))
-    consumer.close()
-    if len(latencies) < count:
-        raise RuntimeError(f"only {len(latencies)} of {count} predictions arrived")
-    return latencies, sizes, log_append
+    appended = {}
+    log_append = True
+    for m in _read_all(bootstrap, input_topic, count, deadline):
+        ts_type, ts = m.timestamp()
+        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
+        appended[(m.partition(), m.offset())] = ts
+    registry = SchemaRegistry.from_dir()
+    rows = np.empty((count, 4), dtype=np.float64)
+    for i, m in enumerate(_read_all(bootstrap, output_topic, count, deadline)):
+        ts_type, ts = m.timestamp()
+        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
+        headers: dict[str, Any] = dict(m.headers() or [])
+        source = (int(headers[HEADER_PARTITION]), int(headers[HEADER_OFFSET]))
+        record = decode(registry, m.value())[1]
+        rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"])
+    return rows, log_append
 
 
 def _versions() -> dict[str, str]:
@@ -231,14 +308,17 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         console_print("bench: worker x2 replicas (best settings) ...")
         drains.append(bench.worker_drain("worker-best-x2", BEST_SETTINGS, replicas=2))
         limit = next((d.rate for d in drains if d.name == "passthrough"), None)
-        report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None}
-                           for d in drains]
+        report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None,
+                            "rss_growth": d.rss_growth()} for d in drains]
         capacity = next(d.rate for d in drains if d.name == "worker-default")
+        report["capacity"] = capacity
         report["latency"] = []
         for wait in cfg.waits_ms:
-            for load in cfg.loads:
-                console_print(f"bench: latency at {load:.0%} load, max_wait_ms={wait:g} ...")
-                report["latency"].append(bench.latency(capacity, load, wait))
+            for policy, loads in (("adaptive", cfg.loads), ("fixed", cfg.fixed_policy_loads)):
+                for load in loads:
+                    console_print(f"bench: latency at {load:.0%} load, max_wait_ms={wait:g}, {policy} batches ...")
+                    extra = [] if policy == "adaptive" else ["--batch-policy", "fixed"]
+                    report["latency"].append(bench.latency(capacity, load, wait, extra, "" if extra else "-fixed"))
     finally:
         if broker is not None:
             broker.stop()
@@ -267,19 +347,22 @@ def _plots(report: dict[str, Any], folder: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     for run in report["latency"]:
         lat = np.sort(np.asarray(run["latencies_ms"]))
-        ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat),
-                label=f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms")
-    ax.set_xlabel("end-to-end latency (ms, event ts -> broker append of its prediction)")
+        ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=_label(run))
+    ax.set_xlabel("pipeline latency (ms, input record's append -> its prediction's append)")
     ax.set_ylabel("fraction of events")
     ax.set_xscale("log")
     _save(plt, fig, ax, folder / "latency_cdf.png")
     fig, ax = plt.subplots(figsize=(8, 4))
     for run in report["latency"]:
-        ax.hist(run["batch_sizes"], bins=40, histtype="step",
-                label=f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms")
+        ax.hist(run["batch_sizes"], bins=40, histtype="step", label=_label(run))
     ax.set_xlabel("batch size of each prediction's batch")
     ax.set_ylabel("predictions")
     _save(plt, fig, ax, folder / "batch_sizes.png")
+
+
+def _label(run: dict[str, Any]) -> str:
+    policy = "fixed" if "fixed" in run["settings"] else "adaptive"
+    return f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms, {policy}"
 
 
 def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
@@ -290,17 +373,25 @@ def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
 
 
 def format_table(report: dict[str, Any]) -> list[list[str]]:
-    rows = [["contender", "events", "seconds", "events/s", "x limit", "peak RSS MiB"]]
+    rates = {d["name"]: d["rate"] for d in report["drain"]}
+    rows = [["contender", "events", "seconds", "events/s", "x limit", "x hand-tuned", "x faust", "peak RSS MiB",
+             "RSS growth"]]
     for d in report["drain"]:
+        growth = d.get("rss_growth")
         rows.append([d["name"], f"{d['events']:,}", f"{d['seconds']:.2f}", f"{d['rate']:,.0f}",
                      f"{d['ratio_to_limit']:.2f}" if d["ratio_to_limit"] else "-",
-                     f"{d['peak_rss_mib']:.0f}" if d["peak_rss_mib"] else "-"])
+                     *(f"{d['rate'] / rates[peer]:.2f}" if rates.get(peer) else "-" for peer in ("handtuned", "faust")),
+                     f"{d['peak_rss_mib']:.0f}" if d["peak_rss_mib"] else "-",
+                     f"{growth[0]:.0f}->{growth[1]:.0f} MiB ({growth[2]:+.1%})" if growth else "-"])
     return rows
 
 
 def format_latency(report: dict[str, Any]) -> list[list[str]]:
-    rows = [["max_wait_ms", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "mean batch"]]
+    rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
+             "from event p99", "mean batch"]]
     for r in report["latency"]:
-        rows.append([f"{r['max_wait_ms']:g}", f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}", f"{r['p50_ms']:.1f}",
-                     f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['mean_batch_size']:.1f}"])
+        policy = "fixed" if "fixed" in r["settings"] else "adaptive"
+        rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
+                     f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
+                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}"])
     return rows

@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
-    cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, loads=(0.1, 0.5),
-                      waits_ms=(5.0,), results=tmp_path / "results")
+    cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, warmup_seconds=0.5,
+                      loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results")
     report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
     assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-best", "worker-best-x2"]
@@ -23,11 +23,15 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         assert d["events"] >= expected.get(d["name"], 5_000), d
         assert d["seconds"] > 0 and d["rate"] > 0
     assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"].startswith("worker"))
-    assert [(r["load"], r["max_wait_ms"]) for r in report["latency"]] == [(0.1, 5.0), (0.5, 5.0)]
+    assert [(r["load"], r["max_wait_ms"], r["settings"]) for r in report["latency"]] == [
+        (0.1, 5.0, "defaults"), (0.5, 5.0, "defaults"), (0.1, 5.0, "--batch-policy fixed")]
     for r in report["latency"]:
-        assert len(r["latencies_ms"]) == r["events"] and r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
+        assert len(r["latencies_ms"]) == r["events"] > 0 and r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
+        assert r["events"] + r["warmup_events"] == max(int(r["offered_rate"] * 1.5), 1)
+        assert r["from_event_p50_ms"] >= 0 and r["achieved_rate"]
         if broker.kind == "kafka":
             assert r["timestamps"] == "LogAppendTime"
+            assert r["p50_ms"] >= 0, "an input record is appended before its prediction"
     for name in ("bench.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
         assert (cfg.results / name).stat().st_size > 0
-    assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 3
+    assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4

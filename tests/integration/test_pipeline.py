@@ -170,3 +170,22 @@ def test_sigterm_during_start_up_exits_zero_without_joining(pipeline: Pipeline) 
     assert worker.terminate() == 0, worker.output()[-3000:]
     assert "during start-up" in worker.output()
     assert " assigned " not in worker.output()
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_batch_policy_decides_whether_an_idle_model_waits_out_max_wait(pipeline: Pipeline, policy: str) -> None:
+    """max_wait_ms 8 s: a fixed batch holds a lone trickle for the full 8 s; an adaptive one hands it to the
+    idle model at once. The margins are seconds wide: this checks the policy, not speed."""
+    worker = pipeline.worker("--max-wait-ms", "8000", "--max-batch-size", "1000", "--batch-policy", policy)
+    wait_for_assignment(worker)
+    expected = pipeline.produce(20, seed=31)
+    produced_at = time.monotonic()
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=60), f"missing {reader.missing(expected)}"
+    waited = time.monotonic() - produced_at
+    if policy == "adaptive":
+        assert waited < 5.0, f"adaptive batches waited {waited:.1f}s for more records"
+    else:
+        assert waited >= 7.0, f"a fixed batch closed after {waited:.1f}s, before max_wait_ms"
+        assert {int(p.record["batch_size"]) for p in reader.predictions} == {20}  # type: ignore[call-overload]
+    assert worker.terminate() == 0, worker.output()[-3000:]

@@ -11,6 +11,7 @@ BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_
 def test_defaults() -> None:
     s = load_settings(BASE, environ={})
     assert (s.max_batch_size, s.max_wait_ms, s.model, s.stop_at_end) == (256, 20.0, "demo", False)
+    assert s.batch_policy == "adaptive"
 
 
 def test_flags_override_env_and_env_overrides_defaults() -> None:
@@ -23,6 +24,13 @@ def test_kafka_bootstrap_env_is_a_fallback() -> None:
     s = load_settings({k: v for k, v in BASE.items() if k != "bootstrap_servers"},
                       environ={"KAFKA_BOOTSTRAP_SERVERS": "h:1"})
     assert s.bootstrap_servers == "h:1"
+
+
+def test_bootstrap_flag_wins_over_kafka_bootstrap_env_in_both_clients() -> None:
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "elsewhere:1"}
+    s = load_settings(BASE, environ=env)
+    assert s.consumer_config(env)["bootstrap.servers"] == "127.0.0.1:9092"
+    assert s.producer_config(env)["bootstrap.servers"] == "127.0.0.1:9092"
 
 
 @pytest.mark.parametrize(

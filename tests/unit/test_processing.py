@@ -59,6 +59,10 @@ class FakePublisher:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None, dict[str, bytes]]] = []
         self.done: list[SpanDelivery] = []
+        self.kicks: list[int] = []  # len(sent) at each send_now()
+
+    def send_now(self) -> None:
+        self.kicks.append(len(self.sent))
 
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
                      headers: Sequence[Any], callbacks: Sequence[SpanDelivery]) -> None:
@@ -108,6 +112,7 @@ def test_clean_batch_publishes_one_prediction_per_event_and_completes_the_span(m
     assert pub.topics() == ["out"] * 20
     assert tracker.committable() == {("in", 0): 20}
     assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"%d" % i for i in range(20)]
+    assert pub.kicks == [20], "the batch's records are sent at once, after the last is queued"
 
 
 @pytest.mark.parametrize("poison", [[0], [7], [19], [3, 4, 15], list(range(20))])
@@ -123,6 +128,7 @@ def test_poison_records_are_isolated_and_the_rest_published(model_dir: Path, poi
     assert preds == expected  # order kept
     assert tracker.committable() == {("in", 0): 20}, "dead letters acknowledge their records too"
     assert batch.deliveries[0].dead == len(poison)
+    assert pub.kicks == [20], "predictions and dead letters go out together"
 
 
 def test_bad_bytes_go_to_the_dlq_with_key_value_and_headers(model_dir: Path) -> None:
