@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--wait-ms", type=float, default=20.0)
     args = parser.parse_args(argv)
     result = CONTENDERS[args.name](args)

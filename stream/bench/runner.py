@@ -24,6 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consume
 from producers.load import produce_events
 from stream.broker import BrokerKind, free_port, start_broker
 from stream.codec import SchemaRegistry, decode
+from stream.config import WorkerSettings
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
 from stream.process import WorkerProcess, die_with_parent
@@ -31,7 +32,10 @@ from stream.processing import HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import create_topics, partitions_of
 
 PARTITIONS = 8
-BEST_SETTINGS = ["--max-batch-size", "1024", "--max-wait-ms", "20", "--max-inflight-batches", "4"]
+BEST_SETTINGS = ["--max-batch-size", "4096"]
+# Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
+PEER_BATCH = WorkerSettings.model_fields["max_batch_size"].default
+PEER_WAIT_MS = WorkerSettings.model_fields["max_wait_ms"].default
 
 
 @dataclass
@@ -98,7 +102,7 @@ class Bench:
         out = self.topic(f"{name}-out")
         cmd = [sys.executable, "-m", "stream.bench.contenders", name, "--bootstrap", self.bootstrap, "--input",
                self.input, "--output", out, "--group", f"bench-{name}-{self.run}", "--events", str(events),
-               "--model-dir", str(self.model_dir)]
+               "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH), "--wait-ms", str(PEER_WAIT_MS)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
         # faust routes print() through its logger (stderr): look for the result line in both streams.
         found = [ln[ln.index('{"events"'):] for ln in (proc.stdout + proc.stderr).splitlines() if '{"events"' in ln]
