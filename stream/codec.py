@@ -125,14 +125,25 @@ def _parse_event(value: bytes, width: int, count_byte: int) -> tuple[str, int, b
         return None
     pos = HEADER_SIZE
     try:
-        length, pos = _read_long(value, pos)
-        if length < 0:
-            return None
+        # String lengths below 64 are one-byte varints (even bytes: never negative); longer ones take the loop.
+        length = value[pos]
+        if length < 0x80 and not length & 1:
+            length >>= 1
+            pos += 1
+        else:
+            length, pos = _read_long(value, pos)
+            if length < 0:
+                return None
         event_id = value[pos : pos + length].decode("utf-8")
         pos += length
-        length, pos = _read_long(value, pos)
-        if length < 0:
-            return None
+        length = value[pos]
+        if length < 0x80 and not length & 1:
+            length >>= 1
+            pos += 1
+        else:
+            length, pos = _read_long(value, pos)
+            if length < 0:
+                return None
         value[pos : pos + length].decode("utf-8")  # the key must be valid UTF-8 too
         pos += length
         ts, pos = _read_long(value, pos)

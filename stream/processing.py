@@ -186,7 +186,9 @@ class BatchProcessor:
         row_partitions = batch.partitions[events.index]
         for partition, delivery in batch.deliveries.items():
             delivery.ts_ms = events.ts_ms[row_partitions == partition]
-        topic = self._topic_header
+        deliveries = batch.deliveries
+        topic_header = (HEADER_TOPIC, self._topic_header)
+        partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
         keys: list[bytes | None] = []
         headers: list[Headers] = []
         callbacks: list[SpanDelivery] = []
@@ -194,9 +196,8 @@ class BatchProcessor:
             m = msgs[i]
             keys.append(m.key())
             p: int = m.partition()
-            headers.append([(HEADER_TOPIC, topic), (HEADER_PARTITION, b"%d" % p),
-                            (HEADER_OFFSET, b"%d" % m.offset())])
-            callbacks.append(batch.deliveries[p])
+            headers.append([topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % m.offset())])
+            callbacks.append(deliveries[p])
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
 
     def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord]) -> None:
