@@ -124,28 +124,21 @@ def _parse_event(value: bytes, width: int, count_byte: int) -> tuple[str, int, b
     if count_byte < 0:
         return None
     pos = HEADER_SIZE
+    texts = []
     try:
-        # String lengths below 64 are one-byte varints (even bytes: never negative); longer ones take the loop.
-        length = value[pos]
-        if length < 0x80 and not length & 1:
-            length >>= 1
-            pos += 1
-        else:
-            length, pos = _read_long(value, pos)
-            if length < 0:
-                return None
-        event_id = value[pos : pos + length].decode("utf-8")
-        pos += length
-        length = value[pos]
-        if length < 0x80 and not length & 1:
-            length >>= 1
-            pos += 1
-        else:
-            length, pos = _read_long(value, pos)
-            if length < 0:
-                return None
-        value[pos : pos + length].decode("utf-8")  # the key must be valid UTF-8 too
-        pos += length
+        for _ in range(2):  # event_id, then key (it must be valid UTF-8 too)
+            # Lengths below 64 are one-byte varints (even bytes: never negative); longer ones take the loop.
+            length = value[pos]
+            if length < 0x80 and not length & 1:
+                length >>= 1
+                pos += 1
+            else:
+                length, pos = _read_long(value, pos)
+                if length < 0:
+                    return None
+            texts.append(value[pos : pos + length].decode("utf-8"))
+            pos += length
+        event_id = texts[0]
         ts, pos = _read_long(value, pos)
     except (IndexError, UnicodeDecodeError):
         return None
