@@ -193,8 +193,9 @@ class Worker:
         close_early = False
         while not self._stop.is_set() and self._failure_now() is None:
             messages: list[Message] = []
-            if close_early or batcher.ready():
-                close_early = False
+            close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
+            close_early = False
+            if close_now or batcher.ready():
                 if self._try_dispatch(wait_s=0.0 if self._paused else _STALL_STEP_S):
                     stalled_since = None
                 else:
