@@ -14,7 +14,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -118,36 +118,6 @@ def decode(registry: SchemaRegistry, value: bytes | None) -> tuple[RegisteredSch
     return schema, record
 
 
-def _parse_event(value: bytes, width: int, count_byte: int) -> tuple[str, int, bytes] | None:
-    """The event layout read directly: (event_id, ts_ms, raw float bytes), or None for anything unusual
-    (left to fastavro, which decides between a valid record and a typed error)."""
-    if count_byte < 0:
-        return None
-    pos = HEADER_SIZE
-    texts = []
-    try:
-        for _ in range(2):  # event_id, then key (it must be valid UTF-8 too)
-            # Lengths below 64 are one-byte varints (even bytes: never negative); longer ones take the loop.
-            length = value[pos]
-            if length < 0x80 and not length & 1:
-                length >>= 1
-                pos += 1
-            else:
-                length, pos = _read_long(value, pos)
-                if length < 0:
-                    return None
-            texts.append(value[pos : pos + length].decode("utf-8"))
-            pos += length
-        event_id = texts[0]
-        ts, pos = _read_long(value, pos)
-    except (IndexError, UnicodeDecodeError):
-        return None
-    # One block of exactly n floats, then the 0 that ends the array, then nothing.
-    if pos + 2 + width != len(value) or value[pos] != count_byte or value[pos + 1 + width] != 0:
-        return None
-    return event_id, ts, value[pos + 1 : pos + 1 + width]
-
-
 _SHORT_LENGTHS = [bytes([2 * k]) for k in range(64)]  # zigzag varints of 0..63: one byte
 
 
@@ -214,12 +184,36 @@ class EventBatch:
     """Decoded events, columnar. ``index[i]`` is the position of row i in the raw batch."""
 
     index: np.ndarray  # int64 (n,)
-    event_ids: list[str]
+    # Each event_id as Avro writes it (zigzag length, then UTF-8): predictions copy it as is.
+    id_fields: list[bytes]
     ts_ms: np.ndarray  # int64 (n,)
     features: np.ndarray  # float32 (n, n_features)
 
+    @classmethod
+    def from_ids(cls, index: np.ndarray, event_ids: Sequence[str], ts_ms: np.ndarray,
+                 features: np.ndarray) -> EventBatch:
+        return cls(index, [avro_string(e) for e in event_ids], ts_ms, features)
+
+    @property
+    def event_ids(self) -> list[str]:
+        out = []
+        for field in self.id_fields:
+            length, pos = _read_long(field, 0)
+            out.append(field[pos : pos + length].decode("utf-8"))
+        return out
+
     def __len__(self) -> int:
-        return len(self.event_ids)
+        return len(self.id_fields)
+
+
+def _windows(buf: np.ndarray, width: int) -> np.ndarray:
+    """Read-only (len - width + 1, width) view: row i is buf[i : i + width] (sliding_window_view, less
+    overhead: it is built per batch)."""
+    return np.ndarray((len(buf) - width + 1, width), np.uint8, buf, 0, (1, 1))
+
+
+_TS_BYTES = 9  # the fast path reads timestamps of up to 63 bits; longer varints go to fastavro
+_TS_SHIFTS = (7 * np.arange(_TS_BYTES)).astype(np.uint64)
 
 
 class EventDecoder:
@@ -230,7 +224,7 @@ class EventDecoder:
         self._n_features = n_features
         self._schema_name = schema_name
         schema = registry.by_name(schema_name)  # fail at start-up, not on the first record
-        self._header = schema.header
+        self._header = np.frombuffer(schema.header, dtype=np.uint8)
         # The fast path knows one layout: string, string, long, array<float> (the demo event schema).
         field_types = [_strip_logical_types(f["type"]) for f in schema.raw["fields"]]
         known = field_types == ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]
@@ -239,61 +233,103 @@ class EventDecoder:
 
     def decode_batch(self, values: Sequence[bytes | None], max_bytes: int | None = None,
                      ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
-        """Fast path for records in the registered event layout; anything else goes through fastavro,
+        """Fast path: the whole batch is scanned at once with numpy for the registered event layout (ids and
+        keys shorter than 64 bytes, one block of exactly n floats). Anything else goes through fastavro,
         which also produces the typed errors, so both paths give the same answers."""
-        ids: list[str] = []
-        ts: list[int] = []
-        floats: list[bytes] = []
-        index: list[int] = []
-        slow: list[int] = []
-        header = self._header
-        width = 4 * self._n_features
-        for i, value in enumerate(values):
-            if (value is None or (max_bytes is not None and len(value) > max_bytes)
-                    or value[:HEADER_SIZE] != header):
-                slow.append(i)
-                continue
-            parsed = _parse_event(value, width, self._count_byte)
-            if parsed is None:
-                slow.append(i)
-                continue
-            ids.append(parsed[0])
-            ts.append(parsed[1])
-            floats.append(parsed[2])
-            index.append(i)
-        # A bytearray keeps the array writable (torch refuses to wrap read-only memory without a warning).
-        feats = np.frombuffer(bytearray(b"".join(floats)), dtype="<f4").reshape(len(floats), self._n_features)
-        finite = np.isfinite(feats).all(axis=1)
+        n = len(values)
+        if self._count_byte < 0 or n == 0:
+            rows, fast = np.zeros(0, dtype=np.int64), None
+        else:
+            rows, fast = self._scan(values, max_bytes)
         errors: list[tuple[int, DecodeError]] = []
-        if not finite.all():
-            for row in np.flatnonzero(~finite).tolist():
-                errors.append((index[row], DecodeError("non-finite", "features contain NaN or infinity")))
-            keep = finite.tolist()
-            ids = [e for e, k in zip(ids, keep, strict=True) if k]
-            ts = [t for t, k in zip(ts, keep, strict=True) if k]
-            index = [x for x, k in zip(index, keep, strict=True) if k]
-            feats = feats[finite]
-        fast = EventBatch(np.asarray(index, dtype=np.int64), ids, np.asarray(ts, dtype=np.int64),
-                          feats.astype(np.float32, copy=False))
-        if not slow:
-            return fast, errors
+        if fast is not None:
+            finite = np.isfinite(fast.features).all(axis=1)
+            if not finite.all():
+                for r in np.flatnonzero(~finite).tolist():
+                    errors.append((int(rows[r]), DecodeError("non-finite", "features contain NaN or infinity")))
+                keep = np.flatnonzero(finite)
+                fast = EventBatch(fast.index[keep], [fast.id_fields[r] for r in keep.tolist()], fast.ts_ms[keep],
+                                  fast.features[keep])
+            if len(rows) == n:
+                return fast, errors
+        slow = np.setdiff1d(np.arange(n, dtype=np.int64), rows, assume_unique=True).tolist()
         rest, slow_errors = self._decode_slow([values[i] for i in slow], max_bytes)
+        errors += [(slow[j], e) for j, e in slow_errors]
+        errors.sort(key=lambda item: item[0])
+        if fast is None:
+            return EventBatch(np.asarray(slow, dtype=np.int64)[rest.index], rest.id_fields, rest.ts_ms,
+                              rest.features), errors
         merged_index = np.concatenate([fast.index, np.asarray(slow, dtype=np.int64)[rest.index]])
         order = np.argsort(merged_index, kind="stable")
-        all_ids = fast.event_ids + rest.event_ids
+        all_ids = fast.id_fields + rest.id_fields
         batch = EventBatch(merged_index[order], [all_ids[j] for j in order.tolist()],
                            np.concatenate([fast.ts_ms, rest.ts_ms])[order],
                            np.concatenate([fast.features, rest.features])[order])
-        errors += [(slow[j], e) for j, e in slow_errors]
-        errors.sort(key=lambda item: item[0])
         return batch, errors
+
+    def _scan(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
+        """(raw positions the fast path decoded, their events; non-finite rows still in). The values are
+        joined into one buffer and every field position is computed for all records at once; a record
+        is taken only when its fields end exactly where it ends."""
+        n = len(values)
+        width = 4 * self._n_features
+        raw_values = cast("Sequence[bytes]", values)
+        try:
+            lens = np.fromiter(map(len, raw_values), dtype=np.int64, count=n)
+        except TypeError:  # tombstones: scanned as empty values, which the fast path never takes
+            raw_values = [b"" if v is None else v for v in values]
+            lens = np.fromiter(map(len, raw_values), dtype=np.int64, count=n)
+        joined = b"".join(raw_values)
+        # Padding keeps every read in bounds, however wrong the length bytes of a bad record are.
+        buf = np.frombuffer(joined + bytes(2 * 64 + _TS_BYTES + width + 32), dtype=np.uint8)
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        ok = lens >= HEADER_SIZE + 5 + width
+        if max_bytes is not None:
+            ok &= lens <= max_bytes
+        ok &= (_windows(buf, HEADER_SIZE)[starts] == self._header).all(axis=1)
+        # event_id, then key: lengths below 64 are one-byte zigzag varints (even, high bit clear).
+        id_pos = starts + HEADER_SIZE
+        id_len = buf[id_pos]
+        key_pos = id_pos + 1 + (id_len >> 1)
+        key_len = buf[key_pos]
+        ok &= ((id_len | key_len) & 0x81) == 0
+        ts_pos = key_pos + 1 + (key_len >> 1)
+        ts_bytes = _windows(buf, _TS_BYTES)[ts_pos]
+        last = ts_bytes < 0x80
+        ok &= last.any(axis=1)
+        ts_len = last.argmax(axis=1) + 1
+        groups = (ts_bytes & 0x7F).astype(np.uint64) << _TS_SHIFTS
+        groups[np.arange(_TS_BYTES) >= ts_len[:, None]] = 0
+        raw = np.bitwise_or.reduce(groups, axis=1)
+        ts = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+        # One block of exactly n floats, then the 0 that ends the array, then nothing.
+        count_pos = ts_pos + ts_len
+        ok &= (buf[count_pos] == self._count_byte) & (count_pos + 2 + width == ends) & (buf[count_pos + 1 + width] == 0)
+        rows = np.flatnonzero(ok)
+        # Strings must be valid UTF-8: all-ASCII ones are; the others are checked one by one.
+        if len(rows):
+            first, span = id_pos[rows], ts_pos[rows] - id_pos[rows]
+            text = _windows(buf, int(span.max()))[first]
+            high = ((text >= 0x80) & (np.arange(text.shape[1]) < span[:, None])).any(axis=1)
+            if high.any():
+                for r in rows[high].tolist():
+                    try:
+                        joined[id_pos[r] + 1 : key_pos[r]].decode("utf-8")
+                        joined[key_pos[r] + 1 : ts_pos[r]].decode("utf-8")
+                    except UnicodeDecodeError:
+                        ok[r] = False
+                rows = np.flatnonzero(ok)
+        ids = [joined[a:b] for a, b in zip(id_pos[rows].tolist(), key_pos[rows].tolist(), strict=True)]
+        feats = _windows(buf, width)[count_pos[rows] + 1].view("<f4").astype(np.float32, copy=False)
+        return rows, EventBatch(rows, ids, ts[rows], feats)
 
     def _decode_slow(self, values: Sequence[bytes | None], max_bytes: int | None = None,
                      ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
         n = len(values)
         feats = np.empty((n, self._n_features), dtype=np.float32)
         ts = np.empty(n, dtype=np.int64)
-        ids: list[str] = []
+        ids: list[bytes] = []
         index: list[int] = []
         errors: list[tuple[int, DecodeError]] = []
         row = 0
@@ -316,7 +352,7 @@ class EventDecoder:
                 continue
             feats[row] = vector
             ts[row] = record["ts_ms"]
-            ids.append(record["event_id"])
+            ids.append(avro_string(record["event_id"]))
             index.append(i)
             row += 1
         batch = EventBatch(np.asarray(index, dtype=np.int64), ids, ts[:row], feats[:row])
@@ -369,9 +405,9 @@ class PredictionEncoder:
         scores = np.asarray(outputs["fraud_score"], dtype="<f4").tobytes()
         flags = np.asarray(outputs["is_fraud"], dtype=bool).tolist()
         event_ts = encode_longs(events.ts_ms)
-        ids = events.event_ids
+        ids = events.id_fields
         return [
-            b"".join((header, avro_string(ids[i]), models, scores[4 * i : 4 * i + 4], b"\x01" if flags[i] else b"\x00",
+            b"".join((header, ids[i], models, scores[4 * i : 4 * i + 4], b"\x01" if flags[i] else b"\x00",
                       event_ts[i], tail_bytes))
             for i in range(n)
         ]

@@ -242,5 +242,5 @@ class BatchProcessor:
 
 
 def _select(events: EventBatch, rows: np.ndarray) -> EventBatch:
-    return EventBatch(events.index[rows], [events.event_ids[r] for r in rows.tolist()], events.ts_ms[rows],
+    return EventBatch(events.index[rows], [events.id_fields[r] for r in rows.tolist()], events.ts_ms[rows],
                       events.features[rows])

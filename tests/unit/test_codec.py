@@ -156,6 +156,39 @@ def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], jun
     assert [(i, e.reason) for i, e in fast_errors] == [(i, e.reason) for i, e in slow_errors]
 
 
+def test_batch_scan_hands_every_unusual_record_to_fastavro() -> None:
+    """The numpy scan must take exactly the records it can read and leave the rest, wherever they sit."""
+    good = [encode(EVENT, r) for r in generate_events(300, seed=4, ts_ms=1_700_000_000_000).records()]
+    valid_id = good[7][:6] + "é".encode() + good[7][8:]  # same length, non-ASCII but valid UTF-8
+    unusual = {
+        3: None,
+        10: good[10][:6] + b"\xff" + good[10][7:],  # invalid UTF-8 in event_id
+        11: valid_id,
+        12: good[12][:14] + b"\xc3" + good[12][15:],  # invalid UTF-8 in key ("ev-4-12" is 7 bytes)
+        50: event_bytes(key="clé-ü"),
+        90: event_bytes(event_id="x" * 70),  # two-byte length varint
+        120: event_bytes(ts_ms=-(2**63)),  # ten-byte varint
+        121: event_bytes(ts_ms=2**62),
+        150: good[150] + b"\x00",  # trailing byte
+        151: good[151][:-1],  # truncated
+        200: event_bytes(features=[0.5] * 31),
+        201: event_bytes(features=[float("nan")] + [0.5] * 31),
+        299: good[299][:5],
+    }
+    values: list[bytes | None] = [unusual.get(i, v) for i, v in enumerate(good)]
+    decoder = EventDecoder(REGISTRY, 32)
+    fast, fast_errors = decoder.decode_batch(values, max_bytes=400)
+    slow, slow_errors = decoder._decode_slow(values, max_bytes=400)
+    assert fast.index.tolist() == slow.index.tolist()
+    assert fast.event_ids == slow.event_ids
+    assert fast.id_fields == slow.id_fields
+    assert fast.ts_ms.tolist() == slow.ts_ms.tolist()
+    assert fast.features.tobytes() == slow.features.tobytes()
+    assert [(i, e.reason) for i, e in fast_errors] == [(i, e.reason) for i, e in slow_errors]
+    assert {i for i, _ in fast_errors} == {3, 10, 12, 150, 151, 200, 201, 299}
+    assert 11 in fast.index and 90 in fast.index and 120 in fast.index
+
+
 @settings(max_examples=max(FUZZ_EXAMPLES // 4, 300), deadline=None)
 @given(rows=st.lists(st.tuples(st.text(max_size=80), st.integers(-(2**63), 2**63 - 1),
                                st.floats(width=32, allow_nan=False), st.booleans()), max_size=10),
@@ -165,8 +198,9 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
                                                       batch_size: int, names: tuple[str, str]) -> None:
     encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
     assert encoder._fast
-    events = EventBatch(np.arange(len(rows)), [r[0] for r in rows], np.asarray([r[1] for r in rows], dtype=np.int64),
-                        np.zeros((len(rows), 32), dtype=np.float32))
+    events = EventBatch.from_ids(np.arange(len(rows)), [r[0] for r in rows],
+                                 np.asarray([r[1] for r in rows], dtype=np.int64),
+                                 np.zeros((len(rows), 32), dtype=np.float32))
     outputs = {"fraud_score": np.asarray([r[2] for r in rows], dtype=np.float32),
                "is_fraud": np.asarray([r[3] for r in rows], dtype=bool)}
     kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
