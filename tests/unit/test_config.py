@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import platform
+import sys
+
 import pytest
 
+from stream.cli import tune_malloc
 from stream.config import env_to_librdkafka_key, kafka_env_config, load_settings
 from stream.errors import ConfigError
 
@@ -97,3 +101,11 @@ def test_every_setting_has_a_worker_flag_and_flags_default_to_none() -> None:
     args = build_parser().parse_args(["worker"])
     assert [f for f in WorkerSettings.model_fields if not hasattr(args, f)] == []
     assert {f: getattr(args, f) for f in WorkerSettings.model_fields if getattr(args, f) is not None} == {}
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
+def test_malloc_tuning_yields_to_the_operators_own() -> None:
+    for env in ({"MALLOC_ARENA_MAX": "4"}, {"MALLOC_MMAP_THRESHOLD_": "65536"},
+                {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}):
+        assert tune_malloc(env) is False
+    assert tune_malloc({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=512"}) is True
