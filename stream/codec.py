@@ -139,29 +139,41 @@ def avro_long(value: int) -> bytes:
     return bytes(out)
 
 
-def encode_longs(values: np.ndarray) -> list[bytes]:
-    """Avro longs (zigzag varints) for a whole column at once."""
+def _zigzag_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Avro longs for a column: (n, k) bytes, row i's varint in its first ``lengths[i]`` bytes; lengths."""
     v = np.asarray(values, dtype=np.int64)
     zz = (v.astype(np.uint64) << np.uint64(1)) ^ (v >> np.int64(63)).astype(np.uint64)
-    # 7 bits per byte; at least one byte.
-    bits = np.zeros(len(zz), dtype=np.int64)
-    rest = zz.copy()
-    while True:
-        nonzero = rest > 0
-        if not nonzero.any():
-            break
-        bits += nonzero
+    lengths = np.ones(len(zz), dtype=np.int64)  # 7 bits per byte; at least one byte
+    rest = zz >> np.uint64(7)
+    while rest.any():
+        lengths += rest > 0
         rest >>= np.uint64(7)
-    nbytes = np.maximum(bits, 1)
-    out: list[bytes] = [b""] * len(zz)
-    for k in np.unique(nbytes).tolist():
-        rows = np.flatnonzero(nbytes == k)
-        groups = np.stack([(zz[rows] >> np.uint64(7 * j)) & np.uint64(0x7F) for j in range(k)], axis=1)
-        groups[:, :-1] |= np.uint64(0x80)
-        flat = groups.astype(np.uint8).tobytes()
-        for r, row in enumerate(rows.tolist()):
-            out[row] = flat[r * k : (r + 1) * k]
-    return out
+    k = int(lengths.max()) if len(zz) else 1
+    groups = ((zz[:, None] >> (np.uint64(7) * np.arange(k, dtype=np.uint64))) & np.uint64(0x7F)).astype(np.uint8)
+    groups[np.arange(k) < (lengths - 1)[:, None]] |= 0x80  # continuation bit on all but the last byte
+    return groups, lengths
+
+
+def _packed(groups: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Rows of ``groups`` cut to their lengths, back to back."""
+    return groups[np.arange(groups.shape[1]) < lengths[:, None]]
+
+
+def _split(blob: bytes, lengths: np.ndarray) -> list[bytes]:
+    ends = np.cumsum(lengths)
+    return [blob[a:b] for a, b in zip((ends - lengths).tolist(), ends.tolist(), strict=True)]
+
+
+def _scatter(out: np.ndarray, dest: np.ndarray, packed: np.ndarray, lengths: np.ndarray) -> None:
+    """Copy variable-length rows (``packed`` back to back) to ``out`` at offsets ``dest``."""
+    src_start = np.cumsum(lengths) - lengths
+    out[np.repeat(dest - src_start, lengths) + np.arange(len(packed))] = packed
+
+
+def encode_longs(values: np.ndarray) -> list[bytes]:
+    """Avro longs (zigzag varints) for a whole column at once."""
+    groups, lengths = _zigzag_varints(values)
+    return _split(_packed(groups, lengths).tobytes(), lengths)
 
 
 def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
@@ -398,19 +410,30 @@ class PredictionEncoder:
         n = len(events)
         if n == 0:
             return []
-        header = self._schema.header
+        # Every prediction is assembled in one buffer by numpy: header | event_id | model name and version |
+        # score | flag | event ts | predicted ts and batch size; only the event_id and event ts vary in length.
         models = avro_string(model_name) + avro_string(model_version)
-        tail = encode_longs(np.asarray([predicted_ts_ms, batch_size], dtype=np.int64))
-        tail_bytes = tail[0] + tail[1]
-        scores = np.asarray(outputs["fraud_score"], dtype="<f4").tobytes()
-        flags = np.asarray(outputs["is_fraud"], dtype=bool).tolist()
-        event_ts = encode_longs(events.ts_ms)
+        tail = b"".join(encode_longs(np.asarray([predicted_ts_ms, batch_size], dtype=np.int64)))
         ids = events.id_fields
-        return [
-            b"".join((header, ids[i], models, scores[4 * i : 4 * i + 4], b"\x01" if flags[i] else b"\x00",
-                      event_ts[i], tail_bytes))
-            for i in range(n)
-        ]
+        id_len = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        ts_groups, ts_len = _zigzag_varints(events.ts_ms)
+        width = len(models) + 5
+        middle = np.empty((n, width), dtype=np.uint8)
+        middle[:, : len(models)] = np.frombuffer(models, dtype=np.uint8)
+        scores = np.asarray(outputs["fraud_score"], dtype="<f4")
+        middle[:, len(models) : len(models) + 4] = scores.view(np.uint8).reshape(n, 4)
+        middle[:, -1] = np.asarray(outputs["is_fraud"], dtype=bool)
+        lengths = HEADER_SIZE + id_len + width + ts_len + len(tail)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        out = np.empty(int(ends[-1]), dtype=np.uint8)
+        out[starts[:, None] + np.arange(HEADER_SIZE)] = np.frombuffer(self._schema.header, dtype=np.uint8)
+        _scatter(out, starts + HEADER_SIZE, np.frombuffer(b"".join(ids), dtype=np.uint8), id_len)
+        at = starts + HEADER_SIZE + id_len
+        out[at[:, None] + np.arange(width)] = middle
+        _scatter(out, at + width, _packed(ts_groups, ts_len), ts_len)
+        out[(ends - len(tail))[:, None] + np.arange(len(tail))] = np.frombuffer(tail, dtype=np.uint8)
+        return _split(out.tobytes(), lengths)
 
     def _encode_slow(self, events: EventBatch, outputs: Mapping[str, np.ndarray], *, model_name: str,
                      model_version: str, predicted_ts_ms: int, batch_size: int) -> list[bytes]:

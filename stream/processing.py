@@ -43,6 +43,7 @@ class Dispatched:
 
     messages: list[Message]
     partitions: np.ndarray  # input partition per message
+    offsets: np.ndarray  # input offset per message
     deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
     epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
     group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
@@ -189,15 +190,14 @@ class BatchProcessor:
         deliveries = batch.deliveries
         topic_header = (HEADER_TOPIC, self._topic_header)
         partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
-        keys: list[bytes | None] = []
-        headers: list[Headers] = []
-        callbacks: list[SpanDelivery] = []
-        for i in events.index.tolist():
-            m = msgs[i]
-            keys.append(m.key())
-            p: int = m.partition()
-            headers.append([topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % m.offset())])
-            callbacks.append(deliveries[p])
+        rows = events.index.tolist()
+        sent = msgs if len(rows) == len(msgs) else [msgs[i] for i in rows]
+        parts = row_partitions.tolist()
+        keys = [m.key() for m in sent]
+        headers: list[Headers] = [
+            [topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
+            for p, o in zip(parts, batch.offsets[events.index].tolist(), strict=True)]
+        callbacks = [deliveries[p] for p in parts]
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
 
     def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord]) -> None:

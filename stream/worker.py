@@ -279,18 +279,13 @@ class Worker:
         if len(messages) > self._batcher.max_batch_size:  # a record that slipped in while paused
             self._batcher.add(messages[self._batcher.max_batch_size:])
             messages = messages[: self._batcher.max_batch_size]
-        partitions = np.fromiter((m.partition() for m in messages), dtype=np.int32, count=len(messages))
-        bounds: dict[int, list[int]] = {}
-        for msg in messages:
-            # Consumed records always have a partition and an offset (None only for produced ones).
-            p: int = msg.partition()  # type: ignore[assignment]
-            off: int = msg.offset()  # type: ignore[assignment]
-            b = bounds.get(p)
-            if b is None:
-                bounds[p] = [off, off, 1]
-            else:
-                b[1] = off
-                b[2] += 1
+        # Consumed records always have a partition and an offset (None only for produced ones).
+        partitions = np.fromiter([m.partition() for m in messages], dtype=np.int32, count=len(messages))
+        offsets = np.fromiter([m.offset() for m in messages], dtype=np.int64, count=len(messages))
+        bounds: dict[int, tuple[int, int, int]] = {}  # partition -> (first offset, last offset, records)
+        for p in np.unique(partitions).tolist():
+            rows = np.flatnonzero(partitions == p)
+            bounds[p] = (int(offsets[rows[0]]), int(offsets[rows[-1]]), len(rows))
         topic = self.settings.input_topic
         for p, (first, _, _) in bounds.items():
             # Base for the committed counter: the first offset this assignment dispatches.
@@ -305,7 +300,7 @@ class Worker:
         self.metrics.batches.inc()
         self.metrics.batch_size.observe(len(messages))
         metadata = self._consumer.consumer_group_metadata() if self.settings.exactly_once and self._consumer else None
-        return Dispatched(messages, partitions, deliveries, self._epoch, metadata)
+        return Dispatched(messages, partitions, offsets, deliveries, self._epoch, metadata)
 
     def _set_paused(self, paused: bool) -> None:
         consumer = self._consumer

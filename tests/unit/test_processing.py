@@ -94,7 +94,7 @@ def batch_of(values: list[bytes | None], publisher: FakePublisher) -> tuple[Disp
     msgs = [FakeMessage(v, 0, i, b"k%d" % i) for i, v in enumerate(values)]
     span = tracker.dispatch(("in", 0), 0, len(values) - 1, len(values))
     delivery = SpanDelivery(publisher, span)  # type: ignore[arg-type]
-    return Dispatched(msgs, np.zeros(len(values), dtype=np.int32), {0: delivery}), tracker  # type: ignore[arg-type]
+    return Dispatched(msgs, np.zeros(len(values), dtype=np.int32), np.arange(len(values)), {0: delivery}), tracker  # type: ignore[arg-type]
 
 
 def events(n: int, poison_rows: Sequence[int] = ()) -> list[bytes | None]:
