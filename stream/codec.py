@@ -139,15 +139,14 @@ def avro_long(value: int) -> bytes:
     return bytes(out)
 
 
+_VARINT_LIMITS = np.asarray([2 ** (7 * k) - 1 for k in range(1, 10)], dtype=np.uint64)  # largest of k bytes
+
+
 def _zigzag_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Avro longs for a column: (n, k) bytes, row i's varint in its first ``lengths[i]`` bytes; lengths."""
     v = np.asarray(values, dtype=np.int64)
     zz = (v.astype(np.uint64) << np.uint64(1)) ^ (v >> np.int64(63)).astype(np.uint64)
-    lengths = np.ones(len(zz), dtype=np.int64)  # 7 bits per byte; at least one byte
-    rest = zz >> np.uint64(7)
-    while rest.any():
-        lengths += rest > 0
-        rest >>= np.uint64(7)
+    lengths = np.searchsorted(_VARINT_LIMITS, zz, side="left") + 1  # 7 bits per byte; at least one byte
     k = int(lengths.max()) if len(zz) else 1
     groups = ((zz[:, None] >> (np.uint64(7) * np.arange(k, dtype=np.uint64))) & np.uint64(0x7F)).astype(np.uint8)
     groups[np.arange(k) < (lengths - 1)[:, None]] |= 0x80  # continuation bit on all but the last byte
