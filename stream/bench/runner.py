@@ -350,8 +350,9 @@ def _plots(report: dict[str, Any], folder: Path) -> None:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 4))
     for run in report["latency"]:
-        lat = np.sort(np.asarray(run["latencies_ms"]))
-        ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=_label(run))
+        if run["latencies_ms"]:  # 2,001 quantiles, minimum to maximum: the curve of every point, drawn fast
+            fractions = np.linspace(0.0, 1.0, 2001)
+            ax.plot(np.quantile(np.asarray(run["latencies_ms"]), fractions), fractions, label=_label(run))
     ax.set_xlabel("pipeline latency (ms, input record's append -> its prediction's append)")
     ax.set_ylabel("fraction of events")
     ax.set_xscale("log")
@@ -370,7 +371,7 @@ def _label(run: dict[str, Any]) -> str:
 
 
 def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -109,3 +109,11 @@ def test_malloc_tuning_yields_to_the_operators_own() -> None:
                 {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}):
         assert tune_malloc(env) is False
     assert tune_malloc({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=512"}) is True
+
+
+def test_fetches_are_never_held_longer_than_a_batch_waits() -> None:
+    assert load_settings(BASE, environ={}).consumer_config({})["fetch.wait.max.ms"] == 20
+    assert load_settings({**BASE, "max_wait_ms": 0.5}, environ={}).consumer_config({})["fetch.wait.max.ms"] == 1
+    assert load_settings({**BASE, "max_wait_ms": 60_000}, environ={}).consumer_config({})["fetch.wait.max.ms"] == 500
+    s = load_settings(BASE, environ={})
+    assert s.consumer_config({"KAFKA_CONSUMER_FETCH_WAIT_MAX_MS": "100"})["fetch.wait.max.ms"] == "100"
