@@ -6,6 +6,12 @@ A partition's commit position is ``last offset + 1`` of the longest run of compl
 oldest one: an unacknowledged record holds back every later one, so a crash never skips a record.
 Acks are O(1); spans belong to a partition *assignment*, so acks that arrive after a revoke (or
 after the partition came back) are ignored instead of corrupting the new assignment's state.
+
+A position goes through three states: *acknowledged* (its records are delivered), *handed out* (given to a
+commit whose answer is pending) and *confirmed* (the broker accepted a commit of it). Periodic asynchronous
+commits take only what advanced since the last hand-out; a synchronous commit (revoke, shutdown) also takes
+what was handed out and not yet confirmed, since a pending commit can still fail (a group rebalancing under
+librdkafka's cooperative protocol answers it only after the generation moved on, with ILLEGAL_GENERATION).
 """
 
 from __future__ import annotations
@@ -42,12 +48,14 @@ class Span:
 
 
 class PartitionState:
-    __slots__ = ("active", "committed", "spans", "tp")
+    __slots__ = ("acked", "active", "committed", "confirmed", "spans", "tp")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
         self.spans: deque[Span] = deque()
+        self.acked: int | None = None  # position after the longest completed prefix of spans
         self.committed: int | None = None  # last position handed out by `committable`
+        self.confirmed: int | None = None  # highest position the broker accepted (`confirm`)
         self.active = True
 
     def watermark(self) -> int | None:
@@ -107,19 +115,36 @@ class OffsetTracker:
         states = self._partitions.values() if tp is None else [self._partitions[tp]]
         return sum(span.outstanding for state in states for span in state.spans)
 
-    def committable(self, tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        """Positions that advanced since the last call (for all or the given partitions); marks them handed out."""
+    def committable(self, tps: Iterable[TopicPartition] | None = None, *,
+                    unconfirmed: bool = False) -> dict[TopicPartition, int]:
+        """Positions that advanced since the last call (for all or the given partitions); marks them handed out.
+
+        ``unconfirmed``: also every acknowledged position the broker has not confirmed yet, even if an earlier
+        call handed it out (a synchronous commit must not rely on an asynchronous one still in flight)."""
         for state in self._partitions.values():
             position = state.watermark()
             if position is not None:
+                state.acked = position
                 self._pending[state.tp] = position
-        selected = list(self._pending) if tps is None else [tp for tp in tps if tp in self._pending]
+        wanted = list(self._partitions) if tps is None else [tp for tp in tps if tp in self._partitions]
         out = {}
-        for tp in selected:
-            position = self._pending.pop(tp)
-            self._partitions[tp].committed = position
-            out[tp] = position
+        for tp in wanted:
+            state = self._partitions[tp]
+            position = self._pending.pop(tp, None)
+            if position is None and unconfirmed and state.acked is not None and (
+                    state.confirmed is None or state.acked > state.confirmed):
+                position = state.acked
+            if position is not None:
+                state.committed = position
+                out[tp] = position
         return out
+
+    def confirm(self, positions: dict[TopicPartition, int]) -> None:
+        """The broker accepted commits of these positions."""
+        for tp, position in positions.items():
+            state = self._partitions.get(tp)
+            if state is not None and (state.confirmed is None or position > state.confirmed):
+                state.confirmed = position
 
     def restore(self, positions: dict[TopicPartition, int]) -> None:
         """Put back positions whose commit failed, so the next `committable` offers them again."""

@@ -51,6 +51,7 @@ _STALL_STEP_S = 0.05
 _REBALANCE_ERRORS = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
                                KafkaError.UNKNOWN_MEMBER_ID})
 _PAUSE_AFTER_S = 1.0
+_ASYNC_COMMIT_PATIENCE_S = 30.0  # then send the next asynchronous commit even if the last one got no answer
 _GAUGE_EVERY_S = 0.1
 _IDLE_CHECK_S = 0.001  # adaptive batching: how often a waiting poll thread checks whether the model went idle
 
@@ -112,6 +113,7 @@ class Worker:
         self._paused = False
         self._processing = False  # written by the processor thread only
         self._committed_positions: dict[tuple[str, int], int] = {}
+        self._async_commit_sent_at: float | None = None  # an asynchronous commit waits for its answer
         self._consumer: Consumer | None = None
         self._publisher: Publisher | None = None
         self._processor: BatchProcessor | None = None
@@ -228,7 +230,7 @@ class Worker:
             if self._rewind_pending():
                 self._rewind()
             now = self._clock()
-            if now >= next_commit:
+            if now >= next_commit and self._async_commit_due():
                 self._commit(asynchronous=True)
                 next_commit = now + commit_every_s
             if self._end_offsets is not None and self._drained():
@@ -310,19 +312,22 @@ class Worker:
             (consumer.pause if paused else consumer.resume)(assignment)
         self._paused = paused
 
-    def _commit(self, *, asynchronous: bool, tps: list[tuple[str, int]] | None = None) -> None:
-        positions = self._tracker.committable(tps)
+    def _commit(self, *, asynchronous: bool, tps: list[tuple[str, int]] | None = None) -> bool:
+        """Commit acknowledged positions. A synchronous commit also retakes positions that an asynchronous one
+        holds without an answer yet. False when a rebalance deferred it (the positions are offered again)."""
+        positions = self._tracker.committable(tps, unconfirmed=not asynchronous)
         if not positions:
-            return
+            return True
         consumer = self._consumer
         assert consumer is not None
         offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
         if self.settings.exactly_once:
             self._record_commits(offsets)  # already committed inside their transactions
-            return
+            return True
         if asynchronous:
             consumer.commit(offsets=offsets, asynchronous=True)
-            return
+            self._async_commit_sent_at = time.monotonic()
+            return True
         try:
             result = consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
@@ -332,20 +337,46 @@ class Worker:
             if error.code() in _REBALANCE_ERRORS:
                 # The group is rebalancing: the positions go out with the next commit, or the revoke's.
                 log.info("commit deferred by a rebalance: %s", error)
-                return
+                return False
             raise KafkaClientError("commit", error) from exc
         self._record_commits(result or offsets)
+        return True
+
+    def _commit_settled(self, deadline: float) -> None:
+        """Shutdown's commit. A rebalance in progress fails it (librdkafka answers a commit sent during a
+        cooperative rebalance once the generation moved on), so serve the group until the rebalance ends
+        and commit again, up to the deadline; records fetched meanwhile are dropped, never dispatched."""
+        consumer = self._consumer
+        assert consumer is not None
+        while not self._commit(asynchronous=False):
+            if time.monotonic() >= deadline:
+                log.error("the group was still rebalancing at the shutdown deadline: the last positions stay "
+                          "uncommitted (their records will be processed again by the next owner)")
+                return
+            consumer.consume(100, min(0.1, max(deadline - time.monotonic(), 0.0)))
+
+    def _async_commit_due(self) -> bool:
+        """One asynchronous commit at a time: during a rebalance librdkafka holds them until the generation
+        moves on and then fails them all; one such commit is enough (its positions are offered again)."""
+        sent = self._async_commit_sent_at
+        return sent is None or time.monotonic() - sent > _ASYNC_COMMIT_PATIENCE_S
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self._async_commit_sent_at = None
         if err is not None:
             # Offer the positions again; a later commit of a higher position supersedes them.
             self.metrics.commit_failures.inc()
-            log.warning("async commit failed: %s", err)
+            if err.code() in _REBALANCE_ERRORS:
+                log.info("async commit deferred by a rebalance: %s", err)
+            else:
+                log.warning("async commit failed: %s", err)
             self._tracker.restore({(tp.topic, tp.partition): tp.offset for tp in partitions if tp.offset >= 0})
             return
         self._record_commits(partitions)
 
     def _record_commits(self, partitions: list[TopicPartition]) -> None:
+        self._tracker.confirm({(tp.topic, tp.partition): tp.offset for tp in partitions
+                               if tp.error is None and tp.offset >= 0})
         for tp in partitions:
             if tp.error is not None or tp.offset < 0:
                 continue
@@ -582,7 +613,7 @@ class Worker:
                 self._fail(failure)
         if consumer is not None:
             try:
-                self._commit(asynchronous=False)
+                self._commit_settled(deadline)
             except KafkaClientError as exc:
                 self._fail(exc)
             self._stop.set()

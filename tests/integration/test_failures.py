@@ -104,6 +104,35 @@ def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline
 
 
 
+def test_a_replica_stopped_while_the_group_rebalances_still_commits_what_it_delivered(pipeline: Pipeline) -> None:
+    """A replica that joins and leaves at once leaves the group rebalancing until its session timeout (6 s);
+    librdkafka answers the owner's commits from that window only when the rebalance ends, with
+    ILLEGAL_GENERATION. An owner stopped inside the window must still commit every record it delivered (a
+    CI chaos run once left two partitions uncommitted this way)."""
+    pipeline.produce(8_000, seed=91)
+    slow = ["--model", "tests.handlers:SlowHandler", "--max-batch-size", "128", "--max-wait-ms", "10"]
+    owner = pipeline.worker(*slow, env={"STREAM_TEST_BATCH_SLEEP_S": "0.2"})  # ~640 records/s: busy throughout
+    wait_for_assignment(owner)
+    time.sleep(1.5)
+    joiner = pipeline.worker(*slow)
+    wait_for_assignment(joiner)
+    assert joiner.terminate() == 0, joiner.output()[-3000:]
+    time.sleep(2.0)
+    assert owner.terminate() == 0, owner.output()[-3000:]
+    reader = pipeline.reader()
+    while reader.poll(2.0):
+        pass
+    delivered: dict[int, int] = {}  # input partition -> 1 + the highest input offset with a prediction
+    for prediction in reader.predictions:
+        partition, offset = int(prediction.headers[HEADER_PARTITION]), int(prediction.headers[HEADER_OFFSET])
+        delivered[partition] = max(delivered.get(partition, 0), offset + 1)
+    reader.close()
+    committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
+    ends = end_offsets(pipeline.bootstrap, pipeline.input)
+    assert sum(delivered.values()) < sum(ends.values()), "the owner finished the backlog before the window"
+    assert {p: committed[p] for p in delivered} == delivered, owner.output()[-3000:]
+
+
 def test_missing_output_topic_stops_the_worker_and_commits_nothing(pipeline: Pipeline,
                                                                    broker: BrokerInfo) -> None:
     if broker.kind == "tansu":
