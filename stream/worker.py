@@ -353,7 +353,12 @@ class Worker:
                 log.error("the group was still rebalancing at the shutdown deadline: the last positions stay "
                           "uncommitted (their records will be processed again by the next owner)")
                 return
-            consumer.consume(100, min(0.1, max(deadline - time.monotonic(), 0.0)))
+            try:
+                consumer.consume(100, min(0.1, max(deadline - time.monotonic(), 0.0)))
+            except KafkaException as exc:
+                log.error("the last positions stay uncommitted: the consumer failed while the group "
+                          "rebalanced: %s", exc)
+                return
 
     def _async_commit_due(self) -> bool:
         """One asynchronous commit at a time: during a rebalance librdkafka holds them until the generation
