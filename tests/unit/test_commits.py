@@ -1,0 +1,77 @@
+"""The worker's commit calls against a fake consumer: what goes out, when, and what a rebalance defers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from stream.config import WorkerSettings
+from stream.worker import Worker
+from tests.handlers import PoisonHandler
+
+TP = ("in", 0)
+
+
+class FakeConsumer:
+    """Sync commits fail with ``failures`` (in turn) before succeeding; records every call."""
+
+    def __init__(self, failures: list[int] | None = None) -> None:
+        self.failures = list(failures or [])
+        self.commits: list[tuple[bool, dict[tuple[str, int], int]]] = []
+        self.consumes = 0
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition] | None:
+        self.commits.append((asynchronous, {(tp.topic, tp.partition): tp.offset for tp in offsets}))
+        if not asynchronous and self.failures:
+            raise KafkaException(KafkaError(self.failures.pop(0)))
+        return None if asynchronous else offsets
+
+    def consume(self, num: int, timeout: float) -> list[Any]:
+        self.consumes += 1
+        return []
+
+
+@pytest.fixture
+def worker(model_dir: Path) -> Worker:
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out",
+                              group_id="g", model_dir=model_dir)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    w._tracker.assign([TP])
+    return w
+
+
+def test_one_async_commit_at_a_time_and_shutdown_retakes_what_it_holds(worker: Worker) -> None:
+    consumer = worker._consumer = FakeConsumer()  # type: ignore[assignment]
+    worker._tracker.dispatch(TP, 0, 9, 10).ack(10)
+    assert worker._async_commit_due()
+    worker._commit(asynchronous=True)
+    assert consumer.commits == [(True, {TP: 10})]
+    assert not worker._async_commit_due(), "a second async commit while the first has no answer"
+    worker._tracker.dispatch(TP, 10, 14, 5).ack(5)
+    # Shutdown while the async commit of 10 is unanswered: the sync commit takes 15, and would take 10 too.
+    worker._commit_settled(deadline=float("inf"))
+    assert consumer.commits[-1] == (False, {TP: 15})
+    # The async commit then fails (a rebalance moved the generation on): nothing is lost, 15 is confirmed.
+    worker._on_commit(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition("in", 0, 10)])
+    assert worker._async_commit_due()
+    assert worker._tracker.committable(unconfirmed=True) == {}
+
+
+def test_shutdown_commit_deferred_by_a_rebalance_serves_the_group_and_commits_again(worker: Worker) -> None:
+    consumer = worker._consumer = FakeConsumer([KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS])
+    worker._tracker.dispatch(TP, 0, 9, 10).ack(10)
+    worker._commit(asynchronous=True)  # unanswered: its position must still go out with shutdown's commit
+    worker._commit_settled(deadline=float("inf"))
+    assert [c for c in consumer.commits if not c[0]] == [(False, {TP: 10})] * 3
+    assert consumer.consumes == 2, "the group is served between the attempts"
+    assert worker._committed_positions.get(TP) == 10
+
+
+def test_shutdown_commit_gives_up_at_the_deadline(worker: Worker) -> None:
+    consumer = worker._consumer = FakeConsumer([KafkaError.REBALANCE_IN_PROGRESS] * 100)
+    worker._tracker.dispatch(TP, 0, 0, 1).ack()
+    worker._commit_settled(deadline=0.0)  # already past: one attempt, no waiting
+    assert len(consumer.commits) == 1 and consumer.consumes == 0
