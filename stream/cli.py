@@ -41,6 +41,8 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
+    p.add_argument("--gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="on CUDA, keep one batch ahead on the device so copies and compute overlap host work (on)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
     p.add_argument("--schemas-dir", type=Path, help="schema registry folder (default: the repo's schemas/)")
@@ -193,6 +195,36 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_gpu_command(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from rich.console import Console
+    from rich.table import Table
+
+    from stream.bench.gpu import GpuBenchConfig, format_gpu_table, run_gpu_bench
+
+    cfg = GpuBenchConfig(width=args.width, depth=args.depth, batch=args.batch, events=args.events)
+    if args.results is not None:
+        cfg.results = args.results
+    console = Console()
+    report = run_gpu_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
+    rows = format_gpu_table(report)
+    table = Table(title=f"model-bound: {cfg.width}x{cfg.depth} MLP, batches of {cfg.batch}")
+    for col in rows[0]:
+        table.add_column(col, justify="right")
+    for row in rows[1:]:
+        table.add_row(*row)
+    console.print(table)
+    s, v = report["standalone"], report["versions"]
+    overlap = s["h2d_overlap"]["overlapped_fraction"]
+    console.print(f"per batch: model {s['model_ms_per_batch']:.2f} ms, host-to-device copy "
+                  f"{s['h2d_ms_per_batch']:.3f} ms, "
+                  + (f"{overlap:.0%} of copy time under a running kernel" if overlap is not None else "no copy seen")
+                  + f"; max |error| vs float64 {s['max_abs_error_vs_float64']:.1e}")
+    console.print(f"{v['gpu']}, CUDA {v['cuda']}, torch {v['torch']}, {v['cpu_cores']} cores, broker "
+                  f"{report['broker']}; results in {cfg.results}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from stream.models.demo import DEFAULT_MODEL_DIR
 
@@ -223,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--events", type=int, default=1_000_000, help="pre-produced events for the drain runs")
     bench.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     bench.add_argument("--results", type=Path, default=None, help="default: results/bench-<time>")
+    gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")
+    gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    gpu.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
+    gpu.add_argument("--width", type=int, default=8192, help="hidden layer width of the benchmark MLP")
+    gpu.add_argument("--depth", type=int, default=8, help="hidden layers of the benchmark MLP")
+    gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
+    gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
+    gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
     return parser
 
 
@@ -235,7 +275,8 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
         if early:
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "topics": run_topics,
-               "train-model": run_train, "demo": run_demo, "bench": run_bench_command}
+               "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
+               "bench-gpu": run_bench_gpu_command}
     try:
         return runners[args.command](args)
     except StreamError as exc:

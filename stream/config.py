@@ -74,6 +74,10 @@ class WorkerSettings(BaseSettings):
     model_dir: Path | None = None
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     torch_threads: int = Field(default=1, ge=1, le=1024)
+    gpu_overlap: bool = Field(
+        default=True,
+        description="on CUDA, submit the next batch to the device before waiting for the one before, so its copy "
+                    "and forward pass overlap the host's decode, encode and publish (at-least-once only)")
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -30,13 +30,18 @@ class ModelHandler(Protocol):
         """Load weights onto ``device``; raise UnrecoverableModelError if that is impossible."""
 
     def collate(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
-        """(n, n_features) float32 host array -> the model's input tensor on ``device``."""
+        """(n, n_features) float32 host array -> the model's input tensor on ``device``.
+
+        On CUDA the engine calls this on its copy stream with a view of page-locked memory that it keeps intact
+        until the copy is done: copy with ``non_blocking=True`` and the copy overlaps the previous batch's work.
+        """
 
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
         """One forward pass over the whole batch (called under ``torch.inference_mode``)."""
 
     def outputs(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
-        """Raw model output -> one host array per prediction field, each with one row per input."""
+        """Raw model output -> one host array per prediction field, each with one row per input. A tensor that
+        ``predict`` returned on a CUDA device arrives here already copied to host memory."""
 
 
 def select_device(spec: str) -> torch.device:
@@ -74,8 +79,56 @@ class BatchResult:
     seconds: float
 
 
+@dataclass
+class InFlight:
+    """A batch handed to the device: ``InferenceEngine.result`` waits for it and returns its outputs."""
+
+    n: int
+    started: float
+    raw: Any = None  # the model's output; on CUDA a host tensor being filled by an asynchronous copy
+    done: Any = None  # CUDA: event recorded on the compute stream after that copy
+    error: BaseException | None = None  # raised by result(): the submit failed
+
+
+class _PinnedStaging:
+    """A ring of page-locked input buffers. A slot is reused only after the device has finished copying out of
+    it, so the host can fill the next batch while the copy engine and the model work on earlier ones."""
+
+    def __init__(self, n_features: int, slots: int = 3) -> None:
+        self.n_features = n_features
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._copied: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def fill(self, features: np.ndarray) -> tuple[np.ndarray, int]:
+        """Copy ``features`` into the next free slot; returns (a host view of it, the slot)."""
+        slot = self._next
+        self._next = (slot + 1) % len(self._buffers)
+        copied = self._copied[slot]
+        if copied is not None:
+            copied.synchronize()  # normally long done: the ring is deeper than the pipeline
+        buffer = self._buffers[slot]
+        n = len(features)
+        if buffer is None or buffer.shape[0] < n or buffer.shape[1:] != features.shape[1:]:
+            rows = max(n, 2 * buffer.shape[0] if buffer is not None else 0)
+            buffer = torch.empty((rows, *features.shape[1:]), dtype=torch.float32, pin_memory=True)
+            self._buffers[slot] = buffer
+        view: np.ndarray = buffer.numpy()[:n]
+        np.copyto(view, features, casting="same_kind")
+        return view, slot
+
+    def copied(self, slot: int, event: torch.cuda.Event) -> None:
+        self._copied[slot] = event
+
+
 class InferenceEngine:
-    """Runs a handler on a device, one forward pass per micro-batch, and checks its output shape."""
+    """Runs a handler on a device, one forward pass per micro-batch, and checks its output shape.
+
+    On CUDA a batch is submitted without waiting for it: its features are staged in page-locked memory, copied to
+    the device on a copy stream (overlapping the model's work on the batch before), the forward pass runs on a
+    compute stream, and its output comes back to page-locked host memory asynchronously. ``result`` waits for it.
+    On the CPU, ``submit`` runs the model at once.
+    """
 
     def __init__(self, handler: ModelHandler, device: torch.device) -> None:
         self.handler = handler
@@ -86,31 +139,79 @@ class InferenceEngine:
             raise
         except Exception as exc:
             raise UnrecoverableModelError(f"model {handler.name} cannot load on {device}: {exc}") from exc
+        self.asynchronous = device.type == "cuda"
+        if self.asynchronous:
+            self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            self._compute_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            self._staging = _PinnedStaging(handler.n_features)
         log.info("model %s %s loaded on %s", handler.name, handler.version, device)
 
     def run(self, features: np.ndarray) -> BatchResult:
-        n = len(features)
-        started = time.perf_counter()
+        return self.result(self.submit(features))
+
+    def submit(self, features: np.ndarray) -> InFlight:
+        """Start a forward pass over ``features`` ((n, n_features) float32). Never raises a model error: a
+        failure is kept in the returned handle and raised by ``result``."""
+        flight = InFlight(len(features), time.perf_counter())
         try:
             with torch.inference_mode():
-                inputs = self.handler.collate(features, self.device)
-                raw = self.handler.predict(inputs)
-                outputs = self.handler.outputs(raw)
-        except UnrecoverableModelError:
-            raise
-        except torch.cuda.OutOfMemoryError as exc:
-            raise ModelError(f"out of device memory on a batch of {n}: {exc}") from exc
-        except RuntimeError as exc:
-            if "CUDA error" in str(exc) or "device-side assert" in str(exc):
-                # The CUDA context is unusable after these: no retry can succeed in this process.
-                raise UnrecoverableModelError(f"device failure on {self.device}: {exc}") from exc
-            raise ModelError(f"model {self.handler.name} failed on a batch of {n}: {exc}") from exc
+                if self.asynchronous:
+                    self._submit_cuda(features, flight)
+                else:
+                    flight.raw = self.handler.predict(self.handler.collate(features, self.device))
         except Exception as exc:
-            raise ModelError(f"model {self.handler.name} failed on a batch of {n}: {exc}") from exc
-        seconds = time.perf_counter() - started
+            flight.error = self._classify(exc, flight.n)
+        return flight
+
+    def _submit_cuda(self, features: np.ndarray, flight: InFlight) -> None:
+        staged, slot = self._staging.fill(features)
+        copy_stream, compute_stream = self._copy_stream, self._compute_stream
+        with torch.cuda.stream(copy_stream):
+            inputs = self.handler.collate(staged, self.device)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record(copy_stream)
+        self._staging.copied(slot, copied)
+        compute_stream.wait_event(copied)
+        with torch.cuda.stream(compute_stream):
+            if isinstance(inputs, torch.Tensor) and inputs.device.type == "cuda":
+                inputs.record_stream(compute_stream)  # allocated on the copy stream, read on this one
+            raw = self.handler.predict(inputs)
+            if isinstance(raw, torch.Tensor) and raw.device.type == "cuda":
+                raw = raw.to("cpu", non_blocking=True)  # into page-locked memory; valid once `done` fires
+            # blocking: the thread that waits for it sleeps instead of spinning a core
+            done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+            done.record(compute_stream)
+        flight.raw, flight.done = raw, done
+
+    def result(self, flight: InFlight) -> BatchResult:
+        """Wait for a submitted batch; its outputs, or ModelError / UnrecoverableModelError."""
+        if flight.error is not None:
+            raise flight.error
+        n = flight.n
+        try:
+            if flight.done is not None:
+                flight.done.synchronize()
+            with torch.inference_mode():
+                outputs = self.handler.outputs(flight.raw)
+        except Exception as exc:
+            error = self._classify(exc, n)
+            if error is exc:
+                raise
+            raise error from exc
+        seconds = time.perf_counter() - flight.started
         for field in self.handler.output_fields:
             column = outputs.get(field)
             if column is None or len(column) != n:
                 got = "missing" if column is None else f"{len(column)} rows"
                 raise ModelError(f"model {self.handler.name} output {field!r}: expected {n} rows, got {got}")
         return BatchResult(outputs, seconds)
+
+    def _classify(self, exc: Exception, n: int) -> ModelError:
+        if isinstance(exc, ModelError):  # UnrecoverableModelError included
+            return exc
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return ModelError(f"out of device memory on a batch of {n}: {exc}")
+        if isinstance(exc, RuntimeError) and ("CUDA error" in str(exc) or "device-side assert" in str(exc)):
+            # The CUDA context is unusable after these: no retry can succeed in this process.
+            return UnrecoverableModelError(f"device failure on {self.device}: {exc}")
+        return ModelError(f"model {self.handler.name} failed on a batch of {n}: {exc}")

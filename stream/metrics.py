@@ -98,7 +98,8 @@ class StreamMetrics:
         self.batch_size = BulkHistogram("stream_batch_size_records", "Records per micro-batch.",
                                         BATCH_SIZE_BUCKETS, r)
         self.inference_seconds = BulkHistogram("stream_inference_seconds",
-                                               "Model time per micro-batch (collate + forward + outputs).",
+                                               "Model time per micro-batch: submit (collate + forward) to outputs; on "
+                                               "CUDA with --gpu-overlap it includes waiting behind the batch ahead.",
                                                INFERENCE_BUCKETS_S, r)
         self.e2e_latency_seconds = BulkHistogram(
             "stream_end_to_end_latency_seconds",

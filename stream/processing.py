@@ -21,7 +21,7 @@ from confluent_kafka import Message
 from stream import faults
 from stream.codec import EventBatch, EventDecoder, PredictionEncoder
 from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
-from stream.inference import InferenceEngine
+from stream.inference import InferenceEngine, InFlight
 from stream.metrics import StreamMetrics
 from stream.publish import Headers, Publisher, SpanDelivery
 
@@ -47,6 +47,16 @@ class Dispatched:
     deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
     epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
     group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
+
+
+@dataclass
+class Begun:
+    """A batch decoded and submitted to the model, waiting for ``BatchProcessor.complete``."""
+
+    batch: Dispatched
+    events: EventBatch
+    dead: list[DeadRecord]
+    flight: InFlight | None  # None when no record decoded
 
 
 @dataclass(frozen=True)
@@ -108,12 +118,24 @@ class BatchProcessor:
         self._topic_header = policy.input_topic.encode()
 
     def process(self, batch: Dispatched) -> None:
-        msgs = batch.messages
-        events, errors = self._decoder.decode_batch([m.value() for m in msgs], self.policy.max_input_bytes)
+        self.complete(self.begin(batch))
+
+    def begin(self, batch: Dispatched) -> Begun:
+        """Decode the batch and submit its features to the model without waiting for the forward pass."""
+        events, errors = self._decoder.decode_batch([m.value() for m in batch.messages], self.policy.max_input_bytes)
         dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
+        flight = None
         if len(events):
             faults.reach("during-inference")
-            ok_rows, outputs, poison = self._infer_isolating(events.features)
+            flight = self._engine.submit(events.features)
+        return Begun(batch, events, dead, flight)
+
+    def complete(self, begun: Begun) -> None:
+        """Wait for the batch's forward pass (isolating poison records), then publish its predictions and dead
+        letters. Batches are completed in the order they were begun."""
+        batch, events, dead = begun.batch, begun.events, begun.dead
+        if begun.flight is not None:
+            ok_rows, outputs, poison = self._infer_isolating(events.features, begun.flight)
             dead += [DeadRecord(int(events.index[row]), "model", "model-error", err) for row, err in poison]
             if poison:
                 events = _select(events, ok_rows)
@@ -122,13 +144,14 @@ class BatchProcessor:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
             self._dead_letter(batch, dead)
         else:
-            self._breaker.record(len(msgs), 0)
+            self._breaker.record(len(batch.messages), 0)
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
-    def _infer_isolating(self, features: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],
-                                                             list[tuple[int, ModelError]]]:
-        """Run the batch; on a model error retry with backoff, then bisect to isolate failing rows.
+    def _infer_isolating(self, features: np.ndarray, flight: InFlight | None = None
+                         ) -> tuple[np.ndarray, dict[str, np.ndarray], list[tuple[int, ModelError]]]:
+        """Run the batch (``flight``: its first attempt, already submitted); on a model error retry with backoff,
+        then bisect to isolate failing rows.
 
         Returns (rows that succeeded, their outputs in row order, [(row, error)] for the poison rows).
         """
@@ -139,7 +162,7 @@ class BatchProcessor:
         while pending:
             start, stop, retry = pending.pop()
             try:
-                result = self._run(features[start:stop], retries=self.policy.model_retries if retry else 0)
+                result = self._run(features[start:stop], self.policy.model_retries if retry else 0, flight)
             except UnrecoverableModelError:
                 raise
             except ModelError as exc:
@@ -150,6 +173,8 @@ class BatchProcessor:
                     mid = (start + stop) // 2
                     pending += [(mid, stop, False), (start, mid, False)]  # left half first
                 continue
+            finally:
+                flight = None  # only the whole batch's first attempt was submitted ahead
             ok.append(np.arange(start, stop))
             parts.append(result)
         if not parts:
@@ -157,11 +182,11 @@ class BatchProcessor:
         outputs = {f: np.concatenate([p[f] for p in parts]) for f in parts[0]}
         return np.concatenate(ok), outputs, poison
 
-    def _run(self, features: np.ndarray, retries: int) -> dict[str, np.ndarray]:
+    def _run(self, features: np.ndarray, retries: int, flight: InFlight | None = None) -> dict[str, np.ndarray]:
         attempt = 0
         while True:
             try:
-                result = self._engine.run(features)
+                result = self._engine.result(flight if flight is not None else self._engine.submit(features))
                 self._metrics.inference_seconds.observe(result.seconds)
                 return result.outputs
             except UnrecoverableModelError:
@@ -174,6 +199,8 @@ class BatchProcessor:
                 delay_s = self.policy.retry_backoff_ms / 1000.0 * 2 ** (attempt - 1)
                 log.warning("model error (retry %d/%d in %.0f ms): %s", attempt, retries, delay_s * 1000, exc)
                 self._sleep(delay_s)
+            finally:
+                flight = None
 
     # ------------------------------------------------------------------ publishing
     def _publish_predictions(self, batch: Dispatched, events: EventBatch, outputs: dict[str, np.ndarray]) -> None:

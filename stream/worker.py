@@ -41,7 +41,7 @@ from stream.errors import KafkaClientError, StreamError, TransactionError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
-from stream.processing import BatchProcessor, Dispatched, ProcessingPolicy
+from stream.processing import BatchProcessor, Begun, Dispatched, ProcessingPolicy
 from stream.publish import Publisher, SpanDelivery
 from stream.topics import create_topics, end_offsets, partitions_of
 
@@ -447,26 +447,58 @@ class Worker:
         # OpenMP's thread count is per thread: set it where the model runs, or this thread would get a pool of
         # one thread per core, whose idle workers spin (measured: ~0.8 of a core at full load, on 2 cores).
         torch.set_num_threads(self.settings.torch_threads)
+        processor = self._processor
+        assert processor is not None
+        # On a GPU, keep one batch ahead: the next batch is decoded, copied and queued on the device while the
+        # host waits for, encodes and publishes the one before. Exactly-once keeps one batch per transaction.
+        pipelined = self._engine.asynchronous and self.settings.gpu_overlap and not self.settings.exactly_once
+        ahead: Begun | None = None
         while True:
-            self._processing = False
-            item = self._queue.get()
+            self._processing = ahead is not None
+            if ahead is None:
+                item = self._queue.get()
+            else:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:  # nothing to overlap with: finish the batch on the device now
+                    self._complete(ahead)
+                    ahead = None
+                    continue
             if item is None:
+                if ahead is not None:
+                    self._complete(ahead)
                 return
             self._processing = True
             self._slots.release()
             if self._failure_now() is not None:
+                ahead = None
                 continue  # drain without work: nothing after a failure may be published
             if self._rewind_after is not None and item.epoch <= self._rewind_after:
                 continue  # consumed before a rewind: it will be consumed again
             try:
                 if self.settings.exactly_once:
                     self._process_in_transaction(item)
+                elif pipelined:
+                    begun = processor.begin(item)
+                    if ahead is not None:
+                        previous, ahead = ahead, None
+                        self._complete(previous)
+                    ahead = begun
                 else:
-                    assert self._processor is not None
-                    self._processor.process(item)
+                    processor.process(item)
                     faults.reach("after-produce")
             except BaseException as exc:
                 self._fail(exc)
+
+    def _complete(self, begun: Begun) -> None:
+        if self._failure_now() is not None:
+            return  # nothing after a failure may be published
+        assert self._processor is not None
+        try:
+            self._processor.complete(begun)
+            faults.reach("after-produce")
+        except BaseException as exc:
+            self._fail(exc)
 
     def _process_in_transaction(self, batch: Dispatched) -> None:
         """One transaction: the batch's predictions and dead letters, plus its input offsets."""
