@@ -191,7 +191,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         console.print(table)
     v = report["versions"]
     console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
-                  f"broker {report['broker']} (Kafka {v['kafka']}); results in {cfg.results}")
+                  f"broker {v['broker']}; results in {cfg.results}")
     return 0
 
 
@@ -221,7 +221,7 @@ def run_bench_gpu_command(args: argparse.Namespace) -> int:
                   + (f"{overlap:.0%} of copy time under a running kernel" if overlap is not None else "no copy seen")
                   + f"; max |error| vs float64 {s['max_abs_error_vs_float64']:.1e}")
     console.print(f"{v['gpu']}, CUDA {v['cuda']}, torch {v['torch']}, {v['cpu_cores']} cores, broker "
-                  f"{report['broker']}; results in {cfg.results}")
+                  f"{v['broker']}; results in {cfg.results}")
     return 0
 
 

