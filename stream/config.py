@@ -124,6 +124,12 @@ class WorkerSettings(BaseSettings):
             # Bounded prefetch: 16 MiB keeps the poll thread fed at full speed; 64 MiB measured the same
             # throughput with RSS still creeping up 10-15 % between 1 M and 5 M events.
             "queued.max.messages.kbytes": 16384,
+            # When the prefetch queue is over its bounds librdkafka stops fetching for this long (1 s by
+            # default) and only then looks again: a broker that answers a fetch with far more than
+            # max.partition.fetch.bytes (Tansu: ~6 MB per partition) fills the queue in one round, the worker
+            # drains it in well under a second and then sat idle for the rest (measured: ~0.3 s of every
+            # 1.2 s on Tansu, 118,000 -> 141,000 events/s with this setting).
+            "fetch.queue.backoff.ms": 10,
         }
         conf.update(consumer)
         conf.update(_CONSUMER_OWNED)

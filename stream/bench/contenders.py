@@ -28,8 +28,12 @@ PREDICTION = REGISTRY.by_name(PREDICTION_SCHEMA)
 
 
 def _consumer(args: argparse.Namespace) -> Consumer:
+    # fetch.queue.backoff.ms as the worker sets it: with librdkafka's 1 s default, a consumer whose prefetch
+    # queue filled up idles once it has drained it, until the second is over (every contender here drains
+    # faster than that on Tansu, which answers fetches with several MB per partition).
     return Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "auto.offset.reset": "earliest",
-                     "enable.auto.commit": False, "partition.assignment.strategy": "cooperative-sticky"})
+                     "enable.auto.commit": False, "partition.assignment.strategy": "cooperative-sticky",
+                     "fetch.queue.backoff.ms": 10})
 
 
 def _producer(args: argparse.Namespace) -> Producer:
