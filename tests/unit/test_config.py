@@ -117,3 +117,10 @@ def test_fetches_are_never_held_longer_than_a_batch_waits() -> None:
     assert load_settings({**BASE, "max_wait_ms": 60_000}, environ={}).consumer_config({})["fetch.wait.max.ms"] == 500
     s = load_settings(BASE, environ={})
     assert s.consumer_config({"KAFKA_CONSUMER_FETCH_WAIT_MAX_MS": "100"})["fetch.wait.max.ms"] == "100"
+
+
+def test_a_full_prefetch_queue_is_looked_at_again_soon() -> None:
+    # librdkafka's 1 s default idled the worker once it had drained a full queue (measured on Tansu).
+    s = load_settings(BASE, environ={})
+    assert s.consumer_config({})["fetch.queue.backoff.ms"] == 10
+    assert s.consumer_config({"KAFKA_CONSUMER_FETCH_QUEUE_BACKOFF_MS": "250"})["fetch.queue.backoff.ms"] == "250"
