@@ -43,6 +43,8 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
     p.add_argument("--gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="on CUDA, keep one batch ahead on the device so copies and compute overlap host work (on)")
+    p.add_argument("--gil-switch-interval-ms", type=float,
+                   help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
     p.add_argument("--schemas-dir", type=Path, help="schema registry folder (default: the repo's schemas/)")

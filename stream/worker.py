@@ -14,6 +14,7 @@ import gc
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,18 @@ class Worker:
         signal.signal(signal.SIGINT, handle)
 
     def run(self) -> WorkerSummary:
+        # The processing thread holds the GIL for most of its work; the poll thread (fetching, dispatching)
+        # and the delivery thread (one callback per acknowledged record) wait for it. Python lets a holder keep
+        # it for 5 ms once another thread asks; at 1 ms those threads keep up with it and 1 M-event drains on
+        # Kafka averaged ~8 % faster (interleaved runs). Process-wide, so restored when the worker returns.
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(self.settings.gil_switch_interval_ms / 1000.0)
+        try:
+            return self._run()
+        finally:
+            sys.setswitchinterval(previous)
+
+    def _run(self) -> WorkerSummary:
         s = self.settings
         if s.dlq_topic:
             status = create_topics(s.bootstrap_servers, [s.dlq_topic],

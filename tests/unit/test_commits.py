@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream.config import WorkerSettings
-from stream.worker import Worker
+from stream.worker import Worker, WorkerSummary
 from tests.handlers import PoisonHandler
 
 TP = ("in", 0)
@@ -75,3 +76,19 @@ def test_shutdown_commit_gives_up_at_the_deadline(worker: Worker) -> None:
     worker._tracker.dispatch(TP, 0, 0, 1).ack()
     worker._commit_settled(deadline=0.0)  # already past: one attempt, no waiting
     assert len(consumer.commits) == 1 and consumer.consumes == 0
+
+
+def test_run_shortens_the_gil_switch_interval_and_restores_it(worker: Worker,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[float] = []
+
+    def fake_run() -> WorkerSummary:
+        seen.append(sys.getswitchinterval())
+        raise RuntimeError("stop here")
+
+    before = sys.getswitchinterval()
+    monkeypatch.setattr(worker, "_run", fake_run)
+    with pytest.raises(RuntimeError, match="stop here"):
+        worker.run()
+    assert seen == [pytest.approx(0.001)] and worker.settings.gil_switch_interval_ms == 1.0
+    assert sys.getswitchinterval() == before

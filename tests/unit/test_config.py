@@ -45,6 +45,7 @@ def test_bootstrap_flag_wins_over_kafka_bootstrap_env_in_both_clients() -> None:
         ({"output_topic": "in"}, "must differ"),
         ({"device": "tpu"}, "--device"),
         ({"metrics_port": 70000}, "--metrics-port"),
+        ({"gil_switch_interval_ms": 0}, "--gil-switch-interval-ms"),
     ],
 )
 def test_bad_values_give_clear_errors(override: dict[str, object], needle: str) -> None:
