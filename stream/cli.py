@@ -32,7 +32,7 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--input-topic")
     p.add_argument("--output-topic")
     p.add_argument("--group-id")
-    p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 1024)")
+    p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 4096)")
     p.add_argument("--max-wait-ms", type=float, help="close a batch when its first record waited this long (20)")
     p.add_argument("--batch-policy", choices=["adaptive", "fixed"],
                    help="adaptive (default): also close a batch as soon as the model is idle and no more records "

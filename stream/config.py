@@ -64,7 +64,7 @@ class WorkerSettings(BaseSettings):
     input_topic: str = Field(min_length=1, max_length=249)
     output_topic: str = Field(min_length=1, max_length=249)
     group_id: str = Field(min_length=1)
-    max_batch_size: int = Field(default=1024, ge=1, le=65536)
+    max_batch_size: int = Field(default=4096, ge=1, le=65536)
     max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0)
     batch_policy: Literal["adaptive", "fixed"] = Field(
         default="adaptive",

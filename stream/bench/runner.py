@@ -32,7 +32,7 @@ from stream.processing import HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import create_topics, partitions_of
 
 PARTITIONS = 8
-BEST_SETTINGS = ["--max-batch-size", "4096"]
+BEST_SETTINGS = ["--max-batch-size", "8192", "--max-inflight-batches", "2"]
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
 PEER_BATCH = WorkerSettings.model_fields["max_batch_size"].default
 PEER_WAIT_MS = WorkerSettings.model_fields["max_wait_ms"].default

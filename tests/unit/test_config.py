@@ -14,7 +14,7 @@ BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_
 
 def test_defaults() -> None:
     s = load_settings(BASE, environ={})
-    assert (s.max_batch_size, s.max_wait_ms, s.model, s.stop_at_end) == (1024, 20.0, "demo", False)
+    assert (s.max_batch_size, s.max_wait_ms, s.model, s.stop_at_end) == (4096, 20.0, "demo", False)
     assert s.batch_policy == "adaptive"
 
 
