@@ -144,7 +144,7 @@ class Worker:
         # The processing thread holds the GIL for most of its work; the poll thread (fetching, dispatching)
         # and the delivery thread (one callback per acknowledged record) wait for it. Python lets a holder keep
         # it for 5 ms once another thread asks; at 1 ms those threads keep up with it and 1 M-event drains on
-        # Kafka averaged ~8 % faster (interleaved runs). Process-wide, so restored when the worker returns.
+        # Kafka averaged ~6 % faster (interleaved runs). Process-wide, so restored when the worker returns.
         previous = sys.getswitchinterval()
         sys.setswitchinterval(self.settings.gil_switch_interval_ms / 1000.0)
         try:
