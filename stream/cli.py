@@ -48,6 +48,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
     p.add_argument("--schemas-dir", type=Path, help="schema registry folder (default: the repo's schemas/)")
+    p.add_argument("--provenance-headers", action=argparse.BooleanOptionalAction, default=None,
+                   help="also write the input topic/partition/offset as headers of each prediction (off: the "
+                        "prediction schema carries them; always on with a schema that does not)")
     p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
     p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")

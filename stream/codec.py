@@ -370,6 +370,22 @@ class EventDecoder:
         return batch, errors
 
 
+@dataclass(frozen=True)
+class InputSource:
+    """Where each row of a batch was read: the input topic and, per row, its partition and offset."""
+
+    topic: str
+    partitions: np.ndarray  # int (n,)
+    offsets: np.ndarray  # int64 (n,)
+
+
+_PREDICTION_LAYOUT = [
+    ("event_id", "string"), ("model_name", "string"), ("model_version", "string"), ("fraud_score", "float"),
+    ("is_fraud", "boolean"), ("event_ts_ms", {"type": "long"}), ("predicted_ts_ms", {"type": "long"}),
+    ("batch_size", "int")]
+_SOURCE_LAYOUT = [("input_topic", "string"), ("input_partition", "int"), ("input_offset", "long")]
+
+
 class PredictionEncoder:
     """Encodes one batch of model outputs into framed prediction values."""
 
@@ -381,10 +397,11 @@ class PredictionEncoder:
             raise ConfigError(f"model outputs {missing} are not fields of the prediction schema {schema_name}")
         self._output_fields = list(output_fields)
         layout = [(f["name"], _strip_logical_types(f["type"])) for f in self._schema.raw["fields"]]
-        self._fast = layout == [
-            ("event_id", "string"), ("model_name", "string"), ("model_version", "string"), ("fraud_score", "float"),
-            ("is_fraud", "boolean"), ("event_ts_ms", {"type": "long"}), ("predicted_ts_ms", {"type": "long"}),
-            ("batch_size", "int")] and sorted(output_fields) == ["fraud_score", "is_fraud"]
+        #: The schema has the input_topic / input_partition / input_offset fields (version 2 on): a prediction
+        #: names its input record in its value, and needs no provenance headers.
+        self.carries_source = all(field in layout for field in _SOURCE_LAYOUT)
+        outputs_known = sorted(output_fields) == ["fraud_score", "is_fraud"]
+        self._fast = outputs_known and layout in (_PREDICTION_LAYOUT, _PREDICTION_LAYOUT + _SOURCE_LAYOUT)
 
     def encode_batch(
         self,
@@ -395,34 +412,38 @@ class PredictionEncoder:
         model_version: str,
         predicted_ts_ms: int,
         batch_size: int,
+        source: InputSource,
     ) -> list[bytes]:
-        """Fast path for the demo prediction layout (constant parts encoded once per batch, the timestamps'
-        varints in numpy); any other schema or output set goes through fastavro record by record."""
-        if self._fast:
-            return self._encode_fast(events, outputs, model_name=model_name, model_version=model_version,
-                                     predicted_ts_ms=predicted_ts_ms, batch_size=batch_size)
-        return self._encode_slow(events, outputs, model_name=model_name, model_version=model_version,
-                                 predicted_ts_ms=predicted_ts_ms, batch_size=batch_size)
+        """Fast path for the demo prediction layouts (constant parts encoded once per batch, the varints in
+        numpy); any other schema or output set goes through fastavro record by record."""
+        encode_rows = self._encode_fast if self._fast else self._encode_slow
+        return encode_rows(events, outputs, model_name=model_name, model_version=model_version,
+                           predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
 
     def _encode_fast(self, events: EventBatch, outputs: Mapping[str, np.ndarray], *, model_name: str,
-                     model_version: str, predicted_ts_ms: int, batch_size: int) -> list[bytes]:
+                     model_version: str, predicted_ts_ms: int, batch_size: int, source: InputSource) -> list[bytes]:
         n = len(events)
         if n == 0:
             return []
         # Every prediction is assembled in one buffer by numpy: header | event_id | model name and version |
-        # score | flag | event ts | predicted ts and batch size; only the event_id and event ts vary in length.
+        # score | flag | event ts | predicted ts, batch size and input topic | input partition | input offset.
+        # The event_id and the three varint columns vary in length; the rest is the same width in every row.
         models = avro_string(model_name) + avro_string(model_version)
         tail = b"".join(encode_longs(np.asarray([predicted_ts_ms, batch_size], dtype=np.int64)))
+        varints = [_zigzag_varints(events.ts_ms)]
+        if self.carries_source:
+            tail += avro_string(source.topic)
+            varints += [_zigzag_varints(source.partitions), _zigzag_varints(source.offsets)]
         ids = events.id_fields
         id_len = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-        ts_groups, ts_len = _zigzag_varints(events.ts_ms)
         width = len(models) + 5
         middle = np.empty((n, width), dtype=np.uint8)
         middle[:, : len(models)] = np.frombuffer(models, dtype=np.uint8)
         scores = np.asarray(outputs["fraud_score"], dtype="<f4")
         middle[:, len(models) : len(models) + 4] = scores.view(np.uint8).reshape(n, 4)
         middle[:, -1] = np.asarray(outputs["is_fraud"], dtype=bool)
-        lengths = HEADER_SIZE + id_len + width + ts_len + len(tail)
+        ts_len = varints[0][1]
+        lengths = HEADER_SIZE + id_len + width + ts_len + len(tail) + sum(v[1] for v in varints[1:])
         ends = np.cumsum(lengths)
         starts = ends - lengths
         out = np.empty(int(ends[-1]), dtype=np.uint8)
@@ -430,24 +451,36 @@ class PredictionEncoder:
         _scatter(out, starts + HEADER_SIZE, np.frombuffer(b"".join(ids), dtype=np.uint8), id_len)
         at = starts + HEADER_SIZE + id_len
         out[at[:, None] + np.arange(width)] = middle
-        _scatter(out, at + width, _packed(ts_groups, ts_len), ts_len)
-        out[(ends - len(tail))[:, None] + np.arange(len(tail))] = np.frombuffer(tail, dtype=np.uint8)
+        at += width
+        _scatter(out, at, _packed(*varints[0]), ts_len)
+        at += ts_len
+        out[at[:, None] + np.arange(len(tail))] = np.frombuffer(tail, dtype=np.uint8)
+        at += len(tail)
+        for groups, varint_len in varints[1:]:
+            _scatter(out, at, _packed(groups, varint_len), varint_len)
+            at += varint_len
         return _split(out.tobytes(), lengths)
 
     def _encode_slow(self, events: EventBatch, outputs: Mapping[str, np.ndarray], *, model_name: str,
-                     model_version: str, predicted_ts_ms: int, batch_size: int) -> list[bytes]:
+                     model_version: str, predicted_ts_ms: int, batch_size: int, source: InputSource) -> list[bytes]:
         n = len(events)
         columns = {name: outputs[name].tolist() for name in self._output_fields}
         event_ts = events.ts_ms.tolist()
+        event_ids = events.event_ids
+        partitions, offsets = source.partitions.tolist(), source.offsets.tolist()
         out = []
         for i in range(n):
+            # fastavro writes the schema's fields and ignores the others (an older schema has no input_*).
             record = {
-                "event_id": events.event_ids[i],
+                "event_id": event_ids[i],
                 "model_name": model_name,
                 "model_version": model_version,
                 "event_ts_ms": event_ts[i],
                 "predicted_ts_ms": predicted_ts_ms,
                 "batch_size": batch_size,
+                "input_topic": source.topic,
+                "input_partition": partitions[i],
+                "input_offset": offsets[i],
             }
             for name, col in columns.items():
                 record[name] = col[i]

@@ -95,6 +95,11 @@ class WorkerSettings(BaseSettings):
     dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     dlq_window: int = Field(default=1000, ge=1, le=10_000_000)
     schemas_dir: Path | None = None
+    provenance_headers: bool = Field(
+        default=False,
+        description="also put the input record's topic, partition and offset in headers of each prediction "
+                    "(stream.input.topic/partition/offset); the prediction schema carries them in its value "
+                    "from version 2 on, and with an older schema the headers are always written")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

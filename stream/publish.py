@@ -21,6 +21,11 @@ from stream.offsets import Span
 
 log = logging.getLogger(__name__)
 Headers = list[tuple[str, str | bytes | None]]
+# Provenance headers: the input record a dead-letter record (always) or a prediction (--provenance-headers, or
+# a prediction schema without the input_* fields) answers.
+HEADER_TOPIC = "stream.input.topic"
+HEADER_PARTITION = "stream.input.partition"
+HEADER_OFFSET = "stream.input.offset"
 
 
 class SpanDelivery:
@@ -99,7 +104,7 @@ class Publisher:
             return self._failures[0] if self._failures else None
 
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
-                     headers: Sequence[Headers], callbacks: Sequence[SpanDelivery]) -> None:
+                     headers: Sequence[Headers | None], callbacks: Sequence[SpanDelivery]) -> None:
         """Queue records for delivery; waits (bounded by librdkafka's queue) when the local queue is full."""
         produce = self._producer.produce
         for value, key, hdrs, callback in zip(values, keys, headers, callbacks, strict=True):

@@ -9,13 +9,32 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from stream.codec import SchemaRegistry, decode
+from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.topics import partitions_of
+
+
+def headers_of(msg: Message) -> dict[str, bytes]:
+    """A record's headers with bytes values (the only kind the worker writes)."""
+    return {k: v for k, v in msg.headers() or [] if isinstance(v, bytes)}  # type: ignore[str-unpack]
+
+
+def input_source(record: Mapping[str, object], headers: Mapping[str, bytes]) -> tuple[str, int, int]:
+    """(topic, partition, offset) of the input record that a prediction answers: its ``input_*`` fields
+    (prediction schema version 2 on), else its ``stream.input.*`` headers (dead-letter records, older schemas)."""
+    offset = record.get("input_offset", -1)
+    if isinstance(offset, int) and offset >= 0:
+        return str(record["input_topic"]), int(record["input_partition"]), offset  # type: ignore[call-overload]
+    try:
+        return headers[HEADER_TOPIC].decode(), int(headers[HEADER_PARTITION]), int(headers[HEADER_OFFSET])
+    except KeyError:
+        raise ValueError("record names no input record: no input_* fields and no stream.input.* headers") from None
 
 
 @dataclass
@@ -25,6 +44,11 @@ class Prediction:
     key: bytes | None
     headers: dict[str, bytes]
     received_ms: float
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        """(topic, partition, offset) of the input record this prediction answers."""
+        return input_source(self.record, self.headers)
 
 
 @dataclass
@@ -55,8 +79,7 @@ class OutputReader:
             _, record = decode(self._registry, msg.value())
             event_id = str(record["event_id"])
             self._ids[event_id] += 1
-            headers = {k: v for k, v in msg.headers() or [] if isinstance(v, bytes)}  # type: ignore[str-unpack]
-            self.predictions.append(Prediction(event_id, record, msg.key(), headers, time.time() * 1000.0))
+            self.predictions.append(Prediction(event_id, record, msg.key(), headers_of(msg), time.time() * 1000.0))
             got += 1
         return got
 

@@ -160,7 +160,7 @@ class Worker:
             log.info("dead-letter topic %s: %s", s.dlq_topic, status[s.dlq_topic])
         self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
-                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window)
+                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers)
         self._processor = BatchProcessor(policy, self._engine, self._decoder, self._encoder, self._publisher,
                                          self.metrics)
         self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from stream.codec import PREDICTION_SCHEMA, SchemaRegistry, decode, encode
 from stream.models.demo import DemoFraudHandler
@@ -47,8 +47,10 @@ def _model(args: argparse.Namespace) -> DemoFraudHandler:
     return handler
 
 
-def _predict_records(handler: DemoFraudHandler, values: list[bytes | None]) -> list[bytes]:
-    """Per-record fastavro decode, one forward pass, per-record encode: the usual hand-written shape."""
+def _predict_records(handler: DemoFraudHandler, values: list[bytes | None],
+                     sources: list[tuple[str, int, int]]) -> list[bytes]:
+    """Per-record fastavro decode, one forward pass, per-record encode: the usual hand-written shape. The
+    predictions are the worker's, field for field (``sources``: each input record's topic, partition, offset)."""
     records = [decode(REGISTRY, v)[1] for v in values]
     x = torch.tensor([r["features"] for r in records], dtype=torch.float32)
     with torch.inference_mode():
@@ -57,7 +59,13 @@ def _predict_records(handler: DemoFraudHandler, values: list[bytes | None]) -> l
     return [encode(PREDICTION, {"event_id": r["event_id"], "model_name": handler.name,
                                 "model_version": handler.version, "fraud_score": float(s),
                                 "is_fraud": bool(s >= 0.5), "event_ts_ms": r["ts_ms"], "predicted_ts_ms": now,
-                                "batch_size": len(records)}) for r, s in zip(records, scores, strict=True)]
+                                "batch_size": len(records), "input_topic": topic, "input_partition": partition,
+                                "input_offset": offset})
+            for r, s, (topic, partition, offset) in zip(records, scores, sources, strict=True)]
+
+
+def _sources(msgs: list[Message]) -> list[tuple[str, int, int]]:
+    return [(str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)) for m in msgs]
 
 
 def passthrough(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,7 +105,7 @@ def naive(args: argparse.Namespace) -> dict[str, Any]:
         if m is None or m.error() is not None:
             continue
         first = first or time.time()
-        producer.produce(args.output, _predict_records(handler, [m.value()])[0], m.key())
+        producer.produce(args.output, _predict_records(handler, [m.value()], _sources([m]))[0], m.key())
         producer.flush()
         consumer.commit(message=m, asynchronous=False)
         n += 1
@@ -116,7 +124,8 @@ def handtuned(args: argparse.Namespace) -> dict[str, Any]:
         if not msgs:
             continue
         first = first or time.time()
-        for m, payload in zip(msgs, _predict_records(handler, [m.value() for m in msgs]), strict=True):
+        payloads = _predict_records(handler, [m.value() for m in msgs], _sources(msgs))
+        for m, payload in zip(msgs, payloads, strict=True):
             producer.produce(args.output, payload, m.key())
         producer.flush()
         consumer.commit(asynchronous=False)
@@ -127,7 +136,8 @@ def handtuned(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def faust_agent(args: argparse.Namespace) -> dict[str, Any]:
-    """faust-streaming: an agent with ``stream.take(batch, within=wait)``, same decode/infer/produce."""
+    """faust-streaming: an agent with ``stream.take_events(batch, within=wait)`` (``take``'s batching, with each
+    value's message for its partition and offset), same decode/infer/produce."""
     import faust
 
     handler = _model(args)
@@ -140,9 +150,10 @@ def faust_agent(args: argparse.Namespace) -> dict[str, Any]:
 
     @app.agent(source)
     async def infer(stream: Any) -> None:
-        async for events in stream.take(args.batch, within=args.wait_ms / 1000.0):
+        async for events in stream.take_events(args.batch, within=args.wait_ms / 1000.0):
             state["first"] = state["first"] or time.time()
-            payloads = _predict_records(handler, list(events))
+            payloads = _predict_records(handler, [e.value for e in events],
+                                        [(e.message.topic, e.message.partition, e.message.offset) for e in events])
             futures = [await sink.send(value=p) for p in payloads]
             await asyncio.gather(*futures)
             state["n"] += len(payloads)

@@ -28,8 +28,8 @@ from stream.config import WorkerSettings
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
 from stream.process import WorkerProcess, die_with_parent
-from stream.processing import HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import create_topics, partitions_of
+from stream.verify import headers_of, input_source
 
 PARTITIONS = 8
 BEST_SETTINGS = ["--max-batch-size", "8192", "--max-inflight-batches", "2"]
@@ -258,7 +258,8 @@ def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: 
     """Rows of (event ts_ms, pipeline ms, from-event ms, batch size), one per prediction, and whether every
     timestamp was the broker's append time (a broker that ignores LogAppendTime gives producers' CreateTime).
 
-    Pipeline latency joins each prediction to its input record through the worker's input-offset headers."""
+    Pipeline latency joins each prediction to its input record through the input partition and offset that
+    the prediction carries."""
     deadline = time.monotonic() + timeout_s
     appended = {}
     log_append = True
@@ -271,9 +272,8 @@ def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: 
     for i, m in enumerate(_read_all(bootstrap, output_topic, count, deadline)):
         ts_type, ts = m.timestamp()
         log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
-        headers: dict[str, Any] = dict(m.headers() or [])
-        source = (int(headers[HEADER_PARTITION]), int(headers[HEADER_OFFSET]))
         record = decode(registry, m.value())[1]
+        source = input_source(record, headers_of(m))[1:]
         rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"])
     return rows, log_append
 

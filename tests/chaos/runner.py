@@ -27,9 +27,8 @@ from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
 from stream.faults import PHASES
 from stream.process import WorkerProcess
-from stream.processing import HEADER_OFFSET, HEADER_PARTITION
 from stream.topics import admin, committed_offsets, create_topics, end_offsets, partitions_of
-from stream.verify import check_committed
+from stream.verify import check_committed, headers_of, input_source
 
 
 @dataclass
@@ -286,12 +285,14 @@ class Verifier:
         for m in self.consumer.consume(10_000, timeout_s):
             if m.error() is not None:
                 continue
-            headers = dict(m.headers() or [])
-            src = (int(headers[HEADER_PARTITION]), int(headers[HEADER_OFFSET]))
+            headers = headers_of(m)
             if m.topic() == self.output_topic:
-                event_id = str(decode(registry, m.value())[1]["event_id"])
+                record = decode(registry, m.value())[1]
+                event_id = str(record["event_id"])
             else:
+                record = {}
                 event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
+            src = input_source(record, headers)[1:]
             self._ids[event_id] += 1
             self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id))
             n += 1

@@ -10,16 +10,18 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
-from stream.codec import EVENT_SCHEMA, SchemaRegistry, encode
-from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
+from stream.codec import EVENT_SCHEMA, SchemaRegistry, decode, encode
+from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE
+from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.topics import committed_offsets, end_offsets
-from stream.verify import check_committed
+from stream.verify import check_committed, input_source
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
 from tests.integration.harness import Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-EVENT = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
+REGISTRY = SchemaRegistry.from_dir()
+EVENT = REGISTRY.by_name(EVENT_SCHEMA)
 
 
 Record = tuple[dict[str, bytes], bytes | None, bytes | None]
@@ -55,7 +57,8 @@ def test_every_bad_record_category_is_dead_lettered_once_and_the_stream_goes_on(
                 n_bad += 1
     assert producer.flush(30) == 0
     worker = pipeline.worker("--dlq-topic", dlq, "--model", "tests.handlers:PoisonHandler",
-                             "--max-input-bytes", "4096", "--stop-at-end", "--max-wait-ms", "5")
+                             "--max-input-bytes", "4096", "--stop-at-end", "--max-wait-ms", "5",
+                             "--provenance-headers")
     assert worker.wait(120) == 0, worker.output()[-3000:]
     dead = read_all(pipeline.bootstrap, dlq, n_bad)
     assert len(dead) == n_bad
@@ -68,7 +71,11 @@ def test_every_bad_record_category_is_dead_lettered_once_and_the_stream_goes_on(
         assert value == (None if reason in ("null-value", "oversized") else bad[reason])
     preds = read_all(pipeline.bootstrap, pipeline.output, 400)
     assert len(preds) == 400
-    seen = Counter((h[HEADER_PARTITION], h[HEADER_OFFSET]) for h, _, _ in preds + dead)
+    sources = [input_source(decode(REGISTRY, v)[1], h) for h, _, v in preds]
+    # --provenance-headers: the headers name the same input record as the value's input_* fields.
+    assert sources == [(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET])) for h, _, _ in preds]
+    sources += [input_source({}, h) for h, _, _ in dead]
+    seen = Counter(sources)
     assert len(seen) == 400 + n_bad and set(seen.values()) == {1}, "each input offset exactly once"
     assert check_committed(committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input),
                            end_offsets(pipeline.bootstrap, pipeline.input)) == []
@@ -124,7 +131,7 @@ def test_a_replica_stopped_while_the_group_rebalances_still_commits_what_it_deli
         pass
     delivered: dict[int, int] = {}  # input partition -> 1 + the highest input offset with a prediction
     for prediction in reader.predictions:
-        partition, offset = int(prediction.headers[HEADER_PARTITION]), int(prediction.headers[HEADER_OFFSET])
+        _, partition, offset = prediction.source
         delivered[partition] = max(delivered.get(partition, 0), offset + 1)
     reader.close()
     committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)

@@ -13,7 +13,6 @@ from producers.events import generate_events
 from stream.broker import free_port
 from stream.codec import SchemaRegistry, decode
 from stream.process import WorkerProcess
-from stream.processing import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -36,8 +35,10 @@ def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeli
     offsets_seen = set()
     for p in reader.predictions:
         assert p.key == events[p.event_id].encode()
-        assert p.headers[HEADER_TOPIC] == pipeline.input.encode()
-        offsets_seen.add((int(p.headers[HEADER_PARTITION]), int(p.headers[HEADER_OFFSET])))
+        assert p.headers == {}, "provenance travels in the value unless --provenance-headers"
+        topic, partition, offset = p.source
+        assert topic == pipeline.input
+        offsets_seen.add((partition, offset))
         assert 1 <= int(p.record["batch_size"]) <= 64  # type: ignore[call-overload]
         assert p.record["model_name"] == "demo-fraud-mlp"
     assert len(offsets_seen) == 5_000
@@ -143,10 +144,11 @@ def test_predictions_decode_with_the_registered_schema(pipeline: Pipeline) -> No
     assert reader.read_until(expected, timeout_s=30)
     registry = SchemaRegistry.from_dir()
     schema, record = decode(registry, _first_raw_value(pipeline))
-    assert schema.name == "stream.demo.FraudPrediction" and schema.schema_id == 2
+    assert schema.name == "stream.demo.FraudPrediction" and schema.schema_id == 3
     assert set(record) == {"event_id", "model_name", "model_version", "fraud_score", "is_fraud", "event_ts_ms",
-                           "predicted_ts_ms", "batch_size"}
+                           "predicted_ts_ms", "batch_size", "input_topic", "input_partition", "input_offset"}
     assert record["predicted_ts_ms"] >= record["event_ts_ms"]
+    assert record["input_topic"] == pipeline.input and 0 <= record["input_partition"] < PARTITIONS
 
 
 def _first_raw_value(pipeline: Pipeline) -> bytes:

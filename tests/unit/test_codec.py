@@ -14,6 +14,7 @@ from stream.codec import (
     PREDICTION_SCHEMA,
     EventBatch,
     EventDecoder,
+    InputSource,
     PredictionEncoder,
     SchemaRegistry,
     avro_long,
@@ -25,6 +26,8 @@ from stream.errors import ConfigError, DecodeError
 
 REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
+# The prediction schema as first published (id 2), before the input_* fields: still encodable, fast.
+REGISTRY_V1 = SchemaRegistry([(1, EVENT.raw), (2, REGISTRY.by_id(2).raw)])  # type: ignore[union-attr]
 
 
 def event_bytes(**overrides: object) -> bytes:
@@ -92,9 +95,13 @@ def test_prediction_encoder_round_trip() -> None:
     batch, _ = EventDecoder(REGISTRY, 32).decode_batch([encode(EVENT, r) for r in block.records()])
     encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
     scores = np.array([0.1, 0.9, 0.5], dtype=np.float32)
+    source = InputSource("events-in", np.array([0, 5, 5]), np.array([7, 0, 2**40]))
     values = encoder.encode_batch(batch, {"fraud_score": scores, "is_fraud": scores >= 0.5},
-                                  model_name="m", model_version="7", predicted_ts_ms=2000, batch_size=4)
+                                  model_name="m", model_version="7", predicted_ts_ms=2000, batch_size=4, source=source)
+    assert {v[1:5] for v in values} == {struct.pack(">I", 3)}, "written with the newest prediction schema"
     records = [decode(REGISTRY, v)[1] for v in values]
+    assert [(r["input_topic"], r["input_partition"], r["input_offset"]) for r in records] == [
+        ("events-in", 0, 7), ("events-in", 5, 0), ("events-in", 5, 2**40)]
     assert [r["event_id"] for r in records] == block.event_ids
     assert [r["is_fraud"] for r in records] == [False, True, True]
     assert records[1]["fraud_score"] == pytest.approx(0.9)
@@ -191,20 +198,25 @@ def test_batch_scan_hands_every_unusual_record_to_fastavro() -> None:
 
 @settings(max_examples=max(FUZZ_EXAMPLES // 4, 300), deadline=None)
 @given(rows=st.lists(st.tuples(st.text(max_size=80), st.integers(-(2**63), 2**63 - 1),
-                               st.floats(width=32, allow_nan=False), st.booleans()), max_size=10),
+                               st.floats(width=32, allow_nan=False), st.booleans(),
+                               st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)), max_size=10),
        predicted=st.integers(-(2**63), 2**63 - 1), batch_size=st.integers(0, 2**31 - 1),
-       names=st.tuples(st.text(max_size=70), st.text(max_size=10)))
-def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int, float, bool]], predicted: int,
-                                                      batch_size: int, names: tuple[str, str]) -> None:
-    encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
-    assert encoder._fast
+       names=st.tuples(st.text(max_size=70), st.text(max_size=10), st.text(max_size=249)),
+       old_schema=st.booleans())
+def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int, float, bool, int, int]],
+                                                      predicted: int, batch_size: int, names: tuple[str, str, str],
+                                                      old_schema: bool) -> None:
+    encoder = PredictionEncoder(REGISTRY_V1 if old_schema else REGISTRY, ("fraud_score", "is_fraud"))
+    assert encoder._fast and encoder.carries_source is not old_schema
     events = EventBatch.from_ids(np.arange(len(rows)), [r[0] for r in rows],
                                  np.asarray([r[1] for r in rows], dtype=np.int64),
                                  np.zeros((len(rows), 32), dtype=np.float32))
     outputs = {"fraud_score": np.asarray([r[2] for r in rows], dtype=np.float32),
                "is_fraud": np.asarray([r[3] for r in rows], dtype=bool)}
+    source = InputSource(names[2], np.asarray([r[4] for r in rows], dtype=np.int32),
+                         np.asarray([r[5] for r in rows], dtype=np.int64))
     kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
-              "batch_size": batch_size}
+              "batch_size": batch_size, "source": source}
     assert encoder.encode_batch(events, outputs, **kwargs) == encoder._encode_slow(events, outputs, **kwargs)
 
 

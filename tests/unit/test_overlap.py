@@ -18,7 +18,8 @@ from stream.config import WorkerSettings
 from stream.errors import ModelError, StreamError
 from stream.inference import InferenceEngine
 from stream.models.demo import DemoFraudHandler
-from stream.processing import HEADER_OFFSET, BatchProcessor, Begun, Dispatched
+from stream.processing import BatchProcessor, Begun, Dispatched
+from stream.publish import HEADER_OFFSET
 from stream.worker import Worker
 from tests.handlers import POISON_MARK, PoisonHandler
 from tests.unit.test_processing import REGISTRY, FakePublisher, batch_of, events, make
@@ -27,7 +28,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def predicted_offsets(pub: FakePublisher) -> list[int]:
-    return [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "out"]
+    return [offset for _, _, offset in pub.sources()]
 
 
 def test_batches_begun_ahead_complete_in_order_with_poison_isolated(model_dir: Path) -> None:

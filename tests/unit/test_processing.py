@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,15 @@ import pytest
 import torch
 
 from producers.events import generate_events
-from stream.codec import EVENT_SCHEMA, EventDecoder, PredictionEncoder, SchemaRegistry, decode, encode
+from stream.codec import (
+    DEFAULT_SCHEMAS_DIR,
+    EVENT_SCHEMA,
+    EventDecoder,
+    PredictionEncoder,
+    SchemaRegistry,
+    decode,
+    encode,
+)
 from stream.errors import ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine
 from stream.metrics import StreamMetrics
@@ -18,13 +28,13 @@ from stream.processing import (
     DLQ_ERROR_REASON,
     DLQ_MODEL,
     DLQ_STAGE,
-    HEADER_OFFSET,
     BatchProcessor,
     DeadLetterBreaker,
     Dispatched,
     ProcessingPolicy,
 )
-from stream.publish import SpanDelivery
+from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
+from stream.verify import input_source
 from tests.handlers import POISON_MARK, PoisonHandler
 
 REGISTRY = SchemaRegistry.from_dir()
@@ -67,7 +77,7 @@ class FakePublisher:
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
                      headers: Sequence[Any], callbacks: Sequence[SpanDelivery]) -> None:
         for v, k, h, cb in zip(values, keys, headers, callbacks, strict=True):
-            self.sent.append((topic, v, k, dict(h)))
+            self.sent.append((topic, v, k, dict(h or [])))
             cb(None, None)  # type: ignore[arg-type]
 
     def span_done(self, delivery: SpanDelivery) -> None:
@@ -76,14 +86,21 @@ class FakePublisher:
     def topics(self) -> list[str]:
         return [t for t, *_ in self.sent]
 
+    def sources(self, topic: str = "out") -> list[tuple[str, int, int]]:
+        """The input record each record sent to ``topic`` names (predictions in their value, dead letters in
+        their headers)."""
+        return [input_source(decode(REGISTRY, v)[1] if t == "out" else {}, h)  # type: ignore[arg-type]
+                for t, v, _, h in self.sent if t == topic]
+
 
 def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
-         max_fraction: float = 0.9) -> tuple[BatchProcessor, FakePublisher]:
+         max_fraction: float = 0.9, provenance_headers: bool = False,
+         registry: SchemaRegistry = REGISTRY) -> tuple[BatchProcessor, FakePublisher]:
     engine = InferenceEngine(handler or PoisonHandler(model_dir), torch.device("cpu"))
     publisher = FakePublisher()
-    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000)
-    processor = BatchProcessor(policy, engine, EventDecoder(REGISTRY, 32),
-                               PredictionEncoder(REGISTRY, engine.handler.output_fields),
+    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers)
+    processor = BatchProcessor(policy, engine, EventDecoder(registry, 32),
+                               PredictionEncoder(registry, engine.handler.output_fields),
                                publisher, StreamMetrics(), sleep=lambda s: None)  # type: ignore[arg-type]
     return processor, publisher
 
@@ -111,8 +128,29 @@ def test_clean_batch_publishes_one_prediction_per_event_and_completes_the_span(m
     processor.process(batch)
     assert pub.topics() == ["out"] * 20
     assert tracker.committable() == {("in", 0): 20}
-    assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"%d" % i for i in range(20)]
+    assert pub.sources() == [("in", 0, i) for i in range(20)], "each prediction names its input record"
+    assert all(h == {} for *_, h in pub.sent), "no provenance headers by default"
     assert pub.kicks == [20], "the batch's records are sent at once, after the last is queued"
+
+
+def test_provenance_headers_when_asked_for_or_when_the_schema_has_no_input_fields(
+        model_dir: Path, tmp_path: Path) -> None:
+    processor, pub = make(model_dir, provenance_headers=True)
+    processor.process(batch_of(events(5), pub)[0])
+    assert pub.sources() == [("in", 0, i) for i in range(5)]
+    headers = [(h[HEADER_TOPIC], h[HEADER_PARTITION], h[HEADER_OFFSET]) for *_, h in pub.sent]
+    assert headers == [(b"in", b"0", b"%d" % i) for i in range(5)], "the headers agree with the value"
+    # A registry whose prediction schema predates the input_* fields (version 1 only): headers, always.
+    listing = {"1": "fraud_event.avsc", "2": "fraud_prediction.avsc"}
+    (tmp_path / "registry.json").write_text(json.dumps({"schemas": listing}))
+    for name in listing.values():
+        shutil.copy(DEFAULT_SCHEMAS_DIR / name, tmp_path / name)
+    old = SchemaRegistry.from_dir(tmp_path)
+    processor, pub = make(model_dir, registry=old)
+    processor.process(batch_of(events(3), pub)[0])
+    assert all("input_offset" not in decode(old, v)[1] for _, v, _, _ in pub.sent)
+    assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"0", b"1", b"2"]
+    assert pub.sources() == [("in", 0, 0), ("in", 0, 1), ("in", 0, 2)]
 
 
 @pytest.mark.parametrize("poison", [[0], [7], [19], [3, 4, 15], list(range(20))])
