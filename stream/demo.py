@@ -100,12 +100,14 @@ def run_demo(*, broker_kind: BrokerKind = "tansu", events: int = 100_000, worker
             table.add_row("committed offsets == end offsets", "yes" if not commit_problems else "NO")
             console.print(table)
             samples = Table(title="sample predictions")
-            for col in ("event_id", "fraud_score", "is_fraud", "batch_size", "model"):
+            for col in ("event_id", "fraud_score", "is_fraud", "batch_size", "model", "input"):
                 samples.add_column(col)
             for pred in reader.predictions[:: max(len(reader.predictions) // 5, 1)][:5]:
                 r = pred.record
+                _, partition, offset = pred.source
                 samples.add_row(str(r["event_id"]), f"{r['fraud_score']:.4f}", str(r["is_fraud"]),
-                                str(r["batch_size"]), f"{r['model_name']} v{r['model_version']}")
+                                str(r["batch_size"]), f"{r['model_name']} v{r['model_version']}",
+                                f"p{partition}@{offset}")
             console.print(samples)
             reader.close()
             ok = (produced.failed == 0 and missing == 0 and dupes == 0 and unexpected == 0

@@ -297,7 +297,7 @@ def _versions(broker: str) -> dict[str, str]:
     else:
         broker_version = broker
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
+            "confluent_kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0],
             "broker": broker_version, "cpu_cores": str(os.cpu_count()), "machine": platform.machine()}
 
 
