@@ -7,6 +7,7 @@ a batch of raw values becomes one `EventBatch` (numpy arrays for the numeric col
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -169,6 +170,12 @@ def _scatter(out: np.ndarray, dest: np.ndarray, packed: np.ndarray, lengths: np.
     out[np.repeat(dest - src_start, lengths) + np.arange(len(packed))] = packed
 
 
+def _copy_rows(out: np.ndarray, dest: np.ndarray, src: np.ndarray, src_start: np.ndarray, lengths: np.ndarray) -> None:
+    """Copy ``src[src_start[i] : src_start[i] + lengths[i]]`` to ``out`` at ``dest[i]``, for every row i."""
+    step = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # offset in its row
+    out[np.repeat(dest, lengths) + step] = src[np.repeat(src_start, lengths) + step]
+
+
 def encode_longs(values: np.ndarray) -> list[bytes]:
     """Avro longs (zigzag varints) for a whole column at once."""
     groups, lengths = _zigzag_varints(values)
@@ -192,18 +199,49 @@ def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """Decoded events, columnar. ``index[i]`` is the position of row i in the raw batch."""
+    """Decoded events, columnar. ``index[i]`` is the position of row i in the raw batch.
+
+    Each event_id stays as Avro wrote it (zigzag length, then UTF-8), for predictions to copy as it is: row
+    i's is ``id_buf[id_start[i] : id_start[i] + id_len[i]]``. ``id_buf`` is usually the batch's joined raw
+    values, so no per-record ``bytes`` object is made on the way from input to output.
+    """
 
     index: np.ndarray  # int64 (n,)
-    # Each event_id as Avro writes it (zigzag length, then UTF-8): predictions copy it as is.
-    id_fields: list[bytes]
+    id_buf: np.ndarray  # uint8
+    id_start: np.ndarray  # int64 (n,)
+    id_len: np.ndarray  # int64 (n,)
     ts_ms: np.ndarray  # int64 (n,)
     features: np.ndarray  # float32 (n, n_features)
 
     @classmethod
+    def from_id_fields(cls, index: np.ndarray, id_fields: Sequence[bytes], ts_ms: np.ndarray,
+                       features: np.ndarray) -> EventBatch:
+        lengths = np.fromiter(map(len, id_fields), dtype=np.int64, count=len(id_fields))
+        return cls(index, np.frombuffer(b"".join(id_fields), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths,
+                   ts_ms, features)
+
+    @classmethod
     def from_ids(cls, index: np.ndarray, event_ids: Sequence[str], ts_ms: np.ndarray,
                  features: np.ndarray) -> EventBatch:
-        return cls(index, [avro_string(e) for e in event_ids], ts_ms, features)
+        return cls.from_id_fields(index, [avro_string(e) for e in event_ids], ts_ms, features)
+
+    def select(self, rows: np.ndarray) -> EventBatch:
+        """The given rows, in the given order."""
+        return EventBatch(self.index[rows], self.id_buf, self.id_start[rows], self.id_len[rows], self.ts_ms[rows],
+                          self.features[rows])
+
+    @staticmethod
+    def concat(a: EventBatch, b: EventBatch) -> EventBatch:
+        return EventBatch(np.concatenate([a.index, b.index]), np.concatenate([a.id_buf, b.id_buf]),
+                          np.concatenate([a.id_start, b.id_start + len(a.id_buf)]),
+                          np.concatenate([a.id_len, b.id_len]), np.concatenate([a.ts_ms, b.ts_ms]),
+                          np.concatenate([a.features, b.features]))
+
+    @property
+    def id_fields(self) -> list[bytes]:
+        """Each row's Avro-encoded event_id as ``bytes`` (slow paths and tests)."""
+        raw = self.id_buf.tobytes()
+        return [raw[a : a + n] for a, n in zip(self.id_start.tolist(), self.id_len.tolist(), strict=True)]
 
     @property
     def event_ids(self) -> list[str]:
@@ -214,7 +252,7 @@ class EventBatch:
         return out
 
     def __len__(self) -> int:
-        return len(self.id_fields)
+        return len(self.index)
 
 
 def _windows(buf: np.ndarray, width: int) -> np.ndarray:
@@ -258,25 +296,18 @@ class EventDecoder:
             if not finite.all():
                 for r in np.flatnonzero(~finite).tolist():
                     errors.append((int(rows[r]), DecodeError("non-finite", "features contain NaN or infinity")))
-                keep = np.flatnonzero(finite)
-                fast = EventBatch(fast.index[keep], [fast.id_fields[r] for r in keep.tolist()], fast.ts_ms[keep],
-                                  fast.features[keep])
+                fast = fast.select(np.flatnonzero(finite))
             if len(rows) == n:
                 return fast, errors
-        slow = np.setdiff1d(np.arange(n, dtype=np.int64), rows, assume_unique=True).tolist()
-        rest, slow_errors = self._decode_slow([values[i] for i in slow], max_bytes)
-        errors += [(slow[j], e) for j, e in slow_errors]
+        slow = np.setdiff1d(np.arange(n, dtype=np.int64), rows, assume_unique=True)
+        rest, slow_errors = self._decode_slow([values[i] for i in slow.tolist()], max_bytes)
+        errors += [(int(slow[j]), e) for j, e in slow_errors]
         errors.sort(key=lambda item: item[0])
+        rest = dataclasses.replace(rest, index=slow[rest.index])
         if fast is None:
-            return EventBatch(np.asarray(slow, dtype=np.int64)[rest.index], rest.id_fields, rest.ts_ms,
-                              rest.features), errors
-        merged_index = np.concatenate([fast.index, np.asarray(slow, dtype=np.int64)[rest.index]])
-        order = np.argsort(merged_index, kind="stable")
-        all_ids = fast.id_fields + rest.id_fields
-        batch = EventBatch(merged_index[order], [all_ids[j] for j in order.tolist()],
-                           np.concatenate([fast.ts_ms, rest.ts_ms])[order],
-                           np.concatenate([fast.features, rest.features])[order])
-        return batch, errors
+            return rest, errors
+        merged = EventBatch.concat(fast, rest)
+        return merged.select(np.argsort(merged.index, kind="stable")), errors
 
     def _scan(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
         """(raw positions the fast path decoded, their events; non-finite rows still in). The values are
@@ -331,9 +362,8 @@ class EventDecoder:
                     except UnicodeDecodeError:
                         ok[r] = False
                 rows = np.flatnonzero(ok)
-        ids = [joined[a:b] for a, b in zip(id_pos[rows].tolist(), key_pos[rows].tolist(), strict=True)]
         feats = _windows(buf, width)[count_pos[rows] + 1].view("<f4").astype(np.float32, copy=False)
-        return rows, EventBatch(rows, ids, ts[rows], feats)
+        return rows, EventBatch(rows, buf, id_pos[rows], key_pos[rows] - id_pos[rows], ts[rows], feats)
 
     def _decode_slow(self, values: Sequence[bytes | None], max_bytes: int | None = None,
                      ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
@@ -366,7 +396,7 @@ class EventDecoder:
             ids.append(avro_string(record["event_id"]))
             index.append(i)
             row += 1
-        batch = EventBatch(np.asarray(index, dtype=np.int64), ids, ts[:row], feats[:row])
+        batch = EventBatch.from_id_fields(np.asarray(index, dtype=np.int64), ids, ts[:row], feats[:row])
         return batch, errors
 
 
@@ -434,8 +464,7 @@ class PredictionEncoder:
         if self.carries_source:
             tail += avro_string(source.topic)
             varints += [_zigzag_varints(source.partitions), _zigzag_varints(source.offsets)]
-        ids = events.id_fields
-        id_len = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        id_len = events.id_len
         width = len(models) + 5
         middle = np.empty((n, width), dtype=np.uint8)
         middle[:, : len(models)] = np.frombuffer(models, dtype=np.uint8)
@@ -448,7 +477,7 @@ class PredictionEncoder:
         starts = ends - lengths
         out = np.empty(int(ends[-1]), dtype=np.uint8)
         out[starts[:, None] + np.arange(HEADER_SIZE)] = np.frombuffer(self._schema.header, dtype=np.uint8)
-        _scatter(out, starts + HEADER_SIZE, np.frombuffer(b"".join(ids), dtype=np.uint8), id_len)
+        _copy_rows(out, starts + HEADER_SIZE, events.id_buf, events.id_start, id_len)
         at = starts + HEADER_SIZE + id_len
         out[at[:, None] + np.arange(width)] = middle
         at += width

@@ -139,7 +139,7 @@ class BatchProcessor:
             ok_rows, outputs, poison = self._infer_isolating(events.features, begun.flight)
             dead += [DeadRecord(int(events.index[row]), "model", "model-error", err) for row, err in poison]
             if poison:
-                events = _select(events, ok_rows)
+                events = events.select(ok_rows)
             self._publish_predictions(batch, events, outputs)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
@@ -273,8 +273,3 @@ class BatchProcessor:
             callbacks.append(delivery)
             self._metrics.dead_letters.labels(d.stage, d.reason).inc()
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
-
-
-def _select(events: EventBatch, rows: np.ndarray) -> EventBatch:
-    return EventBatch(events.index[rows], [events.id_fields[r] for r in rows.tolist()], events.ts_ms[rows],
-                      events.features[rows])
