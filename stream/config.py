@@ -81,7 +81,7 @@ class WorkerSettings(BaseSettings):
     gil_switch_interval_ms: float = Field(
         default=1.0, ge=0.05, le=100.0,
         description="how long a thread may hold the GIL while another waits (Python's default is 5 ms); the poll "
-                    "and delivery threads wait on the processing thread's GIL for at most this long")
+                    "thread waits on the processing thread's GIL for at most this long")
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)

@@ -1,10 +1,10 @@
 """The orchestrator: one poll thread owns the consumer; a processing thread runs decode -> model ->
-encode -> produce; the publisher's delivery thread turns acknowledgements into commit positions.
+encode -> produce; the delivery reports it serves turn acknowledgements into commit positions.
 
     poll thread:  consume -> MicroBatcher -> dispatch (spans in OffsetTracker) -> bounded queue
                   commits (async on a timer, sync on revoke and shutdown); pauses input when the queue is full
-    processor:    decode batch -> one forward pass -> encode batch -> produce (key and input headers kept)
-    delivery:     producer.poll -> SpanDelivery acks -> commit positions advance
+    processor:    decode batch -> one forward pass -> encode batch -> produce (keys kept)
+                  then, and while idle, serves delivery reports: SpanDelivery acks -> commit positions advance
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ _REBALANCE_ERRORS = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.REBALAN
 _PAUSE_AFTER_S = 1.0
 _ASYNC_COMMIT_PATIENCE_S = 30.0  # then send the next asynchronous commit even if the last one got no answer
 _GAUGE_EVERY_S = 0.1
+_SERVE_EVERY_S = 0.002  # an idle processor serves delivery reports this often
+_SEND_WINDOW_S = 0.001  # how long a processor that runs out of work flushes the batch it just produced
 _IDLE_CHECK_S = 0.001  # adaptive batching: how often a waiting poll thread checks whether the model went idle
 
 
@@ -142,9 +144,9 @@ class Worker:
 
     def run(self) -> WorkerSummary:
         # The processing thread holds the GIL for most of its work; the poll thread (fetching, dispatching)
-        # and the delivery thread (one callback per acknowledged record) wait for it. Python lets a holder keep
-        # it for 5 ms once another thread asks; at 1 ms those threads keep up with it and 1 M-event drains on
-        # Kafka averaged ~6 % faster (interleaved runs). Process-wide, so restored when the worker returns.
+        # waits for it. Python lets a holder keep it for 5 ms once another thread asks; at 1 ms the poll thread
+        # kept up with it and 1 M-event drains on Kafka averaged ~6 % faster (interleaved runs, when a third
+        # thread served delivery reports). Process-wide, so restored when the worker returns.
         previous = sys.getswitchinterval()
         sys.setswitchinterval(self.settings.gil_switch_interval_ms / 1000.0)
         try:
@@ -460,16 +462,27 @@ class Worker:
         # OpenMP's thread count is per thread: set it where the model runs, or this thread would get a pool of
         # one thread per core, whose idle workers spin (measured: ~0.8 of a core at full load, on 2 cores).
         torch.set_num_threads(self.settings.torch_threads)
-        processor = self._processor
-        assert processor is not None
+        processor, publisher = self._processor, self._publisher
+        assert processor is not None and publisher is not None
         # On a GPU, keep one batch ahead: the next batch is decoded, copied and queued on the device while the
         # host waits for, encodes and publishes the one before. Exactly-once keeps one batch per transaction.
         pipelined = self._engine.asynchronous and self.settings.gpu_overlap and not self.settings.exactly_once
         ahead: Begun | None = None
+        sent = False  # a batch was published since the processor last waited for work
         while True:
             self._processing = ahead is not None
             if ahead is None:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    if sent:  # nothing next: make sure the last batch goes out now (Publisher.send_now)
+                        publisher.send_now(_SEND_WINDOW_S)
+                        sent = False
+                    try:
+                        item = self._queue.get(timeout=_SERVE_EVERY_S)
+                    except queue.Empty:  # idle: acknowledge what was delivered meanwhile
+                        publisher.serve()
+                        continue
             else:
                 try:
                     item = self._queue.get_nowait()
@@ -482,6 +495,7 @@ class Worker:
                     self._complete(ahead)
                 return
             self._processing = True
+            sent = True
             self._slots.release()
             if self._failure_now() is not None:
                 ahead = None
@@ -576,7 +590,7 @@ class Worker:
     def _txn_timeout_s(self) -> float:
         return int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0
 
-    # ---------------------------------------------------------------------------- delivery thread
+    # ---------------------------------------------------------------------------- delivery callbacks
     def _on_span_done(self, delivery: SpanDelivery) -> None:
         faults.reach("after-delivery")
         n = delivery.span.count - delivery.dead

@@ -143,7 +143,7 @@ def faust_agent(args: argparse.Namespace) -> dict[str, Any]:
     handler = _model(args)
     app = faust.App(args.group, broker=f"kafka://{args.bootstrap}", value_serializer="raw", key_serializer="raw",
                     topic_allow_declare=False, topic_disable_leader=True, web_enabled=False,
-                    producer_acks=-1, broker_commit_interval=0.5)
+                    producer_acks=-1, broker_commit_interval=0.5, datadir=args.data_dir)
     source = app.topic(args.input, value_serializer="raw", key_serializer="raw")
     sink = app.topic(args.output, value_serializer="raw", key_serializer="raw")
     state: dict[str, Any] = {"n": 0, "first": None, "last": None}
@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--wait-ms", type=float, default=20.0)
+    parser.add_argument("--data-dir", default=None,
+                        help="faust's table directory (default: its own, '<app id>-data' in the working directory)")
     args = parser.parse_args(argv)
     result = CONTENDERS[args.name](args)
     print(json.dumps(result), flush=True)

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,8 @@ class Bench:
         out = self.topic(f"{name}-out")
         cmd = [sys.executable, "-m", "stream.bench.contenders", name, "--bootstrap", self.bootstrap, "--input",
                self.input, "--output", out, "--group", f"bench-{name}-{self.run}", "--events", str(events),
-               "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH), "--wait-ms", str(PEER_WAIT_MS)]
+               "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH), "--wait-ms", str(PEER_WAIT_MS),
+               "--data-dir", str(self.work / f"{name}-data")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
         # faust routes print() through its logger (stderr): look for the result line in both streams.
         found = [ln[ln.index('{"events"'):] for ln in (proc.stdout + proc.stderr).splitlines() if '{"events"' in ln]
@@ -309,6 +311,7 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
                               "broker": broker_name, "versions": _versions(broker_name)}
+    bench: Bench | None = None
     try:
         bench = Bench(servers, cfg, model_dir)
         report["preproduce_rate"] = bench.prepare()
@@ -336,9 +339,14 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
                     console_print(f"bench: latency at {load:.0%} load, max_wait_ms={wait:g}, {policy} batches ...")
                     extra = [] if policy == "adaptive" else ["--batch-policy", "fixed"]
                     report["latency"].append(bench.latency(capacity, load, wait, extra, "" if extra else "-fixed"))
+    except BaseException:
+        if bench is not None:
+            console_print(f"bench: worker logs and summaries kept in {bench.work}")
+        raise
     finally:
         if broker is not None:
             broker.stop()
+    shutil.rmtree(bench.work, ignore_errors=True)  # logs, summaries, faust's tables
     cfg.results.mkdir(parents=True, exist_ok=True)
     (cfg.results / "bench.json").write_text(json.dumps(report, indent=1))
     _plots(report, cfg.results)

@@ -76,6 +76,7 @@ def run_loop(model_dir: Path, sizes: list[int], *, asynchronous: bool, overlap: 
     processor, pub = make(model_dir)
     spy = Spy(processor, fail_on)
     worker._processor = spy  # type: ignore[assignment]
+    worker._publisher = pub  # type: ignore[assignment]
     for n in sizes:
         assert worker._slots.acquire(blocking=False)
         worker._queue.put(batch_of(events(n), pub)[0])
@@ -114,6 +115,7 @@ def test_worker_completes_the_batch_ahead_when_nothing_else_is_queued(model_dir:
     worker._engine.asynchronous = True
     processor, pub = make(model_dir)
     worker._processor = processor
+    worker._publisher = pub  # type: ignore[assignment]
     loop = threading.Thread(target=worker._process_loop, daemon=True)
     loop.start()
     try:

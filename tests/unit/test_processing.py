@@ -71,8 +71,14 @@ class FakePublisher:
         self.done: list[SpanDelivery] = []
         self.kicks: list[int] = []  # len(sent) at each send_now()
 
-    def send_now(self) -> None:
+    def send_now(self, window_s: float = 0.0) -> None:
         self.kicks.append(len(self.sent))
+
+    def serve(self) -> None:
+        pass
+
+    def failure(self) -> None:
+        return None
 
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
                      headers: Sequence[Any], callbacks: Sequence[SpanDelivery]) -> None:
