@@ -470,14 +470,17 @@ class Worker:
         ahead: Begun | None = None
         sent = False  # a batch was published since the processor last waited for work
         while True:
-            self._processing = ahead is not None
             if ahead is None:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
-                    if sent:  # nothing next: make sure the last batch goes out now (Publisher.send_now)
+                    if sent:
+                        # Nothing next: make sure the last batch goes out now (Publisher.send_now). Still busy for
+                        # the adaptive batch policy, so records arriving meanwhile join the next batch.
                         publisher.send_now(_SEND_WINDOW_S)
                         sent = False
+                        continue
+                    self._processing = False
                     try:
                         item = self._queue.get(timeout=_SERVE_EVERY_S)
                     except queue.Empty:  # idle: acknowledge what was delivered meanwhile
