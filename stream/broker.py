@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -137,6 +138,15 @@ class LocalBroker:
         self.stop()
 
 
+def kraft_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A random cluster id for ``kafka-storage format``: 16 bytes in URL-safe base64, never starting with "-"
+    (the tool would take it for an option; Kafka's own Uuid.randomUuid() skips those too)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0) -> LocalBroker:
     libs = ensure_kafka_jars()
     port = port or free_port()
@@ -176,7 +186,7 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
     jvm = [java, "-Xms1g", "-Xmx1g", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
            "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
            f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = kraft_cluster_id()
     fmt = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
                          capture_output=True, text=True, timeout=120, check=False)
     if fmt.returncode != 0:
