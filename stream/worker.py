@@ -477,14 +477,14 @@ class Worker:
                     if sent:
                         # Nothing next: make sure the last batch goes out now (Publisher.send_now). Still busy for
                         # the adaptive batch policy, so records arriving meanwhile join the next batch.
-                        publisher.send_now(_SEND_WINDOW_S)
                         sent = False
+                        self._serve(lambda: publisher.send_now(_SEND_WINDOW_S))
                         continue
                     self._processing = False
                     try:
                         item = self._queue.get(timeout=_SERVE_EVERY_S)
                     except queue.Empty:  # idle: acknowledge what was delivered meanwhile
-                        publisher.serve()
+                        self._serve(publisher.serve)
                         continue
             else:
                 try:
@@ -519,6 +519,13 @@ class Worker:
                     faults.reach("after-produce")
             except BaseException as exc:
                 self._fail(exc)
+
+    def _serve(self, serve: Callable[[], None]) -> None:
+        """Serve delivery reports; an exception from a callback fails the worker instead of the thread."""
+        try:
+            serve()
+        except BaseException as exc:
+            self._fail(exc)
 
     def _complete(self, begun: Begun) -> None:
         if self._failure_now() is not None:

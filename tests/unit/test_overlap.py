@@ -132,6 +132,34 @@ def test_worker_completes_the_batch_ahead_when_nothing_else_is_queued(model_dir:
     assert not loop.is_alive()
 
 
+def test_a_delivery_callback_raising_while_idle_fails_the_worker_and_the_loop_goes_on(model_dir: Path) -> None:
+    """The idle processor serves delivery reports; an exception from a callback there must fail the worker
+    (which then stops), not end the processing thread silently."""
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir)
+    worker = Worker(settings, handler=PoisonHandler(model_dir))
+    worker._processor, pub = make(model_dir)
+
+    def serve() -> None:
+        raise RuntimeError("a delivery callback failed")
+
+    pub.serve = serve  # type: ignore[method-assign]
+    worker._publisher = pub  # type: ignore[assignment]
+    loop = threading.Thread(target=worker._process_loop, daemon=True)
+    loop.start()
+    try:
+        for _ in range(200):
+            if worker._failure is not None:
+                break
+            loop.join(0.01)
+        assert isinstance(worker._failure, RuntimeError) and worker._stop.is_set()
+        assert loop.is_alive()
+    finally:
+        worker._queue.put(None)
+        loop.join(5)
+    assert not loop.is_alive()
+
+
 # ---------------------------------------------------------------------------- CUDA only
 @cuda
 def test_cuda_engine_matches_the_cpu_with_several_batches_in_flight(model_dir: Path) -> None:
