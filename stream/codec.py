@@ -261,6 +261,7 @@ def _windows(buf: np.ndarray, width: int) -> np.ndarray:
     return np.ndarray((len(buf) - width + 1, width), np.uint8, buf, 0, (1, 1))
 
 
+_EVENT_LAYOUT = ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]
 _TS_BYTES = 9  # the fast path reads timestamps of up to 63 bits; longer varints go to fastavro
 _TS_SHIFTS = (7 * np.arange(_TS_BYTES)).astype(np.uint64)
 
@@ -276,7 +277,7 @@ class EventDecoder:
         self._header = np.frombuffer(schema.header, dtype=np.uint8)
         # The fast path knows one layout: string, string, long, array<float> (the demo event schema).
         field_types = [_strip_logical_types(f["type"]) for f in schema.raw["fields"]]
-        known = field_types == ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]
+        known = field_types == _EVENT_LAYOUT
         # Avro writes the array's item count as a zigzag varint: one byte for counts up to 63.
         self._count_byte = (2 * n_features) if known and 0 < n_features < 64 else -1
 
@@ -321,9 +322,10 @@ class EventDecoder:
         except TypeError:  # tombstones: scanned as empty values, which the fast path never takes
             raw_values = [b"" if v is None else v for v in values]
             lens = np.fromiter(map(len, raw_values), dtype=np.int64, count=n)
-        joined = b"".join(raw_values)
-        # Padding keeps every read in bounds, however wrong the length bytes of a bad record are.
-        buf = np.frombuffer(joined + bytes(2 * 64 + _TS_BYTES + width + 32), dtype=np.uint8)
+        # Padding keeps every read in bounds, however wrong the length bytes of a bad record are (joined with
+        # the values: one copy of the batch, not two).
+        joined = b"".join([*raw_values, bytes(2 * 64 + _TS_BYTES + width + 32)])
+        buf = np.frombuffer(joined, dtype=np.uint8)
         ends = np.cumsum(lens)
         starts = ends - lens
         ok = lens >= HEADER_SIZE + 5 + width
@@ -398,6 +400,75 @@ class EventDecoder:
             row += 1
         batch = EventBatch.from_id_fields(np.asarray(index, dtype=np.int64), ids, ts[:row], feats[:row])
         return batch, errors
+
+
+def _utf8_column(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as one UTF-8 buffer and each one's byte length."""
+    joined = "".join(texts).encode("utf-8")
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    if len(joined) != int(lengths.sum()):  # some are not ASCII: byte lengths are not character counts
+        parts = [t.encode("utf-8") for t in texts]
+        joined = b"".join(parts)
+        lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    return np.frombuffer(joined, dtype=np.uint8), lengths
+
+
+@dataclass(frozen=True)
+class EventFrames:
+    """Framed input-event values of a block, each with a ``ts_len``-byte gap for its ts_ms: the load generator
+    stamps events as it sends them. Row i of ``rows`` holds value i right-aligned (it starts at ``starts[i]``),
+    so the timestamp and the feature array sit in the same columns of every row and are written as slices."""
+
+    rows: np.ndarray  # uint8 (n, width)
+    starts: np.ndarray  # int64 (n,)
+    ts_len: int
+    ts_column: int
+
+    @classmethod
+    def build(cls, schema: RegisteredSchema, event_ids: Sequence[str], keys: Sequence[str], features: np.ndarray,
+              ts_len: int) -> EventFrames:
+        """Frames for the event layout (string event_id, string key, long ts_ms, array<float> features);
+        ValueError for a schema of any other layout."""
+        if [_strip_logical_types(f["type"]) for f in schema.raw["fields"]] != _EVENT_LAYOUT:
+            raise ValueError(f"schema {schema.name} is not the event layout (event_id, key, ts_ms, features)")
+        n, n_features = features.shape
+        columns = [_utf8_column(event_ids), _utf8_column(keys)]
+        varints = [_zigzag_varints(lengths) for _, lengths in columns]
+        heads = HEADER_SIZE + sum(v[1] + c[1] for v, c in zip(varints, columns, strict=True))
+        # Avro array: one block holding all the floats, then the 0 that ends the array (just the 0 when empty).
+        count = avro_long(n_features) if n_features else b""
+        tail = len(count) + 4 * n_features + 1
+        width = (int(heads.max()) if n else HEADER_SIZE) + ts_len + tail
+        rows = np.zeros((n, width), dtype=np.uint8)
+        ts_column = width - tail - ts_len
+        rows[:, width - tail : width - tail + len(count)] = np.frombuffer(count, dtype=np.uint8)
+        rows[:, width - tail + len(count) : width - 1] = np.ascontiguousarray(features, dtype="<f4").view(
+            np.uint8).reshape(n, -1)
+        starts = ts_column - heads
+        flat = rows.reshape(-1)
+        at = np.arange(n, dtype=np.int64) * width + starts
+        flat[at[:, None] + np.arange(HEADER_SIZE)] = np.frombuffer(schema.header, dtype=np.uint8)
+        at = at + HEADER_SIZE
+        for (groups, varint_len), (text, text_len) in zip(varints, columns, strict=True):
+            _scatter(flat, at, _packed(groups, varint_len), varint_len)
+            at = at + varint_len
+            _copy_rows(flat, at, text, np.cumsum(text_len) - text_len, text_len)
+            at = at + text_len
+        return cls(rows, starts, ts_len, ts_column)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def stamped(self, start: int, stop: int, ts: bytes) -> list[bytes]:
+        """Rows ``start:stop`` as values, with ``ts`` (an Avro long of exactly ``ts_len`` bytes) as their ts_ms."""
+        if len(ts) != self.ts_len:
+            raise ValueError(f"{len(ts)}-byte timestamp for a {self.ts_len}-byte slot")
+        rows = self.rows[start:stop]
+        rows[:, self.ts_column : self.ts_column + self.ts_len] = np.frombuffer(ts, dtype=np.uint8)
+        width = rows.shape[1]
+        blob = rows.tobytes()
+        row_at = range(0, len(blob), width)
+        return [blob[a + s : a + width] for a, s in zip(row_at, self.starts[start:stop].tolist(), strict=True)]
 
 
 @dataclass(frozen=True)

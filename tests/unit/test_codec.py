@@ -14,6 +14,7 @@ from stream.codec import (
     PREDICTION_SCHEMA,
     EventBatch,
     EventDecoder,
+    EventFrames,
     InputSource,
     PredictionEncoder,
     SchemaRegistry,
@@ -221,14 +222,27 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
 
 
 @settings(max_examples=300, deadline=None)
-@given(ts=st.integers(-(2**63), 2**63 - 1), seed=st.integers(0, 1000))
-def test_load_generator_parts_match_fastavro(ts: int, seed: int) -> None:
-    from producers.load import block_parts
-
-    block = generate_events(3, seed=seed)
-    heads, tails, keys = block_parts(EVENT, block)
+@given(ts=st.integers(-(2**63), 2**63 - 1), seed=st.integers(0, 1000), n=st.integers(1, 12),
+       cut=st.integers(0, 12), texts=st.lists(st.text(max_size=80), min_size=2, max_size=2))
+def test_load_generator_frames_match_fastavro(ts: int, seed: int, n: int, cut: int, texts: list[str]) -> None:
+    """The load generator's framed values, stamped in two bursts, are fastavro's encoding of each event
+    (ids and keys of any length and any characters, long varints included)."""
+    block = generate_events(n, seed=seed)
+    ids, keys = list(block.event_ids), list(block.keys)
+    ids[0], keys[-1] = texts[0], texts[1]
+    frames = EventFrames.build(EVENT, ids, keys, block.features, len(avro_long(ts)))
+    cut = min(cut, n)
+    values = frames.stamped(0, cut, avro_long(ts)) + frames.stamped(cut, n, avro_long(ts))
     for i, record in enumerate(block.records()):
-        assert heads[i] + avro_long(ts) + tails[i] == encode(EVENT, {**record, "ts_ms": ts})
-        assert keys[i] == str(record["key"]).encode()
+        assert values[i] == encode(EVENT, {**record, "event_id": ids[i], "key": keys[i], "ts_ms": ts})
     assert [avro_long(v) for v in (0, -1, 1, 63, -64, 64, 2**62)] == encode_longs(
         np.asarray([0, -1, 1, 63, -64, 64, 2**62], dtype=np.int64))
+
+
+def test_load_generator_frames_refuse_a_wrong_slot_or_layout() -> None:
+    block = generate_events(3, seed=1)
+    frames = EventFrames.build(EVENT, block.event_ids, block.keys, block.features, 6)
+    with pytest.raises(ValueError, match="7-byte timestamp for a 6-byte slot"):
+        frames.stamped(0, 3, avro_long(2**45))
+    with pytest.raises(ValueError, match="not the event layout"):
+        EventFrames.build(REGISTRY.by_name(PREDICTION_SCHEMA), block.event_ids, block.keys, block.features, 6)
