@@ -156,7 +156,8 @@ class Bench:
     def latency(self, capacity: float, load: float, wait_ms: float, extra: list[str] | None = None,
                 label: str = "") -> dict[str, Any]:
         """The worker under a steady offered load: a separate load-generator process paces events at
-        ``load`` x ``capacity``; the first ``warmup_seconds`` are not counted (fetch start, first batches).
+        ``load`` x ``capacity``; events of its first ``warmup_seconds`` (from the first event it stamped) are
+        not counted (fetch start, first batches).
 
         Two latencies per prediction, both from broker clocks where possible: *pipeline* = input record's
         append time -> its prediction's append time (both topics LogAppendTime; what the worker controls);
@@ -179,7 +180,6 @@ class Bench:
                 if worker.proc.poll() is not None:
                     raise RuntimeError(worker.output()[-3000:])
                 time.sleep(0.05)
-            started_ms = time.time() * 1000.0
             generator = subprocess.run(
                 [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
                  "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7"],
@@ -191,7 +191,9 @@ class Bench:
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         finally:
             worker.terminate()
-        steady = rows[rows[:, 0] >= started_ms + warmup * 1000.0]
+        # Warm-up is timed from the first event the generator stamped: its own start-up (a Python process
+        # importing numpy and the client, ~1 s here) is not load.
+        steady = rows[rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0]
         pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
         return {
             "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
