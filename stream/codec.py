@@ -443,7 +443,7 @@ class EventFrames:
         ts_column = width - tail - ts_len
         rows[:, width - tail : width - tail + len(count)] = np.frombuffer(count, dtype=np.uint8)
         rows[:, width - tail + len(count) : width - 1] = np.ascontiguousarray(features, dtype="<f4").view(
-            np.uint8).reshape(n, -1)
+            np.uint8).reshape(n, 4 * n_features)
         starts = ts_column - heads
         flat = rows.reshape(-1)
         at = np.arange(n, dtype=np.int64) * width + starts

@@ -244,5 +244,7 @@ def test_load_generator_frames_refuse_a_wrong_slot_or_layout() -> None:
     frames = EventFrames.build(EVENT, block.event_ids, block.keys, block.features, 6)
     with pytest.raises(ValueError, match="7-byte timestamp for a 6-byte slot"):
         frames.stamped(0, 3, avro_long(2**45))
+    empty = EventFrames.build(EVENT, [], [], np.zeros((0, 32), dtype=np.float32), 6)
+    assert len(empty) == 0 and empty.stamped(0, 0, avro_long(2**40)) == []
     with pytest.raises(ValueError, match="not the event layout"):
         EventFrames.build(REGISTRY.by_name(PREDICTION_SCHEMA), block.event_ids, block.keys, block.features, 6)
