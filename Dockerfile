@@ -7,6 +7,13 @@ COPY pyproject.toml README.md ./
 COPY stream ./stream
 COPY producers ./producers
 COPY schemas ./schemas
-RUN pip install -e . && python -m stream train-model
+COPY setup.py ./
+# gcc only to build the optional C extension (stream/_nativeproduce.c); without it the worker would publish
+# through confluent-kafka alone.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install -e . \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
+    && python -c "from stream import native; assert native.unavailable() is None, native.unavailable()" \
+    && python -m stream train-model
 ENTRYPOINT ["python", "-m"]
 CMD ["stream", "worker"]

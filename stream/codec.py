@@ -517,15 +517,39 @@ class PredictionEncoder:
     ) -> list[bytes]:
         """Fast path for the demo prediction layouts (constant parts encoded once per batch, the varints in
         numpy); any other schema or output set goes through fastavro record by record."""
-        encode_rows = self._encode_fast if self._fast else self._encode_slow
-        return encode_rows(events, outputs, model_name=model_name, model_version=model_version,
-                           predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+        if not self._fast:
+            return self._encode_slow(events, outputs, model_name=model_name, model_version=model_version,
+                                     predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+        joined, ends = self._encode_fast(events, outputs, model_name=model_name, model_version=model_version,
+                                         predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+        return _split(joined, np.diff(ends, prepend=0))
+
+    def encode_joined(
+        self,
+        events: EventBatch,
+        outputs: Mapping[str, np.ndarray],
+        *,
+        model_name: str,
+        model_version: str,
+        predicted_ts_ms: int,
+        batch_size: int,
+        source: InputSource,
+    ) -> tuple[bytes, np.ndarray]:
+        """The same values as ``encode_batch``, back to back in one buffer, with each value's end offset (no
+        ``bytes`` object per record: what the native producer takes)."""
+        if self._fast:
+            return self._encode_fast(events, outputs, model_name=model_name, model_version=model_version,
+                                     predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+        values = self._encode_slow(events, outputs, model_name=model_name, model_version=model_version,
+                                   predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+        return b"".join(values), np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
 
     def _encode_fast(self, events: EventBatch, outputs: Mapping[str, np.ndarray], *, model_name: str,
-                     model_version: str, predicted_ts_ms: int, batch_size: int, source: InputSource) -> list[bytes]:
+                     model_version: str, predicted_ts_ms: int, batch_size: int, source: InputSource,
+                     ) -> tuple[bytes, np.ndarray]:
         n = len(events)
         if n == 0:
-            return []
+            return b"", np.zeros(0, dtype=np.int64)
         # Every prediction is assembled in one buffer by numpy: header | event_id | model name and version |
         # score | flag | event ts | predicted ts, batch size and input topic | input partition | input offset.
         # The event_id and the three varint columns vary in length; the rest is the same width in every row.
@@ -559,7 +583,7 @@ class PredictionEncoder:
         for groups, varint_len in varints[1:]:
             _scatter(out, at, _packed(groups, varint_len), varint_len)
             at += varint_len
-        return _split(out.tobytes(), lengths)
+        return out.tobytes(), ends.astype(np.int64, copy=False)
 
     def _encode_slow(self, events: EventBatch, outputs: Mapping[str, np.ndarray], *, model_name: str,
                      model_version: str, predicted_ts_ms: int, batch_size: int, source: InputSource) -> list[bytes]:

@@ -27,7 +27,7 @@ _CONSUMER_OWNED = {
 }
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 # STREAM_* variables read elsewhere (broker cache, test fixtures and fault hooks), not worker settings.
-NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA"})
+NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_REQUIRE_NATIVE"})
 NON_SETTING_PREFIX = "STREAM_TEST_"
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
@@ -100,6 +100,11 @@ class WorkerSettings(BaseSettings):
         description="also put the input record's topic, partition and offset in headers of each prediction "
                     "(stream.input.topic/partition/offset); the prediction schema carries them in its value "
                     "from version 2 on, and with an older schema the headers are always written")
+    native_producer: bool = Field(
+        default=True,
+        description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
+                    "batch, delivery reports counted in C) where it is built; at-least-once without provenance "
+                    "headers only: transactions, dead letters and headers use confluent-kafka")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

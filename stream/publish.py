@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from stream.errors import PublishError, TransactionError
+from stream.errors import PublishError, StreamError, TransactionError
+from stream.native import NativeProducer
 from stream.offsets import Span
 
 log = logging.getLogger(__name__)
@@ -59,9 +61,15 @@ class SpanDelivery:
 
 
 class Publisher:
-    """Wraps the confluent-kafka Producer; callers serve its delivery reports (see the module's docstring)."""
+    """Wraps the confluent-kafka Producer; callers serve its delivery reports (see the module's docstring).
 
-    def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None]) -> None:
+    With ``native_topic`` (never in a transaction), records for that topic given to ``produce_joined`` go
+    through a second client in C (stream.native) that counts their delivery reports per span: one slot per
+    span, completed slots settled here under the same lock as the confluent callbacks. Dead letters and
+    records with headers stay on the confluent-kafka producer."""
+
+    def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
+                 native_topic: str | None = None) -> None:
         self.transactional = "transactional.id" in config
         self._producer = Producer({**config, "error_cb": self._on_client_error})
         self._on_span_done = on_span_done
@@ -69,6 +77,19 @@ class Publisher:
         self._lock = threading.Lock()
         self._serving = threading.Lock()  # delivery callbacks: one thread at a time
         self._closing = False
+        self._native: NativeProducer | None = None
+        self._native_open = False
+        self._native_spans: dict[int, tuple[SpanDelivery, int]] = {}  # slot -> (its span's delivery, records)
+        self._free_slots: list[int] = []
+        if native_topic is not None and not self.transactional:
+            self._native = NativeProducer(config, native_topic)
+            self._native_open = True
+            self._free_slots = list(range(self._native.slots - 1, -1, -1))
+
+    @property
+    def native_topic(self) -> str | None:
+        """The topic whose records ``produce_joined`` sends through the C client, if any."""
+        return self._native.topic if self._native is not None else None
 
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -109,6 +130,56 @@ class Publisher:
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
                     self._serve(0.001)
 
+    def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
+                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
+        """Queue one record per row, ``values[ends[i-1]:ends[i]]``, for the span of its input partition. Through
+        the C client when ``topic`` is its topic, else split into values for ``produce_many``."""
+        native = self._native
+        if native is None or topic != native.topic:
+            starts = np.concatenate(([0], ends[:-1])).tolist()
+            split = [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
+            self.produce_many(topic, split, keys, [None] * len(split),
+                              [deliveries[p] for p in row_partitions.tolist()])
+            return
+        if self._closing:
+            raise PublishError("produce", "publisher closed")
+        slots = np.empty(len(row_partitions), dtype=np.int32)
+        with self._serving:  # slots are freed by whoever serves reports
+            for p in np.unique(row_partitions).tolist():
+                rows = row_partitions == p
+                if not self._free_slots:
+                    raise StreamError("native producer: no free delivery slot (too many spans in flight)")
+                slot = self._free_slots.pop()
+                self._native_spans[slot] = (deliveries[p], int(np.count_nonzero(rows)))
+                slots[rows] = slot
+        try:
+            enqueued = native.produce(values, ends, keys, slots)
+        except RuntimeError as exc:  # closed meanwhile
+            raise PublishError("produce", str(exc)) from exc
+        if enqueued < len(slots):
+            raise PublishError("produce", "publisher closed while the local queue was full")
+
+    def _settle(self, done: np.ndarray) -> None:
+        """Acknowledge the spans whose native records are all delivered; record native failures. Caller holds
+        ``_serving``."""
+        native = self._native
+        assert native is not None
+        for slot in done.tolist():
+            delivery, count = self._native_spans.pop(slot)
+            self._free_slots.append(slot)
+            span = delivery.span
+            span.outstanding -= count
+            if span.outstanding == 0:
+                self.span_done(delivery)
+        failed, total, fatal = native.failures()
+        for _, code, text in failed:
+            self.record_failure(PublishError("deliver prediction", KafkaError(code, text)), None)
+            log.error("delivery to %s failed: %s", native.topic, text)
+        if total > len(failed):
+            log.error("%d more deliveries to %s failed", total - len(failed), native.topic)
+        if fatal is not None:
+            self.record_failure(PublishError("producer", KafkaError(KafkaError._FATAL, fatal, fatal=True)), None)
+
     def send_now(self, window_s: float = 0.0) -> None:
         """A burst of records is queued: serve the delivery reports that arrived, and have librdkafka send the
         burst without waiting out ``linger.ms`` (which still batches records produced one by one). flush()
@@ -119,7 +190,12 @@ class Publisher:
             self._serve(0.0)
             return
         with self._serving:
-            self._producer.flush(window_s)
+            if self._native_open:
+                assert self._native is not None
+                self._producer.flush(0.0)  # dead letters, if any
+                self._settle(self._native.flush(window_s))
+            else:
+                self._producer.flush(window_s)
 
     def serve(self) -> None:
         """Serve the delivery reports that arrived (the processor calls it while it waits for work)."""
@@ -127,7 +203,12 @@ class Publisher:
 
     def _serve(self, timeout_s: float) -> None:
         with self._serving:
-            self._producer.poll(timeout_s)
+            if self._native_open:
+                assert self._native is not None
+                self._producer.poll(0.0)
+                self._settle(self._native.poll(timeout_s))
+            else:
+                self._producer.poll(timeout_s)
 
     # -- transactions (processor thread only) ---------------------------------------------------------
     def init_transactions(self, timeout_s: float) -> None:
@@ -159,5 +240,14 @@ class Publisher:
     def close(self, timeout_s: float) -> int:
         """Flush what is queued, serving its delivery reports; returns how many records are still undelivered."""
         self._closing = True
+        deadline = time.monotonic() + timeout_s
+        if self._native is not None:
+            self._native.abort()  # a produce_joined waiting for queue space returns now
         with self._serving:
-            return int(self._producer.flush(timeout_s))
+            undelivered = 0
+            if self._native_open:
+                assert self._native is not None
+                self._native_open = False
+                undelivered += self._native.close(timeout_s)
+                self._settle(self._native.take_done())
+            return undelivered + int(self._producer.flush(max(deadline - time.monotonic(), 0.0)))

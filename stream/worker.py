@@ -34,7 +34,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from stream import faults
+from stream import faults, native
 from stream.batching import MicroBatcher
 from stream.codec import EventDecoder, PredictionEncoder, SchemaRegistry
 from stream.config import WorkerSettings
@@ -160,7 +160,8 @@ class Worker:
             status = create_topics(s.bootstrap_servers, [s.dlq_topic],
                                    len(partitions_of(s.bootstrap_servers, s.input_topic)))
             log.info("dead-letter topic %s: %s", s.dlq_topic, status[s.dlq_topic])
-        self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done)
+        self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
+                                    native_topic=self._native_topic())
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers)
         self._processor = BatchProcessor(policy, self._engine, self._decoder, self._encoder, self._publisher,
@@ -185,6 +186,24 @@ class Worker:
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
         return self._finish(processor, metrics_server)
+
+    def _native_topic(self) -> str | None:
+        """The output topic, when its predictions go through the C producer (stream.native); logs the choice."""
+        s = self.settings
+        why_not = None
+        if not s.native_producer:
+            why_not = "--no-native-producer"
+        elif s.exactly_once:
+            why_not = "exactly-once (transactions need confluent-kafka's producer)"
+        elif s.provenance_headers or not self._encoder.carries_source:
+            why_not = "provenance headers"
+        else:
+            why_not = native.unavailable()
+        if why_not is not None:
+            log.info("predictions published through confluent-kafka (native producer off: %s)", why_not)
+            return None
+        log.info("predictions published through the native producer (stream._nativeproduce)")
+        return s.output_topic
 
     def _finish(self, processor: threading.Thread, metrics_server: Any) -> WorkerSummary:
         self._shutdown(processor)

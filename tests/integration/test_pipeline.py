@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from producers.events import generate_events
+from stream import native as stream_native
 from stream.broker import free_port
 from stream.codec import SchemaRegistry, decode
 from stream.process import WorkerProcess
@@ -18,9 +19,11 @@ from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeline: Pipeline) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native-producer", "confluent-producer"])
+def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeline: Pipeline, native: bool) -> None:
     port = free_port()
-    worker = pipeline.worker("--metrics-port", str(port), "--max-batch-size", "64", "--max-wait-ms", "10")
+    worker = pipeline.worker("--metrics-port", str(port), "--max-batch-size", "64", "--max-wait-ms", "10",
+                             *([] if native else ["--no-native-producer"]))
     wait_for_assignment(worker)
     expected = pipeline.produce(5_000, seed=11)
     reader = pipeline.reader()
@@ -47,6 +50,10 @@ def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeli
                  "stream_inference_seconds_bucket", "stream_end_to_end_latency_seconds_bucket"):
         assert name in metrics
     assert "worker summary: consumed=5000 predicted=5000 dead_lettered=0 committed=5000" in worker.output()
+    if native and stream_native.unavailable() is None:
+        assert "through the native producer" in worker.output()
+    else:
+        assert "through confluent-kafka" in worker.output()
 
 
 def _ids_and_keys(seed: int, count: int) -> tuple[list[str], list[str]]:

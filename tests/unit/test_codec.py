@@ -218,7 +218,15 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
                          np.asarray([r[5] for r in rows], dtype=np.int64))
     kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
               "batch_size": batch_size, "source": source}
-    assert encoder.encode_batch(events, outputs, **kwargs) == encoder._encode_slow(events, outputs, **kwargs)
+    expected = encoder._encode_slow(events, outputs, **kwargs)
+    assert encoder.encode_batch(events, outputs, **kwargs) == expected
+    # The joined form (what the native producer takes): the same bytes back to back, each value's end offset.
+    joined, ends = encoder.encode_joined(events, outputs, **kwargs)
+    assert joined == b"".join(expected) and ends.tolist() == np.cumsum([len(v) for v in expected]).tolist()
+    assert ends.dtype == np.int64
+    encoder._fast = False  # a schema without the fast path joins fastavro's values
+    slow_joined, slow_ends = encoder.encode_joined(events, outputs, **kwargs)
+    assert slow_joined == joined and slow_ends.tolist() == ends.tolist() and slow_ends.dtype == np.int64
 
 
 @settings(max_examples=300, deadline=None)

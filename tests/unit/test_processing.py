@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,12 @@ class FakePublisher:
         for v, k, h, cb in zip(values, keys, headers, callbacks, strict=True):
             self.sent.append((topic, v, k, dict(h or [])))
             cb(None, None)  # type: ignore[arg-type]
+
+    def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
+                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
+        starts = [0, *ends[:-1].tolist()]
+        self.produce_many(topic, [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], keys,
+                          [None] * len(keys), [deliveries[p] for p in row_partitions.tolist()])
 
     def span_done(self, delivery: SpanDelivery) -> None:
         self.done.append(delivery)
