@@ -602,13 +602,24 @@ class Worker:
         seek every assigned partition back to its committed offset."""
         consumer = self._consumer
         assert consumer is not None and self._rewind_after is not None
+        assignment = consumer.assignment()
+        try:
+            committed = consumer.committed(assignment, timeout=10)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() != KafkaError._TIMED_OUT:
+                raise
+            # The coordinator did not answer in time (a stalled process, a slow broker): the rewind stays pending
+            # and is tried again by the next loop; what is consumed meanwhile belongs to the aborted epoch and
+            # is dropped by the processor.
+            log.warning("rewind: committed offsets not read yet (%s); trying again", error)
+            return
         self._epoch = self._rewind_after + 1
         self._batcher.take()
-        assignment = consumer.assignment()
         tps = [(tp.topic, tp.partition) for tp in assignment]
         self._tracker.forget(tps)
         self._tracker.assign(tps)
-        for tp in consumer.committed(assignment, timeout=10):
+        for tp in committed:
             consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
         log.info("rewound %s to the committed offsets (epoch %d)", _fmt(tps), self._epoch)
 

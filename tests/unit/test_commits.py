@@ -92,3 +92,34 @@ def test_run_shortens_the_gil_switch_interval_and_restores_it(worker: Worker,
         worker.run()
     assert seen == [pytest.approx(0.001)] and worker.settings.gil_switch_interval_ms == 1.0
     assert sys.getswitchinterval() == before
+
+
+class RewindConsumer:
+    """committed() times out ``timeouts`` times, then answers offset 7 for every partition."""
+
+    def __init__(self, timeouts: int) -> None:
+        self.timeouts = timeouts
+        self.seeks: list[tuple[str, int, int]] = []
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(*TP)]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self.timeouts:
+            self.timeouts -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+
+def test_a_rewind_whose_committed_offsets_time_out_stays_pending_and_is_tried_again(worker: Worker) -> None:
+    """Exactly-once after an aborted transaction: a coordinator that does not answer in time (seen when a
+    replica was frozen mid-call) must not fail the worker; the rewind is retried by the next loop."""
+    consumer = worker._consumer = RewindConsumer(timeouts=1)  # type: ignore[assignment]
+    worker._rewind_after = worker._epoch
+    worker._rewind()
+    assert worker._rewind_pending() and consumer.seeks == []
+    worker._rewind()
+    assert not worker._rewind_pending() and consumer.seeks == [("in", 0, 7)]
