@@ -504,24 +504,13 @@ class PredictionEncoder:
         outputs_known = sorted(output_fields) == ["fraud_score", "is_fraud"]
         self._fast = outputs_known and layout in (_PREDICTION_LAYOUT, _PREDICTION_LAYOUT + _SOURCE_LAYOUT)
 
-    def encode_batch(
-        self,
-        events: EventBatch,
-        outputs: Mapping[str, np.ndarray],
-        *,
-        model_name: str,
-        model_version: str,
-        predicted_ts_ms: int,
-        batch_size: int,
-        source: InputSource,
-    ) -> list[bytes]:
-        """Fast path for the demo prediction layouts (constant parts encoded once per batch, the varints in
-        numpy); any other schema or output set goes through fastavro record by record."""
+    def encode_batch(self, events: EventBatch, outputs: Mapping[str, np.ndarray], **fields: Any) -> list[bytes]:
+        """One framed value per event; ``fields`` are ``encode_joined``'s keyword arguments. Fast path for the
+        demo prediction layouts (constant parts encoded once per batch, the varints in numpy); any other schema
+        or output set goes through fastavro record by record."""
         if not self._fast:
-            return self._encode_slow(events, outputs, model_name=model_name, model_version=model_version,
-                                     predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
-        joined, ends = self._encode_fast(events, outputs, model_name=model_name, model_version=model_version,
-                                         predicted_ts_ms=predicted_ts_ms, batch_size=batch_size, source=source)
+            return self._encode_slow(events, outputs, **fields)
+        joined, ends = self._encode_fast(events, outputs, **fields)
         return _split(joined, np.diff(ends, prepend=0))
 
     def encode_joined(
