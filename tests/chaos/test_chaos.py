@@ -67,8 +67,13 @@ def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model
     producer = threading.Thread(target=produce_events, args=(broker.bootstrap, names[0], cfg.events),
                                 kwargs={"seed": 5, "rate": 3_000.0}, daemon=True)
     producer.start()
-    time.sleep(6)
     zombie = fleet.live[0]
+    # Freeze it only once it owns partitions and works on them (a slow start-up could leave it frozen before it
+    # ever joined: nothing to lose, nothing to test).
+    deadline = time.monotonic() + 60
+    while " assigned " not in zombie.output() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)
     zombie.proc.send_signal(signal.SIGSTOP)  # frozen mid-stream, past the 6 s session timeout
     time.sleep(12)
     zombie.proc.send_signal(signal.SIGCONT)  # wakes up believing it still owns its partitions
