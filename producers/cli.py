@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from producers.load import produce_events
 from stream.config import kafka_env_config
+from stream.native import unavailable as native_unavailable
 
 
 def positive_int(text: str) -> int:
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=positive_float, default=None, help="events/s (default: as fast as possible)")
     parser.add_argument("--seed", type=int, default=0, help="event stream seed; ids are unique per (seed, index)")
     parser.add_argument("--start", type=positive_int, default=0, help="index of the first event")
+    parser.add_argument("--no-native-producer", dest="native", action="store_false",
+                        help="produce through confluent-kafka, one produce() call per event (default: the C producer "
+                             "of stream.native where it is built, one call per burst)")
     args = parser.parse_args(argv)
+    native = args.native and native_unavailable() is None
     _, config = kafka_env_config(os.environ)
     config.pop("bootstrap.servers", None)  # the flag wins
     console = Console(stderr=True)
@@ -48,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             task = progress.add_task("produce", total=args.count)
             summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed,
                                      start=args.start, rate=args.rate, config=config,
-                                     on_progress=lambda n: progress.update(task, completed=n))
+                                     on_progress=lambda n: progress.update(task, completed=n), native=native)
     else:
         summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed, start=args.start,
-                                 rate=args.rate, config=config)
+                                 rate=args.rate, config=config, native=native)
     print(summary.line(), flush=True)
     return 0 if summary.failed == 0 and summary.delivered == args.count else 1
 

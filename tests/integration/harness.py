@@ -35,8 +35,8 @@ class Pipeline:
         self.workers.append(proc)
         return proc
 
-    def produce(self, count: int, *, seed: int, start: int = 0) -> set[str]:
-        summary = produce_events(self.bootstrap, self.input, count, seed=seed, start=start)
+    def produce(self, count: int, *, seed: int, start: int = 0, native: bool = False) -> set[str]:
+        summary = produce_events(self.bootstrap, self.input, count, seed=seed, start=start, native=native)
         assert summary.failed == 0 and summary.delivered == count, summary.line()
         return set(generate_events(count, seed=seed, start=start).event_ids)
 

@@ -243,6 +243,9 @@ def test_load_generator_frames_match_fastavro(ts: int, seed: int, n: int, cut: i
     values = frames.stamped(0, cut, avro_long(ts)) + frames.stamped(cut, n, avro_long(ts))
     for i, record in enumerate(block.records()):
         assert values[i] == encode(EVENT, {**record, "event_id": ids[i], "key": keys[i], "ts_ms": ts})
+    # The joined form (what the native producer takes): the same values back to back, each one's end offset.
+    joined, ends = frames.stamped_joined(cut, n, avro_long(ts))
+    assert joined == b"".join(values[cut:]) and ends.tolist() == np.cumsum([len(v) for v in values[cut:]]).tolist()
     assert [avro_long(v) for v in (0, -1, 1, 63, -64, 64, 2**62)] == encode_longs(
         np.asarray([0, -1, 1, 63, -64, 64, 2**62], dtype=np.int64))
 
@@ -254,5 +257,8 @@ def test_load_generator_frames_refuse_a_wrong_slot_or_layout() -> None:
         frames.stamped(0, 3, avro_long(2**45))
     empty = EventFrames.build(EVENT, [], [], np.zeros((0, 32), dtype=np.float32), 6)
     assert len(empty) == 0 and empty.stamped(0, 0, avro_long(2**40)) == []
+    assert empty.stamped_joined(0, 0, avro_long(2**40))[0] == b""
+    with pytest.raises(ValueError, match="7-byte timestamp for a 6-byte slot"):
+        frames.stamped_joined(0, 3, avro_long(2**45))
     with pytest.raises(ValueError, match="not the event layout"):
         EventFrames.build(REGISTRY.by_name(PREDICTION_SCHEMA), block.event_ids, block.keys, block.features, 6)
