@@ -35,3 +35,14 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     for name in ("bench.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
         assert (cfg.results / name).stat().st_size > 0
     assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4
+
+
+def test_broker_floor_times_every_record_after_the_warm_up(broker: BrokerInfo) -> None:
+    from stream.bench.floor import measure_floor
+
+    result = measure_floor(broker.bootstrap, rate=2_000, seconds=1.0, warmup_s=0.5, max_wait_ms=5.0)
+    # 3,000 events over 1.5 s: those stamped in the first 0.5 s are the warm-up.
+    assert 1_000 <= result["events"] < 3_000 and "delivered=3000/3000" in result["generator"]
+    assert 0 <= result["p50_ms"] <= result["p99_ms"] <= result["p999_ms"]
+    with pytest.raises(ValueError, match="rate and seconds"):
+        measure_floor(broker.bootstrap, rate=0)
