@@ -69,7 +69,8 @@ class _ClientSender:
         self.report = _Deliveries()
         self._producer = Producer(config)
 
-    def send(self, frames: EventFrames, start: int, stop: int, ts: bytes, keys: list[bytes | None]) -> None:
+    def send(self, frames: EventFrames, start: int, stop: int, ts: bytes, keys: list[bytes | None]) -> bool:
+        """Queue events ``start:stop``; False when it cannot (nothing of them was queued)."""
         produce, poll, report, topic = self._producer.produce, self._producer.poll, self.report, self.topic
         for value, key in zip(frames.stamped(start, stop, ts), keys, strict=True):
             while True:
@@ -81,6 +82,7 @@ class _ClientSender:
                 except BufferError:
                     poll(0.01)
         poll(0)
+        return True
 
     def flush(self, timeout_s: float) -> int:
         return self._producer.flush(timeout_s)
@@ -98,14 +100,17 @@ class _NativeSender:
         self._free = list(range(_NATIVE_SLOTS))
         self._pending: dict[int, tuple[int, float]] = {}  # slot -> (events, handed over at)
 
-    def send(self, frames: EventFrames, start: int, stop: int, ts: bytes, keys: list[bytes | None]) -> None:
+    def send(self, frames: EventFrames, start: int, stop: int, ts: bytes, keys: list[bytes | None]) -> bool:
         while not self._free:
+            if self.report.failed:  # bursts with failed events never complete: their slots never come back
+                return False
             self._settle(self._producer.poll(0.01))
         slot = self._free.pop()
         values, ends = frames.stamped_joined(start, stop, ts)
         self._pending[slot] = (stop - start, time.monotonic())
         self._producer.produce(values, ends, keys, np.full(stop - start, slot, dtype=np.int32))
         self._settle(self._producer.poll(0))
+        return True
 
     def flush(self, timeout_s: float) -> int:
         self._settle(self._producer.flush(timeout_s))
@@ -162,6 +167,7 @@ def produce_events(
     started = time.monotonic()
     sent = 0
     ts_len = len(avro_long(int(time.time() * 1000)))
+    stalled = False  # the native path ran out of delivery slots after failures: stop, report what was sent
     while sent < count and not (stop is not None and stop.is_set()):
         block = generate_events(min(BLOCK, count - sent), seed=seed, start=start + sent)
         # The block's values are framed at once, each with a gap for ts_ms, stamped burst by burst.
@@ -181,11 +187,15 @@ def produce_events(
             ts = avro_long(int(time.time() * 1000))  # stamped as the burst is handed over
             if len(ts) != frames.ts_len:  # the clock's varint grew a byte (or a test clock): frame again
                 frames = EventFrames.build(schema, block.event_ids, block.keys, block.features, len(ts))
-            sender.send(frames, i, end, ts, keys[i:end])
+            if not sender.send(frames, i, end, ts, keys[i:end]):
+                stalled = True
+                break
             sent += end - i
             i = end
         if on_progress is not None:
             on_progress(sent)
+        if stalled:
+            break
     remaining = sender.flush(timeout_s)
     seconds = time.monotonic() - started
     report = sender.report

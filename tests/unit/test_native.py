@@ -142,3 +142,16 @@ def test_a_transactional_publisher_never_uses_it() -> None:
     publisher = Publisher({**UNREACHABLE, "transactional.id": "t"}, on_span_done=lambda d: None,
                           native_topic="out")
     assert publisher.native_topic is None
+
+
+@needs_native
+def test_load_generator_stops_when_failed_bursts_hold_every_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst with a failed event never completes, so its delivery slot never frees: with every slot held by
+    failed bursts the generator stops and reports, instead of waiting for a slot forever."""
+    from producers import load
+
+    monkeypatch.setattr(load, "_NATIVE_SLOTS", 2)
+    config = {"message.timeout.ms": 200, "log_level": 0}
+    summary = load.produce_events("127.0.0.1:1", "t", 5_000, config=config, native=True, timeout_s=2.0)
+    assert summary.requested == 2 * 500 and summary.delivered == 0 and summary.failed == 1_000  # two bursts
+    assert summary.first_error is not None and "timed out" in summary.first_error.lower()
