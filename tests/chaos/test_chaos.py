@@ -30,13 +30,14 @@ def needs_hidden_aborts(broker: BrokerInfo, guarantee: str) -> None:
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
-def test_sigkill_at_every_phase_scale_and_sigterm(broker: BrokerInfo, model_dir: Path, guarantee: str) -> None:
+def test_sigkill_at_every_phase_scale_and_sigterm(broker: BrokerInfo, model_dir: Path, guarantee: str,
+                                                  tmp_path: Path) -> None:
     needs_hidden_aborts(broker, guarantee)
     kills = 10 if guarantee == "exactly-once" else 8  # half from outside, half at each batch phase in turn
     # The load (at most 300 s of it) lasts until the last kill, so every armed phase is reached under load.
     cfg = ChaosConfig(broker.bootstrap, model_dir, events=300_000, replicas=2, kills=kills, guarantee=guarantee,
                       rate=RATE, kill_interval_s=1.0, max_batch_size=BATCH, scale=(1, 3, 1), timeout_s=300,
-                      poison_fraction=0.01, load_until_kills_done=True)
+                      poison_fraction=0.01, load_until_kills_done=True, workdir=tmp_path)
     result = run_chaos(cfg)
     print(result.line())
     assert result.kills >= kills
@@ -56,9 +57,10 @@ def test_sigkill_at_every_phase_scale_and_sigterm(broker: BrokerInfo, model_dir:
         assert result.duplicates <= result.kills * window
 
 
-def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model_dir: Path) -> None:
+def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model_dir: Path, tmp_path: Path) -> None:
     needs_hidden_aborts(broker, "exactly-once")
-    cfg = ChaosConfig(broker.bootstrap, model_dir, events=12_000, guarantee="exactly-once", max_batch_size=BATCH)
+    cfg = ChaosConfig(broker.bootstrap, model_dir, events=12_000, guarantee="exactly-once", max_batch_size=BATCH,
+                      workdir=tmp_path)
     names = [f"zombie-{t}-{time.monotonic_ns() % 10**8}" for t in ("in", "out", "dlq", "group")]
     create_topics(broker.bootstrap, names[:3], cfg.partitions)
     fleet = Fleet(cfg, *names)
