@@ -1,8 +1,12 @@
-"""The optional C extension (stream/_nativeproduce.c); everything else is configured in pyproject.toml. Where it
-cannot be compiled (no C compiler), the install still succeeds and the worker publishes through confluent-kafka."""
+"""The optional C extensions (stream/_nativeproduce.c, stream/_nativecodec.c); everything else is configured in
+pyproject.toml. Where they cannot be compiled (no C compiler), the install still succeeds: the worker then publishes
+through confluent-kafka and decodes and encodes with numpy."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("stream._nativeproduce", ["stream/_nativeproduce.c"], libraries=["dl", "pthread"],
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
-                             optional=True)])
+_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+setup(ext_modules=[
+    Extension("stream._nativeproduce", ["stream/_nativeproduce.c"], libraries=["dl", "pthread"],
+              extra_compile_args=_FLAGS, optional=True),
+    Extension("stream._nativecodec", ["stream/_nativecodec.c"], extra_compile_args=_FLAGS, optional=True),
+])

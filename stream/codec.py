@@ -22,6 +22,11 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from stream.errors import ConfigError, DecodeError
 
+try:  # the C fast paths (stream/_nativecodec.c); without them the numpy versions below do the same work
+    from stream import _nativecodec
+except ImportError:  # not compiled (optional extension)
+    _nativecodec = None  # type: ignore[assignment]
+
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 HEADER_SIZE = _HEADER.size
@@ -202,8 +207,9 @@ class EventBatch:
     """Decoded events, columnar. ``index[i]`` is the position of row i in the raw batch.
 
     Each event_id stays as Avro wrote it (zigzag length, then UTF-8), for predictions to copy as it is: row
-    i's is ``id_buf[id_start[i] : id_start[i] + id_len[i]]``. ``id_buf`` is usually the batch's joined raw
-    values, so no per-record ``bytes`` object is made on the way from input to output.
+    i's is ``id_buf[id_start[i] : id_start[i] + id_len[i]]``. ``id_buf`` holds the batch's event_id fields (or,
+    from the numpy scan, its joined raw values), so no per-record ``bytes`` object is made on the way from
+    input to output.
     """
 
     index: np.ndarray  # int64 (n,)
@@ -274,7 +280,8 @@ class EventDecoder:
         self._n_features = n_features
         self._schema_name = schema_name
         schema = registry.by_name(schema_name)  # fail at start-up, not on the first record
-        self._header = np.frombuffer(schema.header, dtype=np.uint8)
+        self._header_bytes = bytes(schema.header)
+        self._header = np.frombuffer(self._header_bytes, dtype=np.uint8)
         # The fast path knows one layout: string, string, long, array<float> (the demo event schema).
         field_types = [_strip_logical_types(f["type"]) for f in schema.raw["fields"]]
         known = field_types == _EVENT_LAYOUT
@@ -311,9 +318,23 @@ class EventDecoder:
         return merged.select(np.argsort(merged.index, kind="stable")), errors
 
     def _scan(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
-        """(raw positions the fast path decoded, their events; non-finite rows still in). The values are
-        joined into one buffer and every field position is computed for all records at once; a record
-        is taken only when its fields end exactly where it ends."""
+        """(raw positions the fast path decoded, their events; non-finite rows still in): in C where the
+        extension is built (one pass, each record read once), else with numpy. Both take the same records."""
+        if _nativecodec is None:
+            return self._scan_numpy(values, max_bytes)
+        n = len(values)
+        index, id_start, id_len, ts = (np.empty(n, dtype=np.int64) for _ in range(4))
+        id_buf = np.empty(64 * n, dtype=np.uint8)  # event_id fields: under 64 bytes each on the fast path
+        features = np.empty((n, self._n_features), dtype=np.float32)
+        rows = _nativecodec.scan_events(values if type(values) is list else list(values), self._header_bytes,
+                                        self._n_features, -1 if max_bytes is None else max_bytes, index, id_buf,
+                                        id_start, id_len, ts, features)
+        index = index[:rows]
+        return index, EventBatch(index, id_buf, id_start[:rows], id_len[:rows], ts[:rows], features[:rows])
+
+    def _scan_numpy(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
+        """`_scan` with numpy: the values are joined into one buffer and every field position is computed for
+        all records at once; a record is taken only when its fields end exactly where it ends."""
         n = len(values)
         width = 4 * self._n_features
         raw_values = cast("Sequence[bytes]", values)
@@ -504,6 +525,7 @@ class PredictionEncoder:
 
     def __init__(self, registry: SchemaRegistry, output_fields: Sequence[str], schema_name: str = PREDICTION_SCHEMA):
         self._schema = registry.by_name(schema_name)
+        self._header_bytes = bytes(self._schema.header)
         fields = {f["name"] for f in self._schema.raw["fields"]}
         missing = [f for f in output_fields if f not in fields]
         if missing:
@@ -551,14 +573,29 @@ class PredictionEncoder:
         n = len(events)
         if n == 0:
             return b"", np.zeros(0, dtype=np.int64)
-        # Every prediction is assembled in one buffer by numpy: header | event_id | model name and version |
-        # score | flag | event ts | predicted ts, batch size and input topic | input partition | input offset.
-        # The event_id and the three varint columns vary in length; the rest is the same width in every row.
+        # Every prediction: header | event_id | model name and version | score | flag | event ts | predicted ts,
+        # batch size and input topic | input partition | input offset. The event_id and the three varint columns
+        # vary in length; the rest is the same in every row. Assembled in C where the extension is built.
         models = avro_string(model_name) + avro_string(model_version)
-        tail = b"".join(encode_longs(np.asarray([predicted_ts_ms, batch_size], dtype=np.int64)))
-        varints = [_zigzag_varints(events.ts_ms)]
+        tail = avro_long(predicted_ts_ms) + avro_long(batch_size)
         if self.carries_source:
             tail += avro_string(source.topic)
+        if _nativecodec is not None:
+            ends = np.empty(n, dtype=np.int64)
+            partitions = offsets = None
+            if self.carries_source:
+                partitions = np.ascontiguousarray(source.partitions, dtype=np.int32)
+                offsets = np.ascontiguousarray(source.offsets, dtype=np.int64)
+            joined = _nativecodec.encode_predictions(
+                self._header_bytes, events.id_buf, np.ascontiguousarray(events.id_start, dtype=np.int64),
+                np.ascontiguousarray(events.id_len, dtype=np.int64), models,
+                np.ascontiguousarray(outputs["fraud_score"], dtype="<f4"),
+                np.ascontiguousarray(outputs["is_fraud"], dtype=bool),
+                np.ascontiguousarray(events.ts_ms, dtype=np.int64), tail, partitions, offsets, ends)
+            return joined, ends
+        # numpy: every column written for all rows at once.
+        varints = [_zigzag_varints(events.ts_ms)]
+        if self.carries_source:
             varints += [_zigzag_varints(source.partitions), _zigzag_varints(source.offsets)]
         id_len = events.id_len
         width = len(models) + 5

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.events import generate_events
+from stream import codec
 from stream.codec import (
     EVENT_SCHEMA,
     PREDICTION_SCHEMA,
@@ -29,6 +33,28 @@ REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
 # The prediction schema as first published (id 2), before the input_* fields: still encodable, fast.
 REGISTRY_V1 = SchemaRegistry([(1, EVENT.raw), (2, REGISTRY.by_id(2).raw)])  # type: ignore[union-attr]
+
+
+# The scan and the prediction encoder run in C where stream._nativecodec is built, with numpy otherwise: the tests
+# that compare them with fastavro run on both (on numpy alone where the extension is not built).
+IMPLS = ["c", "numpy"] if codec._nativecodec is not None else ["numpy"]
+needs_codec_extension = pytest.mark.skipif(codec._nativecodec is None, reason="stream._nativecodec is not built")
+
+
+@contextlib.contextmanager
+def codec_impl(impl: str) -> Iterator[None]:
+    native = codec._nativecodec
+    codec._nativecodec = native if impl == "c" else None
+    try:
+        yield
+    finally:
+        codec._nativecodec = native
+
+
+def test_the_codec_extension_is_built_where_ci_requires_it() -> None:
+    """CI sets STREAM_REQUIRE_NATIVE=1: a lost compiler must fail the run, not skip the C half of the tests."""
+    if os.environ.get("STREAM_REQUIRE_NATIVE") == "1":
+        assert codec._nativecodec is not None
 
 
 def event_bytes(**overrides: object) -> bytes:
@@ -70,9 +96,11 @@ def test_round_trip_batch_of_generated_events() -> None:
         (event_bytes(features=[float("inf")] + [0.0] * 31), "non-finite"),
     ],
 )
-def test_bad_records_raise_typed_errors_without_sinking_the_batch(value: bytes | None, reason: str) -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_records_raise_typed_errors_without_sinking_the_batch(value: bytes | None, reason: str, impl: str) -> None:
     good = event_bytes()
-    batch, errors = EventDecoder(REGISTRY, 32).decode_batch([good, value, good])
+    with codec_impl(impl):
+        batch, errors = EventDecoder(REGISTRY, 32).decode_batch([good, value, good])
     assert len(batch) == 2 and batch.index.tolist() == [0, 2]
     assert [(i, e.reason) for i, e in errors] == [(1, reason)]
 
@@ -150,11 +178,12 @@ float32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
     "event_id": st.text(max_size=40), "key": st.text(max_size=20),
     "ts_ms": st.integers(-(2**63), 2**63 - 1),
     "features": st.one_of(st.lists(float32s, min_size=32, max_size=32), st.lists(float32s, max_size=70)),
-}), max_size=12), junk=st.lists(st.binary(max_size=60), max_size=3))
-def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], junk: list[bytes]) -> None:
+}), max_size=12), junk=st.lists(st.binary(max_size=60), max_size=3), impl=st.sampled_from(IMPLS))
+def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], junk: list[bytes], impl: str) -> None:
     decoder = EventDecoder(REGISTRY, 32)
     values: list[bytes | None] = [encode(EVENT, r) for r in records] + [EVENT.header + j for j in junk] + [None]
-    fast, fast_errors = decoder.decode_batch(values)
+    with codec_impl(impl):
+        fast, fast_errors = decoder.decode_batch(values)
     slow, slow_errors = decoder._decode_slow(values)
     assert fast.index.tolist() == slow.index.tolist()
     assert fast.event_ids == slow.event_ids
@@ -164,8 +193,9 @@ def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], jun
     assert [(i, e.reason) for i, e in fast_errors] == [(i, e.reason) for i, e in slow_errors]
 
 
-def test_batch_scan_hands_every_unusual_record_to_fastavro() -> None:
-    """The numpy scan must take exactly the records it can read and leave the rest, wherever they sit."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_batch_scan_hands_every_unusual_record_to_fastavro(impl: str) -> None:
+    """The scan must take exactly the records it can read and leave the rest, wherever they sit."""
     good = [encode(EVENT, r) for r in generate_events(300, seed=4, ts_ms=1_700_000_000_000).records()]
     valid_id = good[7][:6] + "é".encode() + good[7][8:]  # same length, non-ASCII but valid UTF-8
     unusual = {
@@ -185,7 +215,8 @@ def test_batch_scan_hands_every_unusual_record_to_fastavro() -> None:
     }
     values: list[bytes | None] = [unusual.get(i, v) for i, v in enumerate(good)]
     decoder = EventDecoder(REGISTRY, 32)
-    fast, fast_errors = decoder.decode_batch(values, max_bytes=400)
+    with codec_impl(impl):
+        fast, fast_errors = decoder.decode_batch(values, max_bytes=400)
     slow, slow_errors = decoder._decode_slow(values, max_bytes=400)
     assert fast.index.tolist() == slow.index.tolist()
     assert fast.event_ids == slow.event_ids
@@ -203,10 +234,10 @@ def test_batch_scan_hands_every_unusual_record_to_fastavro() -> None:
                                st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)), max_size=10),
        predicted=st.integers(-(2**63), 2**63 - 1), batch_size=st.integers(0, 2**31 - 1),
        names=st.tuples(st.text(max_size=70), st.text(max_size=10), st.text(max_size=249)),
-       old_schema=st.booleans())
+       old_schema=st.booleans(), impl=st.sampled_from(IMPLS))
 def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int, float, bool, int, int]],
                                                       predicted: int, batch_size: int, names: tuple[str, str, str],
-                                                      old_schema: bool) -> None:
+                                                      old_schema: bool, impl: str) -> None:
     encoder = PredictionEncoder(REGISTRY_V1 if old_schema else REGISTRY, ("fraud_score", "is_fraud"))
     assert encoder._fast and encoder.carries_source is not old_schema
     events = EventBatch.from_ids(np.arange(len(rows)), [r[0] for r in rows],
@@ -219,9 +250,10 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
     kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
               "batch_size": batch_size, "source": source}
     expected = encoder._encode_slow(events, outputs, **kwargs)
-    assert encoder.encode_batch(events, outputs, **kwargs) == expected
-    # The joined form (what the native producer takes): the same bytes back to back, each value's end offset.
-    joined, ends = encoder.encode_joined(events, outputs, **kwargs)
+    with codec_impl(impl):
+        assert encoder.encode_batch(events, outputs, **kwargs) == expected
+        # The joined form (what the native producer takes): the same bytes back to back, each value's end offset.
+        joined, ends = encoder.encode_joined(events, outputs, **kwargs)
     assert joined == b"".join(expected) and ends.tolist() == np.cumsum([len(v) for v in expected]).tolist()
     assert ends.dtype == np.int64
     encoder._fast = False  # a schema without the fast path joins fastavro's values
@@ -248,6 +280,51 @@ def test_load_generator_frames_match_fastavro(ts: int, seed: int, n: int, cut: i
     assert joined == b"".join(values[cut:]) and ends.tolist() == np.cumsum([len(v) for v in values[cut:]]).tolist()
     assert [avro_long(v) for v in (0, -1, 1, 63, -64, 64, 2**62)] == encode_longs(
         np.asarray([0, -1, 1, 63, -64, 64, 2**62], dtype=np.int64))
+
+
+@needs_codec_extension
+@settings(max_examples=max(FUZZ_EXAMPLES // 10, 100), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 200))
+def test_c_scan_takes_exactly_what_the_numpy_scan_takes(seed: int, n: int) -> None:
+    """Valid events with bytes flipped, inserted or cut anywhere: both scans take the same records, read alike."""
+    rng = random.Random(seed)
+    values: list[bytes | None] = []
+    for value in (encode(EVENT, r) for r in generate_events(n, seed=seed % 1000, ts_ms=rng.randrange(2**40)).records()):
+        raw = bytearray(value)
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            if not raw:
+                break
+            action, at = rng.randrange(3), rng.randrange(len(raw))
+            if action == 0:
+                raw[at] = rng.randrange(256)
+            elif action == 1:
+                raw.insert(at, rng.randrange(256))
+            else:
+                del raw[at:]
+        values.append(None if rng.random() < 0.02 else bytes(raw))
+    decoder = EventDecoder(REGISTRY, 32)
+    max_bytes = rng.choice([None, 170, 400])
+    with codec_impl("c"):
+        rows_c, c = decoder._scan(values, max_bytes)
+    rows_np, ref = decoder._scan_numpy(values, max_bytes)
+    assert rows_c.tolist() == rows_np.tolist() == c.index.tolist()
+    assert c.id_fields == ref.id_fields
+    assert c.ts_ms.tolist() == ref.ts_ms.tolist()
+    assert c.features.tobytes() == ref.features.tobytes() and c.features.flags.writeable
+
+
+@needs_codec_extension
+def test_c_codec_refuses_buffers_of_the_wrong_size() -> None:
+    n = 3
+    out = [np.empty(n, dtype=np.int64), np.empty(64 * n - 1, dtype=np.uint8), np.empty(n, dtype=np.int64),
+           np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty((n, 32), dtype=np.float32)]
+    with pytest.raises(ValueError, match="id_buf"):
+        codec._nativecodec.scan_events([event_bytes()] * n, EVENT.header, 32, -1, *out)
+    ids = np.frombuffer(b"\x02a", dtype=np.uint8)
+    with pytest.raises(ValueError, match="out of id_buf"):
+        codec._nativecodec.encode_predictions(
+            EVENT.header, ids, np.array([0, 1]), np.array([2, 2]), b"", np.zeros(2, dtype=np.float32),
+            np.zeros(2, dtype=bool), np.zeros(2, dtype=np.int64), b"", None, None, np.empty(2, dtype=np.int64))
 
 
 def test_load_generator_frames_refuse_a_wrong_slot_or_layout() -> None:
