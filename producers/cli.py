@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-native-producer", dest="native", action="store_false",
                         help="produce through confluent-kafka, one produce() call per event (default: the C producer "
                              "of stream.native where it is built, one call per burst)")
+    parser.add_argument("--pregenerate", action="store_true",
+                        help="draw and frame every event before sending the first (about 200 bytes of memory an "
+                             "event), so that a paced run only stamps and sends: for latency measurements on a "
+                             "machine the generator shares with the pipeline")
     args = parser.parse_args(argv)
     native = args.native and native_unavailable() is None
     _, config = kafka_env_config(os.environ)
@@ -53,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             task = progress.add_task("produce", total=args.count)
             summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed,
                                      start=args.start, rate=args.rate, config=config,
-                                     on_progress=lambda n: progress.update(task, completed=n), native=native)
+                                     on_progress=lambda n: progress.update(task, completed=n), native=native,
+                                     pregenerate=args.pregenerate)
     else:
         summary = produce_events(args.bootstrap_servers, args.topic, args.count, seed=args.seed, start=args.start,
-                                 rate=args.rate, config=config, native=native)
+                                 rate=args.rate, config=config, native=native, pregenerate=args.pregenerate)
     print(summary.line(), flush=True)
     return 0 if summary.failed == 0 and summary.delivered == args.count else 1
 

@@ -64,6 +64,6 @@ def generate_events(count: int, *, seed: int = 0, start: int = 0, n_keys: int = 
     noise = rng.logistic(scale=_NOISE, size=count)
     labels = (fraud_logit(features) + noise) > 0
     accounts = rng.integers(0, n_keys, size=count)
-    ids = [f"ev-{seed}-{start + i}" for i in range(count)]
+    ids = [f"ev-{seed}-{i}" for i in range(start, start + count)]
     keys = [f"acct-{a}" for a in accounts.tolist()]
     return EventBlock(ids, keys, np.full(count, ts_ms, dtype=np.int64), features, labels)

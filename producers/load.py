@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
 from producers.events import generate_events
-from stream.codec import EVENT_SCHEMA, EventFrames, SchemaRegistry, avro_long
+from stream.codec import EVENT_SCHEMA, EventFrames, RegisteredSchema, SchemaRegistry, avro_long
 from stream.native import NativeProducer
 from stream.native import unavailable as native_unavailable
 
@@ -131,6 +132,19 @@ class _NativeSender:
             report.first_error = fatal or failed[0][2]
 
 
+def _framed_blocks(schema: RegisteredSchema, count: int, seed: int, start: int,
+                   ts_len: int) -> Iterator[tuple[int, EventFrames, list[bytes | None]]]:
+    """Events ``start .. start+count-1`` in blocks: (index of the block's first event, its framed values, keys)."""
+    key_bytes: dict[str, bytes] = {}  # a few thousand accounts: one bytes object each, shared by their events
+    done = 0
+    while done < count:
+        block = generate_events(min(BLOCK, count - done), seed=seed, start=start + done)
+        frames = EventFrames.build(schema, block.event_ids, block.keys, block.features, ts_len)
+        keys: list[bytes | None] = [key_bytes.get(k) or key_bytes.setdefault(k, k.encode()) for k in block.keys]
+        yield start + done, frames, keys
+        done += len(block)
+
+
 def produce_events(
     bootstrap: str,
     topic: str,
@@ -144,13 +158,16 @@ def produce_events(
     timeout_s: float = 120.0,
     stop: threading.Event | None = None,
     native: bool = False,
+    pregenerate: bool = False,
 ) -> ProduceSummary:
     """Produce events ``start .. start+count-1`` of stream ``seed``; ``rate`` in events/s (None: as fast as possible).
 
     Each event's ``ts_ms`` is stamped when it is handed to the producer. Setting ``stop`` ends the run
     early: the summary then reports what was sent (events ``start .. start+requested-1``). ``native`` sends
     through the C producer of `stream.native` (RuntimeError where it is unavailable): delivery latency is then
-    timed per burst of events rather than per event.
+    timed per burst of events rather than per event. ``pregenerate`` draws and frames every event before the
+    first is sent (memory: about 200 bytes an event until it is sent), so that the paced run only stamps and
+    sends: a load generator that shares the machine with what it measures then takes as little of it as it can.
     """
     if count < 0:
         raise ValueError("count must be >= 0")
@@ -161,31 +178,34 @@ def produce_events(
               "enable.idempotence": True, "acks": "all", **(config or {})}
     if native and native_unavailable() is not None:
         raise RuntimeError(f"native producer requested but unavailable: {native_unavailable()}")
+    ts_len = len(avro_long(int(time.time() * 1000)))
+    blocks: Iterator[tuple[int, EventFrames, list[bytes | None]]] = _framed_blocks(schema, count, seed, start, ts_len)
+    if pregenerate:  # sent blocks are dropped from the front as the run goes
+        ready = deque(blocks)
+        blocks = (ready.popleft() for _ in range(len(ready)))
     sender = _NativeSender(config, topic) if native else _ClientSender(config, topic)
     # Wake up about once a millisecond at most: waking per event (tens of us apart) cost more CPU than sending.
     min_burst = max(1, int(rate / 1000)) if rate is not None else 1
     started = time.monotonic()
     sent = 0
-    ts_len = len(avro_long(int(time.time() * 1000)))
     stalled = False  # the native path ran out of delivery slots after failures: stop, report what was sent
-    while sent < count and not (stop is not None and stop.is_set()):
-        block = generate_events(min(BLOCK, count - sent), seed=seed, start=start + sent)
-        # The block's values are framed at once, each with a gap for ts_ms, stamped burst by burst.
-        frames = EventFrames.build(schema, block.event_ids, block.keys, block.features, ts_len)
-        keys: list[bytes | None] = [k.encode() for k in block.keys]
+    for first, frames, keys in blocks:
+        if stop is not None and stop.is_set():
+            break
         i = 0
-        while i < len(block) and not (stop is not None and stop.is_set()):
+        while i < len(frames) and not (stop is not None and stop.is_set()):
             # Send in bursts: every event due by now (all of the block without a rate), then wait for the next.
-            end = min(len(block), i + _BURST)
+            end = min(len(frames), i + _BURST)
             if rate is not None:
                 due = int((time.monotonic() - started) * rate) + 1 - sent
-                wanted = min(min_burst, len(block) - i)
+                wanted = min(min_burst, len(frames) - i)
                 if due < wanted:
                     time.sleep((wanted - due) / rate)
                     continue
                 end = min(end, i + due)
             ts = avro_long(int(time.time() * 1000))  # stamped as the burst is handed over
             if len(ts) != frames.ts_len:  # the clock's varint grew a byte (or a test clock): frame again
+                block = generate_events(len(frames), seed=seed, start=first)
                 frames = EventFrames.build(schema, block.event_ids, block.keys, block.features, len(ts))
             if not sender.send(frames, i, end, ts, keys[i:end]):
                 stalled = True

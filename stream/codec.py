@@ -434,16 +434,19 @@ def _utf8_column(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(joined, dtype=np.uint8), lengths
 
 
-@dataclass(frozen=True)
 class EventFrames:
-    """Framed input-event values of a block, each with a ``ts_len``-byte gap for its ts_ms: the load generator
-    stamps events as it sends them. Row i of ``rows`` holds value i right-aligned (it starts at ``starts[i]``),
-    so the timestamp and the feature array sit in the same columns of every row and are written as slices."""
+    """Framed input-event values of a block, back to back in one buffer, each with a ``ts_len``-byte slot for its
+    ts_ms at ``ts_at[i]``: the load generator stamps a burst of events in place as it hands them over, so a block
+    framed ahead of time costs only the stamping and the send when it goes out."""
 
-    rows: np.ndarray  # uint8 (n, width)
-    starts: np.ndarray  # int64 (n,)
+    values: np.ndarray  # uint8, every value back to back (written by the stamping)
+    ends: np.ndarray  # int64 (n,): where value i ends in ``values``
+    ts_at: np.ndarray  # int64 (n,): where value i's ts_ms slot starts in ``values``
     ts_len: int
-    ts_column: int
+
+    def __init__(self, values: np.ndarray, ends: np.ndarray, ts_at: np.ndarray, ts_len: int) -> None:
+        self.values, self.ends, self.ts_at, self.ts_len = values, ends, ts_at, ts_len
+        self._ts_columns = np.arange(ts_len, dtype=np.int64)
 
     @classmethod
     def build(cls, schema: RegisteredSchema, event_ids: Sequence[str], keys: Sequence[str], features: np.ndarray,
@@ -459,6 +462,8 @@ class EventFrames:
         # Avro array: one block holding all the floats, then the 0 that ends the array (just the 0 when empty).
         count = avro_long(n_features) if n_features else b""
         tail = len(count) + 4 * n_features + 1
+        # Framed first as right-aligned rows, so that the ts slot and the feature array of every value sit in the
+        # same columns and are written as slices; then the rows are joined without their left padding.
         width = (int(heads.max()) if n else HEADER_SIZE) + ts_len + tail
         rows = np.zeros((n, width), dtype=np.uint8)
         ts_column = width - tail - ts_len
@@ -475,33 +480,32 @@ class EventFrames:
             at = at + varint_len
             _copy_rows(flat, at, text, np.cumsum(text_len) - text_len, text_len)
             at = at + text_len
-        return cls(rows, starts, ts_len, ts_column)
+        ends = np.cumsum(width - starts, dtype=np.int64)
+        return cls(rows[np.arange(width) >= starts[:, None]], ends, ends - (width - ts_column), ts_len)
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.ends)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes + self.ends.nbytes + self.ts_at.nbytes)
 
     def stamped(self, start: int, stop: int, ts: bytes) -> list[bytes]:
-        """Rows ``start:stop`` as values, with ``ts`` (an Avro long of exactly ``ts_len`` bytes) as their ts_ms."""
-        rows = self._stamp(start, stop, ts)
-        width = rows.shape[1]
-        blob = rows.tobytes()
-        row_at = range(0, len(blob), width)
-        return [blob[a + s : a + width] for a, s in zip(row_at, self.starts[start:stop].tolist(), strict=True)]
+        """Values ``start:stop``, with ``ts`` (an Avro long of exactly ``ts_len`` bytes) as their ts_ms."""
+        blob, ends = self.stamped_joined(start, stop, ts)
+        bounds = ends.tolist()
+        return [blob[a:b] for a, b in zip([0, *bounds[:-1]] if bounds else [], bounds, strict=True)]
 
     def stamped_joined(self, start: int, stop: int, ts: bytes) -> tuple[bytes, np.ndarray]:
-        """Rows ``start:stop`` stamped as in `stamped`, back to back in one buffer, with each value's end offset
+        """Values ``start:stop`` stamped as in `stamped`, back to back in one buffer, with each value's end offset
         in it (the layout `stream.native.NativeProducer.produce` takes)."""
-        rows = self._stamp(start, stop, ts)
-        starts = self.starts[start:stop]
-        joined = rows[np.arange(rows.shape[1]) >= starts[:, None]].tobytes()
-        return joined, np.cumsum(rows.shape[1] - starts)
-
-    def _stamp(self, start: int, stop: int, ts: bytes) -> np.ndarray:
         if len(ts) != self.ts_len:
             raise ValueError(f"{len(ts)}-byte timestamp for a {self.ts_len}-byte slot")
-        rows = self.rows[start:stop]
-        rows[:, self.ts_column : self.ts_column + self.ts_len] = np.frombuffer(ts, dtype=np.uint8)
-        return rows
+        if stop <= start:
+            return b"", np.zeros(0, dtype=np.int64)
+        self.values[self.ts_at[start:stop, None] + self._ts_columns] = np.frombuffer(ts, dtype=np.uint8)
+        low = int(self.ends[start - 1]) if start else 0
+        return self.values[low : int(self.ends[stop - 1])].tobytes(), self.ends[start:stop] - low
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def measure_floor(bootstrap: str, rate: float, seconds: float = 10.0, warmup_s: 
     try:
         generator = subprocess.run(
             [sys.executable, "-m", "producers", "--bootstrap-servers", bootstrap, "--topic", topic, "--count",
-             str(count), "--rate", f"{rate:.3f}", "--seed", "7"],
+             str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
             capture_output=True, text=True, timeout=seconds + warmup_s + 300, check=False,
             preexec_fn=die_with_parent)
         if generator.returncode != 0:

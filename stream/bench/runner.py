@@ -182,7 +182,7 @@ class Bench:
                 time.sleep(0.05)
             generator = subprocess.run(
                 [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
-                 "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7"],
+                 "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
                 capture_output=True, text=True, timeout=self.cfg.latency_seconds + warmup + 300, check=False,
                 preexec_fn=die_with_parent)
             if generator.returncode != 0:

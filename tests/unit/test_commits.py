@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,20 +79,20 @@ def test_shutdown_commit_gives_up_at_the_deadline(worker: Worker) -> None:
     assert len(consumer.commits) == 1 and consumer.consumes == 0
 
 
-def test_run_shortens_the_gil_switch_interval_and_restores_it(worker: Worker,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[float] = []
+def test_run_shortens_the_gil_switch_interval_raises_the_gc_threshold_and_restores_both(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, tuple[int, int, int]]] = []
 
     def fake_run() -> WorkerSummary:
-        seen.append(sys.getswitchinterval())
+        seen.append((sys.getswitchinterval(), gc.get_threshold()))
         raise RuntimeError("stop here")
 
-    before = sys.getswitchinterval()
+    before, gc_before = sys.getswitchinterval(), gc.get_threshold()
     monkeypatch.setattr(worker, "_run", fake_run)
     with pytest.raises(RuntimeError, match="stop here"):
         worker.run()
-    assert seen == [pytest.approx(0.001)] and worker.settings.gil_switch_interval_ms == 1.0
-    assert sys.getswitchinterval() == before
+    assert seen == [(pytest.approx(0.001), (50_000, *gc_before[1:]))] and worker.settings.gil_switch_interval_ms == 1.0
+    assert sys.getswitchinterval() == before and gc.get_threshold() == gc_before
 
 
 class RewindConsumer:
