@@ -85,6 +85,10 @@ class _ClientSender:
         poll(0)
         return True
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for everything sent so far to be acknowledged; True if it was."""
+        return self._producer.flush(timeout_s) == 0
+
     def flush(self, timeout_s: float) -> int:
         return self._producer.flush(timeout_s)
 
@@ -112,6 +116,11 @@ class _NativeSender:
         self._producer.produce(values, ends, keys, np.full(stop - start, slot, dtype=np.int32))
         self._settle(self._producer.poll(0))
         return True
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for everything sent so far to be acknowledged; True if it was."""
+        self._settle(self._producer.flush(timeout_s))
+        return not self._pending
 
     def flush(self, timeout_s: float) -> int:
         self._settle(self._producer.flush(timeout_s))
@@ -161,6 +170,8 @@ def produce_events(
     pregenerate: bool = False,
 ) -> ProduceSummary:
     """Produce events ``start .. start+count-1`` of stream ``seed``; ``rate`` in events/s (None: as fast as possible).
+    A rate's schedule (and the summary's seconds) starts once the first burst is acknowledged, so that the
+    producer's start-up (connection, metadata, idempotent producer id) does not turn into a burst.
 
     Each event's ``ts_ms`` is stamped when it is handed to the producer. Setting ``stop`` ends the run
     early: the summary then reports what was sent (events ``start .. start+requested-1``). ``native`` sends
@@ -188,6 +199,7 @@ def produce_events(
     min_burst = max(1, int(rate / 1000)) if rate is not None else 1
     started = time.monotonic()
     sent = 0
+    paced = False  # a rate's schedule starts once the first burst is acknowledged
     stalled = False  # the native path ran out of delivery slots after failures: stop, report what was sent
     for first, frames, keys in blocks:
         if stop is not None and stop.is_set():
@@ -212,6 +224,14 @@ def produce_events(
                 break
             sent += end - i
             i = end
+            if rate is not None and not paced:
+                # A fresh producer spends its first few hundred ms connecting, looking the topic up and
+                # getting its idempotent producer id; events stamped meanwhile would reach the broker in one
+                # lump, a burst of rate x that delay that the rate never asked for. So the schedule starts
+                # once the first burst is acknowledged (or timeout_s has passed); that burst keeps its stamp.
+                paced = True
+                sender.settle(timeout_s)
+                started = time.monotonic() - sent / rate
         if on_progress is not None:
             on_progress(sent)
         if stalled:
