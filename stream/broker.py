@@ -147,6 +147,17 @@ def kraft_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().by
             return cluster_id
 
 
+def request_threads(cores: int | None = None) -> tuple[int, int]:
+    """Kafka's network and I/O (request handler) thread counts for a local broker on ``cores`` cores (default:
+    those this process may run on). Kafka's defaults, 3 and 8, are for a server of its own; on a 2-core machine
+    that the broker shares with its clients, 1 and 2 took 0.47 / 0.47 of a core against 0.56 / 0.60 with the
+    defaults for the same load (175,000 events/s in and out, `/proc` over 6 s, JIT warm). From 6 and 8 cores
+    up they are Kafka's defaults again."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(1, min(3, cores // 2)), max(2, min(8, cores))
+
+
 def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0) -> LocalBroker:
     libs = ensure_kafka_jars()
     port = port or free_port()
@@ -155,6 +166,7 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
     data = workdir / "data"
     log_file = workdir / "server.log"
     props = workdir / "server.properties"
+    network_threads, io_threads = request_threads()
     props.write_text("\n".join([
         "process.roles=broker,controller",
         "node.id=1",
@@ -177,6 +189,8 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
         # Single-node test broker: no reason to delay a new group's first rebalance.
         "group.initial.rebalance.delay.ms=0",
         "log.flush.interval.messages=9223372036854775807",
+        f"num.network.threads={network_threads}",
+        f"num.io.threads={io_threads}",
         "",
     ]))
     (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=log_file, level=log_level))
