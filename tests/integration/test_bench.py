@@ -32,6 +32,8 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         if broker.kind == "kafka":
             assert r["timestamps"] == "LogAppendTime"
             assert r["p50_ms"] >= 0, "an input record is appended before its prediction"
+    warm = report["latency_warmup"]  # run first, kept apart from the table
+    assert (warm["load"], warm["max_wait_ms"]) == (0.5, 5.0) and warm["events"] > 0 and "latencies_ms" not in warm
     for name in ("bench.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
         assert (cfg.results / name).stat().st_size > 0
     assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4
