@@ -21,6 +21,7 @@ from stream.native import unavailable as native_unavailable
 BLOCK = 5_000
 _BURST = 500  # events per timestamp: a burst is handed over in well under a millisecond
 _NATIVE_SLOTS = 4096  # bursts in flight through the native producer
+_START_WAIT_S = 10.0  # longest wait for a paced run's first burst to be acknowledged before the schedule starts
 
 
 @dataclass(frozen=True)
@@ -228,9 +229,10 @@ def produce_events(
                 # A fresh producer spends its first few hundred ms connecting, looking the topic up and
                 # getting its idempotent producer id; events stamped meanwhile would reach the broker in one
                 # lump, a burst of rate x that delay that the rate never asked for. So the schedule starts
-                # once the first burst is acknowledged (or timeout_s has passed); that burst keeps its stamp.
+                # once the first burst is acknowledged; that burst keeps its stamp. Bounded: a broker that is
+                # not there fails the run in the final flush, and waiting here would only double that time.
                 paced = True
-                sender.settle(timeout_s)
+                sender.settle(min(timeout_s, _START_WAIT_S))
                 started = time.monotonic() - sent / rate
         if on_progress is not None:
             on_progress(sent)

@@ -68,3 +68,16 @@ def test_an_unpaced_run_never_waits_for_acknowledgements(monkeypatch: pytest.Mon
     summary = load.produce_events("127.0.0.1:1", "t", 3_000, native=False)
     assert summary.delivered == 3_000
     assert [kind for kind, _, _ in SlowStartSender.calls] == ["send"] * 6  # bursts of _BURST, no settle
+
+
+def test_the_wait_for_the_first_acknowledgement_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    class NeverReady(SlowStartSender):
+        def settle(self, timeout_s: float) -> bool:
+            waits.append(timeout_s)
+            return False  # nothing acknowledged: the run goes on, its failures show in the summary
+
+    monkeypatch.setattr(load, "_ClientSender", NeverReady)
+    summary = load.produce_events("127.0.0.1:1", "t", 500, rate=10_000.0, native=False, timeout_s=120.0)
+    assert summary.requested == 500 and waits == [load._START_WAIT_S] and load._START_WAIT_S < 120.0
