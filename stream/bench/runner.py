@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -80,9 +81,64 @@ class Drain:
         return start, end, end / start - 1.0
 
 
+class CpuSampler:
+    """CPU seconds (user + system, from ``/proc/<pid>/stat``) of named processes, sampled on a thread every
+    ``every_s``, so that the cores each used over a window of wall-clock time can be read afterwards. Where
+    ``/proc`` is missing, or a process is gone, it simply has no samples."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (time.time(), {name: CPU seconds})
+        self._pids: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def watch(self, name: str, pid: int | None) -> None:
+        if pid is not None:
+            self._pids = {**self._pids, name: pid}
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            now = time.time()
+            cpu = {name: c for name, pid in self._pids.items() if (c := cpu_seconds(pid)) is not None}
+            self.samples.append((now, cpu))
+            if self._stop.wait(self.every_s):
+                return
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Mean cores each process used between wall-clock times ``start`` and ``end`` (epoch seconds), from
+        its first and last sample inside that window; a process with fewer than two there is left out."""
+        inside = [(t, cpu) for t, cpu in self.samples if start <= t <= end]
+        out = {}
+        for name in self._pids:
+            mine = [(t, cpu[name]) for t, cpu in inside if name in cpu]
+            if len(mine) >= 2 and mine[-1][0] > mine[0][0]:
+                out[name] = (mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0])
+        return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far, or None (no ``/proc``, or no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Bench:
-    def __init__(self, bootstrap: str, cfg: BenchConfig, model_dir: Path) -> None:
+    def __init__(self, bootstrap: str, cfg: BenchConfig, model_dir: Path, broker_pid: int | None = None) -> None:
         self.bootstrap = bootstrap
+        self.broker_pid = broker_pid  # a local broker's process, for its CPU in the latency steps
         self.cfg = cfg
         self.model_dir = model_dir
         self.run = uuid.uuid4().hex[:6]
@@ -184,13 +240,22 @@ class Bench:
                 if worker.proc.poll() is not None:
                     raise RuntimeError(worker.output()[-3000:])
                 time.sleep(0.05)
-            generator = subprocess.run(
-                [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
-                 "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
-                capture_output=True, text=True, timeout=self.cfg.latency_seconds + warmup + 300, check=False,
-                preexec_fn=die_with_parent)
+            with CpuSampler() as sampler:
+                sampler.watch("worker", worker.pid)
+                sampler.watch("broker", self.broker_pid)
+                generator = subprocess.Popen(
+                    [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
+                     "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+                sampler.watch("generator", generator.pid)
+                try:
+                    gen_out, gen_err = generator.communicate(timeout=self.cfg.latency_seconds + warmup + 300)
+                except subprocess.TimeoutExpired:
+                    generator.kill()
+                    gen_out, gen_err = generator.communicate()
+                    raise RuntimeError(f"load generator did not finish: {gen_out[-1000:]}{gen_err[-2000:]}") from None
             if generator.returncode != 0:
-                raise RuntimeError(f"load generator failed: {generator.stdout[-1000:]}{generator.stderr[-2000:]}")
+                raise RuntimeError(f"load generator failed: {gen_out[-1000:]}{gen_err[-2000:]}")
             rows, log_append = _read_latencies(self.bootstrap, inp, out, count)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         finally:
@@ -198,10 +263,12 @@ class Bench:
         # Warm-up is timed from the first event the generator stamped: its own start-up (a Python process
         # importing numpy and the client, ~1 s here) is not load.
         steady = rows[rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0]
+        # The same window for CPU: from the end of the warm-up to the last event the generator stamped.
+        cpu = sampler.cores(rows[:, 0].min() / 1000.0 + warmup, rows[:, 0].max() / 1000.0)
         pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
         return {
             "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
-            "offered_rate": rate, "achieved_rate": _generator_rate(generator.stdout), "events": len(steady),
+            "offered_rate": rate, "achieved_rate": _generator_rate(gen_out), "events": len(steady),
             "warmup_events": count - len(steady),
             **{f"{name}_ms": float(np.percentile(pipeline, q)) for name, q in _PERCENTILES},
             **{f"from_event_{name}_ms": float(np.percentile(from_event, q)) for name, q in _PERCENTILES},
@@ -209,6 +276,8 @@ class Bench:
             "timestamps": "LogAppendTime" if log_append else "CreateTime (the broker ignores LogAppendTime)",
             "latencies_ms": pipeline.tolist(), "batch_sizes": sizes.tolist(),
             "worker_inference_seconds_sum": _metric(metrics, "stream_inference_seconds_sum"),
+            # Mean cores over the counted window: worker, local broker (absent for a given cluster), generator.
+            "cpu_cores": cpu,
         }
 
 
@@ -319,7 +388,7 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
                               "broker": broker_name, "versions": _versions(broker_name)}
     bench: Bench | None = None
     try:
-        bench = Bench(servers, cfg, model_dir)
+        bench = Bench(servers, cfg, model_dir, broker.pid if broker is not None else None)
         report["preproduce_rate"] = bench.prepare()
         drains: list[Drain] = []
         caps = {"naive": cfg.naive_events, "faust": cfg.faust_events}
@@ -424,10 +493,12 @@ def format_table(report: dict[str, Any]) -> list[list[str]]:
 
 def format_latency(report: dict[str, Any]) -> list[list[str]]:
     rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
-             "from event p99", "mean batch"]]
+             "from event p99", "mean batch", "CPU worker/broker/generator"]]
     for r in report["latency"]:
         policy = "fixed" if "fixed" in r["settings"] else "adaptive"
+        cpu = r.get("cpu_cores") or {}
         rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
-                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}"])
+                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}",
+                     " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator"))])
     return rows

@@ -29,6 +29,9 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         assert len(r["latencies_ms"]) == r["events"] > 0 and r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
         assert r["events"] + r["warmup_events"] == max(int(r["offered_rate"] * 1.5), 1)
         assert r["from_event_p50_ms"] >= 0 and r["achieved_rate"]
+        # CPU over the counted window: no broker process of its own here (the suite's broker is a given cluster).
+        cpu = r["cpu_cores"]
+        assert set(cpu) == {"worker", "generator"} and min(cpu.values()) >= 0 and sum(cpu.values()) > 0, cpu
         if broker.kind == "kafka":
             assert r["timestamps"] == "LogAppendTime"
             assert r["p50_ms"] >= 0, "an input record is appended before its prediction"
