@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream.broker import BrokerKind, start_broker
+from stream.broker import BrokerKind, KafkaHeap, start_broker
 from stream.config import WorkerSettings
 from stream.process import die_with_parent
 from stream.topics import create_topics, partitions_of
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="sets fetch.wait.max.ms as the worker does")
     args = parser.parse_args(argv)
     kind: BrokerKind = args.broker
-    broker = None if args.bootstrap_servers else start_broker(kind)
+    broker = None if args.bootstrap_servers else start_broker(kind, kafka_heap=KafkaHeap.for_benchmark())
     try:
         bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
         for rate in args.rate:

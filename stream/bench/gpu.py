@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from producers.events import N_FEATURES, generate_events
 from stream.bench.runner import Bench, BenchConfig, _versions
-from stream.broker import BrokerKind, start_broker
+from stream.broker import BrokerKind, KafkaHeap, start_broker
 from stream.errors import ConfigError
 from stream.inference import InferenceEngine
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE, DemoFraudHandler, FraudMLP
@@ -164,7 +164,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, broker_kind: BrokerKind = "kafka", bootst
     report["standalone"] = standalone(model_dir, cfg, device)
     gc.collect()
     torch.cuda.empty_cache()  # the worker processes below need the device's memory
-    broker = None if bootstrap else start_broker(broker_kind)
+    broker = None if bootstrap else start_broker(broker_kind, kafka_heap=KafkaHeap.for_benchmark())
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
     try:
         bench = Bench(servers, BenchConfig(events=cfg.events), model_dir)

@@ -24,7 +24,7 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
 from producers.load import produce_events
-from stream.broker import BrokerKind, free_port, start_broker
+from stream.broker import BrokerKind, KafkaHeap, free_port, start_broker
 from stream.codec import SchemaRegistry, decode
 from stream.config import WorkerSettings
 from stream.models.demo import DEFAULT_MODEL_DIR
@@ -381,11 +381,14 @@ def _versions(broker: str) -> dict[str, str]:
 def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: str | None = None,
               console_print: Any = print) -> dict[str, Any]:
     model_dir = ensure_trained(DEFAULT_MODEL_DIR)
-    broker = None if bootstrap else start_broker(broker_kind)
+    heap = KafkaHeap.for_benchmark() if broker_kind == "kafka" and not bootstrap else None
+    broker = None if bootstrap else start_broker(broker_kind, kafka_heap=heap)
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
     broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
                               "broker": broker_name, "versions": _versions(broker_name)}
+    if heap is not None:
+        report["broker_heap"] = " ".join(heap.jvm_args())
     bench: Bench | None = None
     try:
         bench = Bench(servers, cfg, model_dir, broker.pid if broker is not None else None)

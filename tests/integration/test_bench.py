@@ -51,3 +51,18 @@ def test_broker_floor_times_every_record_after_the_warm_up(broker: BrokerInfo) -
     assert 0 <= result["p50_ms"] <= result["p99_ms"] <= result["p999_ms"]
     with pytest.raises(ValueError, match="rate and seconds"):
         measure_floor(broker.bootstrap, rate=0)
+
+
+def test_benchmark_broker_heap_reaches_the_jvm() -> None:
+    from stream.broker import KafkaHeap, kafka_available, start_kafka
+
+    if not kafka_available():
+        pytest.skip("Apache Kafka unavailable (needs java and mvn)")
+    heap = KafkaHeap(heap_mib=512, young_mib=256, pretouch=True, region_mib=4)
+    with start_kafka(heap=heap) as local:
+        cmdline = Path(f"/proc/{local.pid}/cmdline").read_bytes().split(b"\0")
+        assert [a.decode() for a in cmdline if a.startswith((b"-Xm", b"-XX:G1HeapRegion", b"-XX:+AlwaysPre"))] == \
+            heap.jvm_args()
+        rss_kib = next(int(line.split()[1]) for line in Path(f"/proc/{local.pid}/status").read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+        assert rss_kib > 512 * 1024  # every heap page touched at start
