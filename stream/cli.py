@@ -190,7 +190,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     console = Console()
     report = run_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
     for title, rows in (("drain throughput", format_table(report)),
-                        ("worker end-to-end latency under load", format_latency(report))):
+                        (f"worker end-to-end latency under load (% of {report['capacity']:,.0f} events/s: the smaller "
+                         "of the default drain and the live rate)", format_latency(report))):
         table = Table(title=title)
         for col in rows[0]:
             table.add_column(col, justify="right")

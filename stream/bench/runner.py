@@ -55,6 +55,9 @@ class BenchConfig:
     # topics append with LogAppendTime, a path the drains before them never took, and in a full run the
     # first two steps at 50 % and 90 % load spent their first seconds behind while the later ones did not.
     latency_warmup_load: float = 0.5
+    # Events for the live capacity (the worker consuming while the load generator publishes as fast as it can);
+    # at most ``events``. 0: none (the latency loads are then fractions of the default drain alone).
+    live_events: int = 2_000_000
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
 
 
@@ -212,6 +215,40 @@ class Bench:
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples)
 
+    def live_capacity(self, events: int) -> Drain:
+        """The worker (defaults) consuming while the load generator publishes ``events`` as fast as it can: the
+        rate events flow through when they are produced live on this machine, where the generator and the
+        broker's appends take cores that a drain of a pre-produced topic leaves to the worker. Timed from the
+        worker's first consumed record to its last commit."""
+        inp, out = self.topic("live-in"), self.topic("live-out")
+        port = free_port()
+        summary = self.work / "live.json"
+        worker = WorkerProcess(
+            ["--bootstrap-servers", self.bootstrap, "--input-topic", inp, "--output-topic", out, "--group-id",
+             f"bench-live-{self.run}", "--model-dir", str(self.model_dir), "--metrics-port", str(port),
+             "--summary-json", str(summary), "--log-level", "INFO"],
+            self.work / "live.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
+        try:
+            _wait_assigned(worker)
+            generator = subprocess.run(
+                [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
+                 "--count", str(events), "--seed", "11", "--pregenerate"],
+                capture_output=True, text=True, timeout=1800, preexec_fn=die_with_parent, check=False)
+            if generator.returncode != 0:
+                raise RuntimeError(f"load generator failed: {generator.stdout[-1000:]}{generator.stderr[-2000:]}")
+            deadline = time.monotonic() + 300
+            while (_scrape(port, "stream_offsets_committed_total") or 0) < events:
+                if worker.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"live capacity: the worker did not commit {events:,} records: "
+                                       f"{worker.output()[-3000:]}")
+                time.sleep(0.05)
+        finally:
+            code = worker.terminate()
+        if code != 0:
+            raise RuntimeError(f"live capacity: worker exit {code}: {worker.output()[-3000:]}")
+        result = json.loads(summary.read_text())
+        return Drain("worker-live", int(result["consumed"]), result["last_committed_at"] - result["first_consumed_at"])
+
     # ------------------------------------------------------------------ latency under load
     def latency(self, capacity: float, load: float, wait_ms: float, extra: list[str] | None = None,
                 label: str = "") -> dict[str, Any]:
@@ -236,10 +273,7 @@ class Bench:
         warmup = self.cfg.warmup_seconds
         count = max(int(rate * (self.cfg.latency_seconds + warmup)), 1)
         try:
-            while " assigned " not in worker.output():
-                if worker.proc.poll() is not None:
-                    raise RuntimeError(worker.output()[-3000:])
-                time.sleep(0.05)
+            _wait_assigned(worker)
             with CpuSampler() as sampler:
                 sampler.watch("worker", worker.pid)
                 sampler.watch("broker", self.broker_pid)
@@ -282,6 +316,14 @@ class Bench:
 
 
 _PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))
+
+
+def _wait_assigned(worker: WorkerProcess, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while " assigned " not in worker.output():
+        if worker.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the worker was never assigned its partitions: {worker.output()[-3000:]}")
+        time.sleep(0.05)
 
 
 def _generator_rate(line: str) -> float | None:
@@ -409,6 +451,16 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None,
                             "rss_growth": d.rss_growth()} for d in drains]
         capacity = next(d.rate for d in drains if d.name == "worker-default")
+        report["capacity_drain"] = capacity
+        if cfg.live_events > 0:
+            # On a small machine the generator and the broker's appends share the cores with the worker during
+            # the latency steps, which a drain never pays for: the loads are fractions of the smaller rate.
+            console_print("bench: worker (default settings) under a live, unpaced load ...")
+            live = bench.live_capacity(min(cfg.events, cfg.live_events))
+            report["drain"].append({**asdict(live), "rate": live.rate,
+                                    "ratio_to_limit": (live.rate / limit) if limit else None, "rss_growth": None})
+            report["capacity_live"] = live.rate
+            capacity = min(capacity, live.rate)
         report["capacity"] = capacity
         if cfg.latency_warmup_load > 0:
             console_print(f"bench: latency warm-up at {cfg.latency_warmup_load:.0%} load (not reported) ...")
