@@ -184,8 +184,8 @@ class KafkaHeap:
     @classmethod
     def for_benchmark(cls, mem_total_mib: int | None = None) -> KafkaHeap:
         """The benchmark's broker: Kafka's documented production heap (6 GiB, G1 with 16 MiB regions) on a
-        machine with 20 GiB or more, a quarter of its memory below that; half of it a fixed young generation;
-        every page touched at start (6 GiB: ~7 s here).
+        machine with 20 GiB or more (MemTotal, or the cgroup's memory limit where smaller), a quarter of that
+        below; half of it a fixed young generation; every page touched at start (6 GiB: ~7 s here).
 
         With the default heap G1 kept its young generation near 300 MiB for its pause goal, so at 142,000
         events/s in and out the broker stopped for a 8-28 ms young collection every 2.7 s, and each pause put
@@ -213,15 +213,47 @@ class KafkaHeap:
         return args
 
 
-def _mem_total_mib() -> int | None:
+def _mem_total_mib(meminfo: Path = Path("/proc/meminfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
+                   cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The memory this process may use, MiB: MemTotal, or its cgroup's limit where that is smaller (in a
+    container /proc/meminfo shows the host's memory, and a pre-touched heap sized from it would be killed)."""
+    total: int | None = None
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        return None
-    return None
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) // 1024
+                break
+    except (OSError, ValueError):
+        total = None
+    limit = _cgroup_memory_limit_mib(proc_cgroup, cgroup_root)
+    if limit is None:
+        return total
+    return limit if total is None else min(total, limit)
+
+
+def _cgroup_memory_limit_mib(proc_cgroup: Path, cgroup_root: Path) -> int | None:
+    """The smallest memory limit set on this process's cgroup (v2 ``memory.max`` or v1
+    ``memory.limit_in_bytes``, the cgroup's own and the namespace root's), MiB; None where none is set."""
+    candidates = [cgroup_root / "memory.max", cgroup_root / "memory" / "memory.limit_in_bytes"]
+    try:
+        for line in proc_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            rel = path.lstrip("/")
+            if controllers == "":
+                candidates.append(cgroup_root / rel / "memory.max")
+            elif "memory" in controllers.split(","):
+                candidates.append(cgroup_root / "memory" / rel / "memory.limit_in_bytes")
+    except (OSError, ValueError):
+        pass
+    limits = []
+    for candidate in candidates:
+        try:
+            text = candidate.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": none; v1 writes a huge number for none, larger than any MemTotal
+            limits.append(int(text) // (1024 * 1024))
+    return min(limits) if limits else None
 
 
 def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0,

@@ -3,9 +3,11 @@ for an option and fails: 1 start in 64 before this check), request threads and J
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from stream.broker import KafkaHeap, kraft_cluster_id, request_threads
+from stream.broker import KafkaHeap, _mem_total_mib, kraft_cluster_id, request_threads
 from stream.errors import BrokerError
 
 
@@ -44,3 +46,32 @@ def test_benchmark_heap_is_kafkas_production_heap_where_memory_allows() -> None:
 def test_bad_heaps_are_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(BrokerError):
         KafkaHeap(**kwargs)
+
+
+def _fake_machine(tmp_path: Path, mem_kib: int, cgroup: str, limits: dict[str, str]) -> dict[str, Path]:
+    tmp_path.mkdir()
+    (tmp_path / "meminfo").write_text(f"MemTotal:       {mem_kib} kB\nMemFree:        1000 kB\n")
+    (tmp_path / "cgroup").write_text(cgroup)
+    for rel, text in limits.items():
+        (tmp_path / "fs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / rel).write_text(text + "\n")
+    return {"meminfo": tmp_path / "meminfo", "proc_cgroup": tmp_path / "cgroup", "cgroup_root": tmp_path / "fs"}
+
+
+def test_memory_for_the_heap_is_the_containers_limit_where_smaller(tmp_path: Path) -> None:
+    gib = 1024 * 1024  # kB
+    # cgroup v2 with a limit on this process's cgroup: 8 GiB of a 64 GiB host, so the heap is a quarter of 8
+    v2 = _fake_machine(tmp_path / "a", 64 * gib, "0::/job/x\n",
+                       {"memory.max": "max", "job/x/memory.max": str(8 * 1024**3)})
+    assert _mem_total_mib(**v2) == 8 * 1024
+    assert KafkaHeap.for_benchmark(_mem_total_mib(**v2)).heap_mib == 2048
+    # cgroup v1 (this machine's layout): "no limit" is a huge number, so MemTotal stands
+    v1 = _fake_machine(tmp_path / "b", 24 * gib, "4:memory:/api/1\n0::/\n",
+                       {"memory/memory.limit_in_bytes": "9223372036854771712",
+                        "memory/api/1/memory.limit_in_bytes": "9223372036854771712"})
+    assert _mem_total_mib(**v1) == 24 * 1024
+    limited = _fake_machine(tmp_path / "c", 24 * gib, "4:memory:/api/1\n",
+                            {"memory/api/1/memory.limit_in_bytes": str(3 * 1024**3)})
+    assert _mem_total_mib(**limited) == 3 * 1024
+    # nothing readable: no figure (for_benchmark then takes 1 GiB)
+    assert _mem_total_mib(tmp_path / "none", tmp_path / "none", tmp_path / "none") is None
