@@ -26,6 +26,7 @@ SCALA_VERSION = "2.13"
 LOG4J_VERSION = "2.24.3"
 SLF4J_VERSION = "2.0.17"
 BrokerKind = Literal["kafka", "tansu"]
+GC_LOG = "gc.log"  # in a local Kafka broker's work folder; rotated to gc.log.0, gc.log.1 at 10 MB
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -117,6 +118,11 @@ class LocalBroker:
         self.proc = proc
         self.workdir = workdir
         self.bootstrap = f"127.0.0.1:{port}"
+
+    @property
+    def gc_log(self) -> Path | None:
+        """The JVM's collection log (``-Xlog:gc``, wall-clock ms decorations) of a Kafka broker; None for Tansu."""
+        return self.workdir / GC_LOG if self.kind == "kafka" else None
 
     @property
     def pid(self) -> int:
@@ -308,7 +314,9 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
         shutil.rmtree(workdir, ignore_errors=True)
         raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
     with open(workdir / "stdout.log", "wb") as out:
-        proc = subprocess.Popen([java, *heap.jvm_args(), *jvm, "kafka.Kafka", str(props)], stdout=out,
+        # A line per collection, stamped with wall-clock ms (the benchmark lines its pauses up with its steps).
+        gc_log = f'-Xlog:gc:file="{workdir / GC_LOG}":timemillis,uptimemillis:filecount=2,filesize=10m'
+        proc = subprocess.Popen([java, *heap.jvm_args(), *jvm, gc_log, "kafka.Kafka", str(props)], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     broker = LocalBroker("kafka", port, proc, workdir)
     try:

@@ -139,9 +139,11 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 class Bench:
-    def __init__(self, bootstrap: str, cfg: BenchConfig, model_dir: Path, broker_pid: int | None = None) -> None:
+    def __init__(self, bootstrap: str, cfg: BenchConfig, model_dir: Path, broker_pid: int | None = None,
+                 broker_gc_log: Path | None = None) -> None:
         self.bootstrap = bootstrap
         self.broker_pid = broker_pid  # a local broker's process, for its CPU in the latency steps
+        self.broker_gc_log = broker_gc_log  # a local Kafka broker's collection log, for its pauses in them
         self.cfg = cfg
         self.model_dir = model_dir
         self.run = uuid.uuid4().hex[:6]
@@ -298,7 +300,8 @@ class Bench:
         # importing numpy and the client, ~1 s here) is not load.
         steady = rows[rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0]
         # The same window for CPU: from the end of the warm-up to the last event the generator stamped.
-        cpu = sampler.cores(rows[:, 0].min() / 1000.0 + warmup, rows[:, 0].max() / 1000.0)
+        window = (rows[:, 0].min() / 1000.0 + warmup, rows[:, 0].max() / 1000.0)
+        cpu = sampler.cores(*window)
         pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
         return {
             "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
@@ -312,6 +315,8 @@ class Bench:
             "worker_inference_seconds_sum": _metric(metrics, "stream_inference_seconds_sum"),
             # Mean cores over the counted window: worker, local broker (absent for a given cluster), generator.
             "cpu_cores": cpu,
+            # The broker's stop-the-world collections in the same window (None: no log of a broker of our own).
+            "broker_gc": gc_pauses(self.broker_gc_log, *window) if self.broker_gc_log is not None else None,
         }
 
 
@@ -397,6 +402,28 @@ def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: 
     return rows, log_append
 
 
+_GC_PAUSE = re.compile(r"^\[(\d+)ms\].*\bGC\(\d+\) Pause .* (\d+(?:\.\d+)?)ms$")
+
+
+def gc_pauses(log: Path, start: float, end: float) -> dict[str, Any]:
+    """The JVM's stop-the-world pauses (``-Xlog:gc`` lines decorated with wall-clock ms first) that overlap the
+    wall-clock window [``start``, ``end``] (epoch seconds): how many, their total and the longest, ms. A line is
+    written as its pause ends; rotated files (``gc.log.0``, ...) are read too; no log reads as no pause."""
+    durations: list[float] = []
+    for path in sorted(log.parent.glob(log.name + "*")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            found = _GC_PAUSE.match(line.rstrip())
+            if found:
+                ended_s, ms = int(found.group(1)) / 1000.0, float(found.group(2))
+                if ended_s >= start and ended_s - ms / 1000.0 <= end:
+                    durations.append(ms)
+    return {"pauses": len(durations), "total_ms": float(sum(durations)), "max_ms": max(durations, default=0.0)}
+
+
 def _versions(broker: str) -> dict[str, str]:
     """Versions for a report; ``broker`` is ``kafka``, ``tansu`` or ``given cluster``."""
     from importlib.metadata import PackageNotFoundError, version
@@ -433,7 +460,8 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         report["broker_heap"] = " ".join(heap.jvm_args())
     bench: Bench | None = None
     try:
-        bench = Bench(servers, cfg, model_dir, broker.pid if broker is not None else None)
+        bench = Bench(servers, cfg, model_dir, broker.pid if broker is not None else None,
+                      broker.gc_log if broker is not None else None)
         report["preproduce_rate"] = bench.prepare()
         drains: list[Drain] = []
         caps = {"naive": cfg.naive_events, "faust": cfg.faust_events}
@@ -546,14 +574,21 @@ def format_table(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _format_gc(gc: dict[str, Any] | None) -> str:
+    if gc is None:
+        return "-"
+    return f"{gc['pauses']} (max {gc['max_ms']:.0f} ms)" if gc["pauses"] else "0"
+
+
 def format_latency(report: dict[str, Any]) -> list[list[str]]:
     rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
-             "from event p99", "mean batch", "CPU worker/broker/generator"]]
+             "from event p99", "mean batch", "CPU worker/broker/generator", "broker GC pauses"]]
     for r in report["latency"]:
         policy = "fixed" if "fixed" in r["settings"] else "adaptive"
         cpu = r.get("cpu_cores") or {}
         rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
                      f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}",
-                     " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator"))])
+                     " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator")),
+                     _format_gc(r.get("broker_gc"))])
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         # CPU over the counted window: no broker process of its own here (the suite's broker is a given cluster).
         cpu = r["cpu_cores"]
         assert set(cpu) == {"worker", "generator"} and min(cpu.values()) >= 0 and sum(cpu.values()) > 0, cpu
+        assert r["broker_gc"] is None  # nor its collection log
         if broker.kind == "kafka":
             assert r["timestamps"] == "LogAppendTime"
             assert r["p50_ms"] >= 0, "an input record is appended before its prediction"
@@ -73,3 +75,7 @@ def test_benchmark_broker_heap_reaches_the_jvm() -> None:
         rss_kib = next(int(line.split()[1]) for line in Path(f"/proc/{local.pid}/status").read_text().splitlines()
                        if line.startswith("VmRSS:"))
         assert rss_kib > 512 * 1024  # every heap page touched at start
+        # Its collection log is stamped with wall-clock ms, the clock the benchmark's steps are timed on.
+        assert local.gc_log is not None
+        first = local.gc_log.read_text().splitlines()[0]
+        assert abs(int(first[1:first.index("ms]")]) / 1000.0 - time.time()) < 120, first
