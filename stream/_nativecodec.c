@@ -58,24 +58,50 @@ static int has_high(const unsigned char *s, Py_ssize_t n) {
 
 /* scan_events(values, header, n_features, max_bytes, index, id_buf, id_start, id_len, ts, features) -> rows
  *
- * Takes each value of the list that has the registered event layout: the schema header, an event_id and a key
- * shorter than 64 bytes (one-byte lengths) in valid UTF-8, a ts_ms varint of at most 9 bytes, then one block
+ * values: a list of bytes (or None), or (buffer, starts, lengths) for values back to back in one buffer (int64
+ * starts and lengths, length -1 for None). Takes each value that has the registered event layout: the schema
+ * header, an event_id and a key shorter than 64 bytes (one-byte lengths) in valid UTF-8, a ts_ms varint of at most 9 bytes, then one block
  * of exactly n_features floats and the 0 that ends the array, and nothing after. For the r-th taken value
  * (raw position i): index[r] = i, its event_id as Avro wrote it (length byte, then UTF-8) is appended to
  * id_buf (at id_start[r], id_len[r] bytes), ts[r] its ts_ms, features[r] its floats. Anything else (None, a
  * different layout, longer than max_bytes when max_bytes >= 0) is left for fastavro. Outputs: index, id_start,
  * id_len and ts int64 (n), id_buf uint8 (64 n), features float32 (n * n_features). */
 static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *values, *header_obj, *outs[6];
+    PyObject *values, *header_obj, *outs[6], *joined_buf = NULL, *joined_starts = NULL, *joined_lens = NULL;
     Py_ssize_t n_features, max_bytes;
-    if (!PyArg_ParseTuple(args, "O!SnnOOOOOO", &PyList_Type, &values, &header_obj, &n_features, &max_bytes,
+    if (!PyArg_ParseTuple(args, "OSnnOOOOOO", &values, &header_obj, &n_features, &max_bytes,
                           &outs[0], &outs[1], &outs[2], &outs[3], &outs[4], &outs[5]))
         return NULL;
     if (n_features <= 0 || n_features >= 64) {
         PyErr_SetString(PyExc_ValueError, "n_features must be 1..63 (a one-byte item count)");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(values);
+    /* values: a list of bytes (or None), or (buffer, starts, lengths): every value back to back in one buffer,
+     * with int64 starts and lengths (-1: None). */
+    int joined = !PyList_Check(values);
+    Buf in[3];
+    memset(in, 0, sizeof in);
+    Py_ssize_t n;
+    if (joined) {
+        if (!PyArg_ParseTuple(values, "OOO", &joined_buf, &joined_starts, &joined_lens))
+            return NULL;
+        if (PyObject_GetBuffer(joined_buf, &in[0].view, PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        in[0].held = 1;
+        if (get_buf(joined_lens, &in[2], 8, 0, 0, "lengths") < 0) {
+            release(in, 3);
+            return NULL;
+        }
+        n = in[2].view.len / 8;
+        if (get_buf(joined_starts, &in[1], 8, n, 0, "starts") < 0) {
+            release(in, 3);
+            return NULL;
+        }
+    } else
+        n = PyList_GET_SIZE(values);
+    const unsigned char *jbuf = in[0].view.buf;
+    const int64_t *jstart = in[1].view.buf, *jlen = in[2].view.buf;
+    const Py_ssize_t jsize = in[0].view.len;
     Buf b[6];
     memset(b, 0, sizeof b);
     static const char *names[] = {"index", "id_buf", "id_start", "id_len", "ts", "features"};
@@ -84,6 +110,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args) {
     for (int k = 0; k < 6; k++)
         if (get_buf(outs[k], &b[k], sizes[k], counts[k], 1, names[k]) < 0) {
             release(b, 6);
+            release(in, 3);
             return NULL;
         }
     int64_t *index = b[0].view.buf, *id_start = b[2].view.buf, *id_len = b[3].view.buf, *ts = b[4].view.buf;
@@ -95,10 +122,18 @@ static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args) {
     const unsigned char count_byte = (unsigned char)(2 * n_features);
     Py_ssize_t rows = 0, id_at = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyList_GET_ITEM(values, i);
-        if (!PyBytes_CheckExact(v)) continue;
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(v);
-        const Py_ssize_t len = PyBytes_GET_SIZE(v);
+        const unsigned char *p;
+        Py_ssize_t len;
+        if (joined) {
+            if (jlen[i] < 0 || jstart[i] < 0 || jstart[i] + jlen[i] > jsize) continue;
+            p = jbuf + jstart[i];
+            len = (Py_ssize_t)jlen[i];
+        } else {
+            PyObject *v = PyList_GET_ITEM(values, i);
+            if (!PyBytes_CheckExact(v)) continue;
+            p = (const unsigned char *)PyBytes_AS_STRING(v);
+            len = PyBytes_GET_SIZE(v);
+        }
         if (len < header_size + 5 + width || (max_bytes >= 0 && len > max_bytes)) continue;
         if (memcmp(p, header, header_size) != 0) continue;
         const Py_ssize_t id_pos = header_size;
@@ -135,6 +170,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args) {
         rows++;
     }
     release(b, 6);
+    release(in, 3);
     return PyLong_FromSsize_t(rows);
 }
 

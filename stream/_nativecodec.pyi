@@ -2,7 +2,8 @@
 
 import numpy as np
 
-def scan_events(values: list[bytes | None], header: bytes, n_features: int, max_bytes: int, index: np.ndarray,
+def scan_events(values: list[bytes | None] | tuple[bytes, np.ndarray, np.ndarray], header: bytes, n_features: int,
+                max_bytes: int, index: np.ndarray,
                 id_buf: np.ndarray, id_start: np.ndarray, id_len: np.ndarray, ts: np.ndarray,
                 features: np.ndarray) -> int: ...
 def encode_predictions(header: bytes, id_buf: np.ndarray, id_start: np.ndarray, id_len: np.ndarray, models: bytes,

@@ -14,9 +14,13 @@ Clock = Callable[[], float]
 
 class MicroBatcher(Generic[T]):
     """Collects items into batches that close at ``max_batch_size`` items, or once the batch's
-    FIRST item has waited ``max_wait_ms`` (measured on ``clock``, seconds, monotonic)."""
+    FIRST item has waited ``max_wait_ms`` (measured on ``clock``, seconds, monotonic).
 
-    def __init__(self, max_batch_size: int, max_wait_ms: float, clock: Clock = time.monotonic) -> None:
+    With ``size``, each item is a chunk of that many records (the worker's consumed ``Records``), and every
+    count here (``len``, ``room``, the size limit, ``discard``) is of records."""
+
+    def __init__(self, max_batch_size: int, max_wait_ms: float, clock: Clock = time.monotonic,
+                 size: Callable[[T], int] | None = None) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
@@ -24,16 +28,22 @@ class MicroBatcher(Generic[T]):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self._clock = clock
+        self._size = size
         self._items: list[T] = []
+        self._count = 0
         self._opened_at: float | None = None
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
+
+    def _measure(self, items: list[T]) -> int:
+        size = self._size
+        return len(items) if size is None else sum(size(item) for item in items)
 
     @property
     def room(self) -> int:
         """How many items fit before the batch is full."""
-        return max(self.max_batch_size - len(self._items), 0)
+        return max(self.max_batch_size - self._count, 0)
 
     def add(self, items: Iterable[T]) -> None:
         """Append items (in order); the clock starts at the first item of an empty batch.
@@ -41,9 +51,11 @@ class MicroBatcher(Generic[T]):
         Adding beyond ``max_batch_size`` is allowed (a batch never splits records of one poll
         arbitrarily); `ready` is then true at once.
         """
-        before = len(self._items)
-        self._items.extend(items)
-        if before == 0 and self._items:
+        added = list(items)
+        before = self._count
+        self._items.extend(added)
+        self._count += self._measure(added)
+        if before == 0 and self._count:
             self._opened_at = self._clock()
 
     def deadline(self) -> float | None:
@@ -56,26 +68,35 @@ class MicroBatcher(Generic[T]):
         return None if deadline is None else max(deadline - self._clock(), 0.0)
 
     def ready(self) -> bool:
-        if not self._items:
+        if not self._count:
             return False
-        if len(self._items) >= self.max_batch_size:
+        if self._count >= self.max_batch_size:
             return True
         deadline = self.deadline()
         return deadline is not None and self._clock() >= deadline
 
     def take(self) -> list[T]:
         """Close the batch and return its items (possibly empty); the next add opens a new one."""
-        items, self._items, self._opened_at = self._items, [], None
+        items, self._items, self._count, self._opened_at = self._items, [], 0, None
         return items
 
-    def discard(self, keep: Callable[[T], bool]) -> int:
+    def discard(self, keep: Callable[[T], T | bool]) -> int:
         """Drop items for which ``keep`` is false (e.g. revoked partitions); returns how many were dropped.
+        For chunks, ``keep`` may also return what is kept of an item (an empty chunk drops it).
 
         The batch keeps its opening time: the remaining first item has waited at least that long.
         """
-        kept = [item for item in self._items if keep(item)]
-        dropped = len(self._items) - len(kept)
-        self._items = kept
-        if not kept:
+        kept: list[T] = []
+        for item in self._items:
+            verdict = keep(item)
+            if verdict is True:
+                kept.append(item)
+            elif verdict is not False and (self._size is None or self._size(verdict)):
+                kept.append(verdict)
+        count = self._measure(kept)
+        dropped = self._count - count
+        self._items, self._count = kept, count
+        if not count:
+            self._items = []
             self._opened_at = None
         return dropped

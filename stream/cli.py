@@ -54,6 +54,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--native-producer", action=argparse.BooleanOptionalAction, default=None,
                    help="publish predictions through the C extension where it is built (on; at-least-once without "
                         "provenance headers; see README)")
+    p.add_argument("--native-consumer", action=argparse.BooleanOptionalAction, default=None,
+                   help="take input records through the C extension where it is built (on; at-least-once; see "
+                        "README)")
     p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
     p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")

@@ -21,6 +21,7 @@ import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from stream.errors import ConfigError, DecodeError
+from stream.records import Records
 
 try:  # the C fast paths (stream/_nativecodec.c); without them the numpy versions below do the same work
     from stream import _nativecodec
@@ -288,11 +289,14 @@ class EventDecoder:
         # Avro writes the array's item count as a zigzag varint: one byte for counts up to 63.
         self._count_byte = (2 * n_features) if known and 0 < n_features < 64 else -1
 
-    def decode_batch(self, values: Sequence[bytes | None], max_bytes: int | None = None,
+    def decode_batch(self, values: Sequence[bytes | None] | Records, max_bytes: int | None = None,
                      ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
         """Fast path: the whole batch is scanned at once with numpy for the registered event layout (ids and
         keys shorter than 64 bytes, one block of exactly n floats). Anything else goes through fastavro,
-        which also produces the typed errors, so both paths give the same answers."""
+        which also produces the typed errors, so both paths give the same answers. ``values``: one per record,
+        or consumed ``Records`` (scanned in their joined buffer where the C scan is built)."""
+        if isinstance(values, Records) and _nativecodec is None:
+            values = values.values()  # the numpy scan joins a list itself
         n = len(values)
         if self._count_byte < 0 or n == 0:
             rows, fast = np.zeros(0, dtype=np.int64), None
@@ -308,7 +312,8 @@ class EventDecoder:
             if len(rows) == n:
                 return fast, errors
         slow = np.setdiff1d(np.arange(n, dtype=np.int64), rows, assume_unique=True)
-        rest, slow_errors = self._decode_slow([values[i] for i in slow.tolist()], max_bytes)
+        at = values.value if isinstance(values, Records) else values.__getitem__
+        rest, slow_errors = self._decode_slow([at(i) for i in slow.tolist()], max_bytes)
         errors += [(int(slow[j]), e) for j, e in slow_errors]
         errors.sort(key=lambda item: item[0])
         rest = dataclasses.replace(rest, index=slow[rest.index])
@@ -317,16 +322,22 @@ class EventDecoder:
         merged = EventBatch.concat(fast, rest)
         return merged.select(np.argsort(merged.index, kind="stable")), errors
 
-    def _scan(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
+    def _scan(self, values: Sequence[bytes | None] | Records, max_bytes: int | None
+              ) -> tuple[np.ndarray, EventBatch]:
         """(raw positions the fast path decoded, their events; non-finite rows still in): in C where the
         extension is built (one pass, each record read once), else with numpy. Both take the same records."""
         if _nativecodec is None:
+            assert not isinstance(values, Records)
             return self._scan_numpy(values, max_bytes)
         n = len(values)
         index, id_start, id_len, ts = (np.empty(n, dtype=np.int64) for _ in range(4))
         id_buf = np.empty(64 * n, dtype=np.uint8)  # event_id fields: under 64 bytes each on the fast path
         features = np.empty((n, self._n_features), dtype=np.float32)
-        rows = _nativecodec.scan_events(values if type(values) is list else list(values), self._header_bytes,
+        if isinstance(values, Records):
+            source: Any = (values.buffer, values.starts, values.lengths)
+        else:
+            source = values if type(values) is list else list(values)
+        rows = _nativecodec.scan_events(source, self._header_bytes,
                                         self._n_features, -1 if max_bytes is None else max_bytes, index, id_buf,
                                         id_start, id_len, ts, features)
         index = index[:rows]

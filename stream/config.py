@@ -105,6 +105,11 @@ class WorkerSettings(BaseSettings):
         description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
                     "batch, delivery reports counted in C) where it is built; at-least-once without provenance "
                     "headers only: transactions, dead letters and headers use confluent-kafka")
+    native_consumer: bool = Field(
+        default=True,
+        description="take input records through the C extension stream._nativeproduce (whole batches from "
+                    "librdkafka into one buffer, no Message object per record) where it is built; the "
+                    "confluent-kafka consumer keeps the group, commits and callbacks; at-least-once only")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -1,4 +1,5 @@
-"""Predictions produced and acknowledged in C: the optional ``stream._nativeproduce`` extension.
+"""Predictions produced and acknowledged in C, and input records consumed in C: the optional
+``stream._nativeproduce`` extension (``NativeProducer``; ``NativeInput`` at the end of this module).
 
 Why: through confluent-kafka every prediction costs a ``produce()`` call and, when the broker acknowledges it, a
 ``Message`` object and a Python callback, each with the GIL held on the processing thread (measured: 3.8-3.9 µs
@@ -22,6 +23,8 @@ from typing import Any
 
 import confluent_kafka
 import numpy as np
+
+from stream.records import Records
 
 try:
     from stream import _nativeproduce
@@ -51,7 +54,7 @@ def _librdkafka_path() -> str | None:
 
 
 def unavailable() -> str | None:
-    """Why the native producer cannot be used here, or None when it can (loads the binding once)."""
+    """Why the native producer and consumer cannot be used here, or None when they can (loads the binding once)."""
     global _load_error, _loaded
     if _IMPORT_ERROR is not None:
         return _IMPORT_ERROR
@@ -129,3 +132,49 @@ class NativeProducer:
     def close(self, timeout_s: float) -> int:
         """Flush for up to ``timeout_s``, then release the client; returns how many records are undelivered."""
         return int(self._producer.close(timeout_s))
+
+
+class NativeInput:
+    """Input records of a ``confluent_kafka.Consumer``'s subscription, taken in C as ``Records``.
+
+    Why: ``Consumer.consume()`` builds a ``Message`` per record (with the GIL held: its topic, key and value
+    objects), which the worker then takes apart again. Here the input partitions' fetch queues are forwarded to
+    a queue of this object's (``route``, called in ``on_assign`` before the partitions are assigned), and
+    ``consume`` copies what it takes into one buffer. The consumer keeps everything else: the group protocol,
+    commits, pause, seek and its callbacks, which its own ``consume()`` serves; ``consume`` here returns early and
+    says ``pending`` when the consumer's queue has something for it. ``close`` must come before the consumer's."""
+
+    def __init__(self, consumer: confluent_kafka.Consumer, topic: str) -> None:
+        reason = unavailable()
+        if reason is not None:
+            raise RuntimeError(f"native consumer unavailable: {reason}")
+        if not isinstance(consumer, confluent_kafka.Consumer):
+            raise TypeError(f"a confluent_kafka.Consumer is needed, got {type(consumer).__name__}")
+        assert _nativeproduce is not None
+        self.topic = topic
+        self._queue = _nativeproduce.Queue(consumer, topic)
+        self._closed = False
+
+    def route(self, partitions: list[int]) -> None:
+        """Forward these partitions' records here; call it in ``on_assign``. A no-op once closed (the consumer's
+        own ``close()`` may still assign what a rebalance in progress handed it)."""
+        if not self._closed:
+            self._queue.route(partitions)
+
+    def consume(self, n: int, timeout_s: float) -> tuple[Records, list[tuple[int, int, int, str]], bool]:
+        """(up to ``n`` records, error events among them as (partition, offset, code, text), whether the
+        consumer's own queue has something to serve)."""
+        values, starts, lengths, keys, partitions, offsets, errors, pending = self._queue.consume(n, timeout_s)
+        records = Records(values, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64),
+                          keys, np.frombuffer(partitions, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64))
+        return records, errors, pending
+
+    def pending(self) -> bool:
+        return bool(self._queue.pending())
+
+    def wake(self) -> None:
+        self._queue.wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.close()

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Message
 
 from stream import faults
 from stream.codec import EventBatch, EventDecoder, InputSource, PredictionEncoder
@@ -24,6 +23,7 @@ from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableMod
 from stream.inference import InferenceEngine, InFlight
 from stream.metrics import StreamMetrics
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, Headers, Publisher, SpanDelivery
+from stream.records import Records
 
 log = logging.getLogger(__name__)
 DLQ_STAGE = "stream.dlq.stage"
@@ -38,9 +38,9 @@ DLQ_VALUE_BYTES = "stream.dlq.value.bytes"
 class Dispatched:
     """A closed micro-batch on its way to the processor."""
 
-    messages: list[Message]
-    partitions: np.ndarray  # input partition per message
-    offsets: np.ndarray  # input offset per message
+    records: Records
+    partitions: np.ndarray  # input partition per record
+    offsets: np.ndarray  # input offset per record
     deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
     epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
     group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
@@ -123,7 +123,7 @@ class BatchProcessor:
 
     def begin(self, batch: Dispatched) -> Begun:
         """Decode the batch and submit its features to the model without waiting for the forward pass."""
-        events, errors = self._decoder.decode_batch([m.value() for m in batch.messages], self.policy.max_input_bytes)
+        events, errors = self._decoder.decode_batch(batch.records, self.policy.max_input_bytes)
         dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
         flight = None
         if len(events):
@@ -145,7 +145,7 @@ class BatchProcessor:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
             self._dead_letter(batch, dead)
         else:
-            self._breaker.record(len(batch.messages), 0)
+            self._breaker.record(len(batch.records), 0)
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
@@ -207,28 +207,26 @@ class BatchProcessor:
     def _publish_predictions(self, batch: Dispatched, events: EventBatch, outputs: dict[str, np.ndarray]) -> None:
         if not len(events):
             return
-        msgs = batch.messages
+        records = batch.records
         handler = self._engine.handler
         row_partitions = batch.partitions[events.index]
         row_offsets = batch.offsets[events.index]
         for partition, delivery in batch.deliveries.items():
             delivery.ts_ms = events.ts_ms[row_partitions == partition]
         deliveries = batch.deliveries
-        rows = events.index.tolist()
-        sent = msgs if len(rows) == len(msgs) else [msgs[i] for i in rows]
-        keys = [m.key() for m in sent]
+        keys = records.keys if len(events) == len(records) else [records.keys[i] for i in events.index.tolist()]
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
         if not self._provenance_headers:
             # One buffer for the whole batch; the native producer takes it as is (no bytes object per record).
             joined, ends = self._encoder.encode_joined(
                 events, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
-                batch_size=len(msgs), source=source)
+                batch_size=len(records), source=source)
             self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries)
             return
         payloads = self._encoder.encode_batch(
             events, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
-            batch_size=len(msgs), source=source)
+            batch_size=len(records), source=source)
         parts = row_partitions.tolist()
         # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().
         topic_header = (HEADER_TOPIC, self._topic_header)
@@ -239,29 +237,28 @@ class BatchProcessor:
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
 
     def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord]) -> None:
-        msgs = batch.messages
+        records = batch.records
         first = dead[0]
-        m0 = msgs[first.index]
         if self.policy.dlq_topic is None:
             err = first.error
             if isinstance(err, DecodeError):
-                err = err.at(self.policy.input_topic, int(m0.partition() or 0), int(m0.offset() or 0))
+                err = err.at(self.policy.input_topic, int(batch.partitions[first.index]),
+                             int(batch.offsets[first.index]))
             raise StreamError(f"bad record and no --dlq-topic to send it to ({first.stage}): {err}") from err
-        self._breaker.record(len(msgs), len(dead))
+        self._breaker.record(len(records), len(dead))
         handler = self._engine.handler
         values: list[bytes | None] = []
         keys: list[bytes | None] = []
         headers: list[Headers] = []
         callbacks: list[SpanDelivery] = []
         for d in dead:
-            m = msgs[d.index]
-            p: int = m.partition()  # type: ignore[assignment]
-            raw = m.value()
+            p = int(batch.partitions[d.index])
+            raw = records.value(d.index)
             oversized = raw is not None and len(raw) > self.policy.max_input_bytes
             message = str(d.error)[:1000]
             hdrs: Headers = [
                 (HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % p),
-                (HEADER_OFFSET, b"%d" % (m.offset() or 0)), (DLQ_STAGE, d.stage.encode()),
+                (HEADER_OFFSET, b"%d" % int(batch.offsets[d.index])), (DLQ_STAGE, d.stage.encode()),
                 (DLQ_ERROR_CLASS, type(d.error).__name__.encode()), (DLQ_ERROR_REASON, d.reason.encode()),
                 (DLQ_ERROR_MESSAGE, message.encode("utf-8", "replace")),
                 (DLQ_VALUE_BYTES, b"%d" % (len(raw) if raw is not None else -1)),
@@ -270,7 +267,7 @@ class BatchProcessor:
                 hdrs.append((DLQ_MODEL, f"{handler.name}:{handler.version}".encode()))
             # The original bytes travel with the error, except an oversized value (its size is in a header).
             values.append(None if oversized else raw)
-            keys.append(m.key())
+            keys.append(records.keys[d.index])
             headers.append(hdrs)
             delivery = batch.deliveries[p]
             delivery.dead += 1

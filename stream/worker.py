@@ -1,7 +1,8 @@
 """The orchestrator: one poll thread owns the consumer; a processing thread runs decode -> model ->
 encode -> produce; the delivery reports it serves turn acknowledgements into commit positions.
 
-    poll thread:  consume -> MicroBatcher -> dispatch (spans in OffsetTracker) -> bounded queue
+    poll thread:  consume (Records: in C where built) -> MicroBatcher -> dispatch (spans in OffsetTracker)
+                  -> bounded queue
                   commits (async on a timer, sync on revoke and shutdown); pauses input when the queue is full
     processor:    decode batch -> one forward pass -> encode batch -> produce (keys kept)
                   then, and while idle, serves delivery reports: SpanDelivery acks -> commit positions advance
@@ -44,6 +45,7 @@ from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
 from stream.processing import BatchProcessor, Begun, Dispatched, ProcessingPolicy
 from stream.publish import Publisher, SpanDelivery
+from stream.records import Records
 from stream.topics import create_topics, end_offsets, partitions_of
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ _GAUGE_EVERY_S = 0.1
 _SERVE_EVERY_S = 0.002  # an idle processor serves delivery reports this often
 _SEND_WINDOW_S = 0.001  # how long a processor that runs out of work flushes the batch it just produced
 _IDLE_CHECK_S = 0.001  # adaptive batching: how often a waiting poll thread checks whether the model went idle
+_SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
 
 
 @dataclass
@@ -105,7 +108,8 @@ class Worker:
         self._encoder = PredictionEncoder(registry, self._engine.handler.output_fields)
         self._consumer_config = settings.consumer_config()
         self._producer_config = settings.producer_config()
-        self._batcher: MicroBatcher[Message] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock)
+        self._batcher: MicroBatcher[Records] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock,
+                                                            size=len)
         self._tracker = OffsetTracker()
         # Batches waiting for the processor: at most max_inflight_batches (slots), plus room for the sentinel.
         self._slots = threading.BoundedSemaphore(settings.max_inflight_batches)
@@ -119,6 +123,8 @@ class Worker:
         self._committed_positions: dict[tuple[str, int], int] = {}
         self._async_commit_sent_at: float | None = None  # an asynchronous commit waits for its answer
         self._consumer: Consumer | None = None
+        self._input: native.NativeInput | None = None  # input records taken in C (else consumer.consume)
+        self._serve_consumer_at = 0.0  # native input: when the consumer's own queue is next served
         self._publisher: Publisher | None = None
         self._processor: BatchProcessor | None = None
         self._end_offsets: dict[int, int] | None = None
@@ -177,6 +183,7 @@ class Worker:
                                          self.metrics)
         self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,
                                    "error_cb": self._on_consumer_error})
+        self._input = self._native_input(self._consumer)
         processor = threading.Thread(target=self._process_loop, name="processor", daemon=True)
         processor.start()
         metrics_server = self.metrics.serve(s.metrics_port, s.metrics_host) if s.metrics_port is not None else None
@@ -214,6 +221,27 @@ class Worker:
         log.info("predictions published through the native producer (stream._nativeproduce)")
         return s.output_topic
 
+    def _native_input(self, consumer: Consumer) -> native.NativeInput | None:
+        """The C consumer for input records (stream.native.NativeInput), when it can be used; logs the choice."""
+        s = self.settings
+        why_not = None
+        if not s.native_consumer:
+            why_not = "--no-native-consumer"
+        elif s.exactly_once:
+            why_not = "exactly-once (its rewinds are tested with confluent-kafka's consume)"
+        else:
+            why_not = native.unavailable()
+        if why_not is None:
+            try:
+                source = native.NativeInput(consumer, s.input_topic)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                why_not = str(exc)
+            else:
+                log.info("input records taken through the native consumer (stream._nativeproduce)")
+                return source
+        log.info("input records taken through confluent-kafka (native consumer off: %s)", why_not)
+        return None
+
     def _finish(self, processor: threading.Thread, metrics_server: Any) -> WorkerSummary:
         self._shutdown(processor)
         if metrics_server is not None:
@@ -237,7 +265,7 @@ class Worker:
         adaptive = self.settings.batch_policy == "adaptive"
         close_early = False
         while not self._stop.is_set() and self._failure_now() is None:
-            messages: list[Message] = []
+            records: Records | None = None
             close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
             close_early = False
             if close_now or batcher.ready():
@@ -249,27 +277,27 @@ class Worker:
                     now = self._clock()
                     stalled_since = now if stalled_since is None else stalled_since
                     if self._paused:
-                        messages = consumer.consume(1, _STALL_STEP_S)  # serves rebalances, heartbeats
+                        records = self._take(1, _STALL_STEP_S)  # serves rebalances, heartbeats
                     elif now - stalled_since >= _PAUSE_AFTER_S:
                         self._set_paused(True)
             elif len(batcher) == 0:
                 # Empty batch: take one record as soon as it arrives, so its wait is timed from arrival.
-                messages = consumer.consume(1, _IDLE_POLL_S)
+                records = self._take(1, _IDLE_POLL_S)
             elif adaptive and self._model_idle():
                 # The model has nothing to do: waiting for more records only adds latency. Take what is
                 # already fetched; if that does not fill the batch, hand it over now. Under load the model is
                 # busy, so records pile up while it works and batches grow on their own.
                 room = batcher.room
-                messages = consumer.consume(room, 0)
-                close_early = len(messages) < room
+                records = self._take(room, 0)
+                close_early = len(records) < room
             else:
                 wait_s = batcher.time_left() or 0.0
                 if adaptive:
                     wait_s = min(wait_s, _IDLE_CHECK_S)  # look again soon: the model may be idle by then
-                messages = consumer.consume(max(batcher.room, 1), wait_s)
-            if messages:
+                records = self._take(max(batcher.room, 1), wait_s)
+            if records is not None and len(records):
                 faults.reach("after-poll")
-                self._accept(messages)
+                self._accept(records)
             if self._rewind_pending():
                 self._rewind()
             now = self._clock()
@@ -283,24 +311,62 @@ class Worker:
                 self.metrics.in_flight.set(self._tracker.in_flight())
                 next_gauge = now + _GAUGE_EVERY_S
 
-    def _accept(self, messages: list[Message]) -> None:
+    def _take(self, n: int, timeout_s: float) -> Records:
+        """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile."""
+        consumer = self._consumer
+        assert consumer is not None
+        source = self._input
+        if source is None:
+            return self._records_of(consumer.consume(n, timeout_s))
+        now = self._clock()
+        if now >= self._serve_consumer_at:
+            # Rebalances (on_assign routes new partitions to the native queue before they are assigned),
+            # commit results and client errors. Served before taking records, so records taken next are of
+            # partitions assigned now.
+            self._serve_consumer_at = now + _SERVE_CONSUMER_S
+            if len(self._records_of(consumer.consume(100, 0))):
+                raise StreamError("a record reached the consumer's own queue while the native consumer takes the "
+                                  "input (a partition assigned without on_assign?)")
+        records, errors, pending = source.consume(n, timeout_s)
+        for _partition, _offset, code, text in errors:
+            self._consume_error(KafkaError(code, text))
+        if pending:
+            self._serve_consumer_at = 0.0  # at the next call
+        return records
+
+    def _records_of(self, messages: list[Message]) -> Records:
         good = []
         for msg in messages:
             err = msg.error()
             if err is None:
                 good.append(msg)
-            elif err.code() == KafkaError._PARTITION_EOF:
-                continue
-            elif err.fatal() or not err.retriable():
-                raise KafkaClientError("consume", err)
             else:
-                log.warning("consume: %s", err)
-        if good:
-            if self._summary.first_consumed_at is None:
-                self._summary.first_consumed_at = time.time()
-            self._summary.consumed += len(good)
-            self.metrics.consumed.inc(len(good))
-            self._batcher.add(good)
+                self._consume_error(err)
+        return Records.from_messages(good) if good else Records.empty()
+
+    @staticmethod
+    def _consume_error(err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal() or not err.retriable():
+            raise KafkaClientError("consume", err)
+        log.warning("consume: %s", err)
+
+    def _accept(self, records: Records) -> None:
+        topic = self.settings.input_topic
+        present = np.unique(records.partitions).tolist()
+        foreign = [p for p in present if not self._tracker.is_assigned((topic, p))]
+        if foreign:
+            # Taken as its partition was being revoked: the partition's next owner has it (nothing committed).
+            records = records.without_partitions(foreign)
+            log.info("dropped records of partitions no longer assigned: %s", _fmt([(topic, p) for p in foreign]))
+        if not len(records):
+            return
+        if self._summary.first_consumed_at is None:
+            self._summary.first_consumed_at = time.time()
+        self._summary.consumed += len(records)
+        self.metrics.consumed.inc(len(records))
+        self._batcher.add([records])
 
     def _try_dispatch(self, wait_s: float) -> bool:
         """Hand the closed batch to the processor, waiting up to ``wait_s`` for queue space."""
@@ -320,13 +386,11 @@ class Worker:
 
     def _close_batch(self) -> Dispatched:
         """Take the open batch and register its per-partition spans with the offset tracker."""
-        messages = self._batcher.take()
-        if len(messages) > self._batcher.max_batch_size:  # a record that slipped in while paused
-            self._batcher.add(messages[self._batcher.max_batch_size:])
-            messages = messages[: self._batcher.max_batch_size]
-        # Consumed records always have a partition and an offset (None only for produced ones).
-        partitions = np.fromiter([m.partition() for m in messages], dtype=np.int32, count=len(messages))
-        offsets = np.fromiter([m.offset() for m in messages], dtype=np.int64, count=len(messages))
+        records = Records.concat(self._batcher.take())
+        if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
+            records, rest = records.split(self._batcher.max_batch_size)
+            self._batcher.add([rest])
+        partitions, offsets = records.partitions, records.offsets
         bounds: dict[int, tuple[int, int, int]] = {}  # partition -> (first offset, last offset, records)
         for p in np.unique(partitions).tolist():
             rows = np.flatnonzero(partitions == p)
@@ -341,11 +405,11 @@ class Worker:
             for p, (first, last, count) in bounds.items()
         }
         self._summary.batches += 1
-        self._summary.batched_records += len(messages)
+        self._summary.batched_records += len(records)
         self.metrics.batches.inc()
-        self.metrics.batch_size.observe(len(messages))
+        self.metrics.batch_size.observe(len(records))
         metadata = self._consumer.consumer_group_metadata() if self.settings.exactly_once and self._consumer else None
-        return Dispatched(messages, partitions, offsets, deliveries, self._epoch, metadata)
+        return Dispatched(records, partitions, offsets, deliveries, self._epoch, metadata)
 
     def _set_paused(self, paused: bool) -> None:
         consumer = self._consumer
@@ -440,6 +504,10 @@ class Worker:
     # ---------------------------------------------------------------------------- rebalances
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
+        if self._input is not None:
+            # Before confluent-kafka assigns them (after this callback): none of their records reach the
+            # consumer's own queue.
+            self._input.route([p for t, p in tps if t == self._input.topic])
         self._tracker.assign(tps)
         for tp in tps:
             # The committed counter's base is set by this assignment's first dispatched offset; no broker
@@ -453,8 +521,8 @@ class Worker:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Finish the revoked partitions' in-flight records, commit them synchronously, forget them."""
         tps = [(tp.topic, tp.partition) for tp in partitions]
-        revoked = set(tps)
-        dropped = self._batcher.discard(lambda m: (m.topic(), m.partition()) not in revoked)
+        revoked = {p for _, p in tps}
+        dropped = self._batcher.discard(lambda r: r.without_partitions(revoked))
         deadline = time.monotonic() + self._revoke_budget_s()
         live = [tp for tp in tps if self._tracker.is_assigned(tp)]
         while (any(self._tracker.in_flight(tp) for tp in live) and time.monotonic() < deadline
@@ -475,8 +543,8 @@ class Worker:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Ownership already gone: commit nothing, drop state (their in-flight records may be repeated)."""
         tps = [(tp.topic, tp.partition) for tp in partitions]
-        lost = set(tps)
-        self._batcher.discard(lambda m: (m.topic(), m.partition()) not in lost)
+        lost = {p for _, p in tps}
+        self._batcher.discard(lambda r: r.without_partitions(lost))
         self._tracker.forget(tps)
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
         log.warning("lost %s", _fmt(tps))
@@ -730,6 +798,9 @@ class Worker:
             except KafkaClientError as exc:
                 self._fail(exc)
             self._stop.set()
+            if self._input is not None:
+                self._input.close()  # before the consumer's close, which destroys the client it uses
+                self._input = None
             try:
                 consumer.close()  # leaves the group; on_revoke finds nothing left to do
             except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException

@@ -3,11 +3,12 @@ the partition confluent-kafka's producer picks for that key; spans acknowledged 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from stream import native
 from stream.offsets import OffsetTracker
@@ -72,3 +73,120 @@ def test_records_arrive_once_keyed_like_confluent_kafka_and_spans_complete_after
     expected = {v: p for p, _, v in _read(broker.bootstrap, reference, n)}
     keyed = [v for k, v in zip(keys, values, strict=True) if k is not None]
     assert all(by_value[v][0] == expected[v] for v in keyed)  # same partitioner, same partition per key
+
+
+def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[Consumer, native.NativeInput]:
+    def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.append(f"assign {sorted(tp.partition for tp in partitions)}")
+        source.route([tp.partition for tp in partitions])
+
+    def on_revoke(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.append(f"revoke {sorted(tp.partition for tp in partitions)}")
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "partition.assignment.strategy": "cooperative-sticky",
+                         "enable.partition.eof": True})
+    source = native.NativeInput(consumer, topic)
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+    return consumer, source
+
+
+def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: float,
+          eof: set[int] | None = None) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """One round as the worker does it: serve the consumer's queue (it must hold no record), then take records."""
+    assert [m for m in consumer.consume(100, 0) if m.error() is None] == []
+    records, errors, _pending = source.consume(n, timeout_s)
+    for partition, _offset, code, _text in errors:
+        assert code == KafkaError._PARTITION_EOF
+        if eof is not None:
+            eof.add(partition)
+    return [(int(p), int(o), records.value(i), records.keys[i])
+            for i, (p, o) in enumerate(zip(records.partitions, records.offsets, strict=True))]
+
+
+def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values(
+        broker: BrokerInfo, unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("in")
+    create_topics(broker.bootstrap, [topic], PARTITIONS)
+    n = 5000
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    sent = {}
+    for i in range(n):
+        key = None if i % 7 == 0 else b"k%d" % i
+        value = None if i % 11 == 0 else b"v%d" % i * (1 + i % 5)
+        producer.produce(topic, value, key, partition=i % PARTITIONS)
+        sent[i] = (i % PARTITIONS, key, value)
+    assert producer.flush(30) == 0
+    log: list[str] = []
+    consumer, source = _subscribe(broker.bootstrap, topic, unique_name("g"), log)
+    got: list[tuple[int, int, bytes | None, bytes | None]] = []
+    eof: set[int] = set()
+    try:
+        for _ in range(600):
+            got += _take(consumer, source, 1000, 0.1, eof)
+            if len(got) >= n and len(eof) == PARTITIONS:
+                break
+    finally:
+        source.close()
+        consumer.close()
+    assert log[0] == f"assign {list(range(PARTITIONS))}"
+    assert len(got) == n  # each once
+    for p in range(PARTITIONS):
+        offsets = [o for q, o, _, _ in got if q == p]
+        assert offsets == list(range(len(offsets)))  # in order, none skipped
+    assert Counter((p, k, v) for p, _, v, k in got) == Counter(sent.values())
+    with pytest.raises(RuntimeError, match="closed"):
+        source.consume(1, 0)
+
+
+def test_native_input_follows_a_cooperative_rebalance(broker: BrokerInfo, unique_name: Callable[[str], str]) -> None:
+    """A second member joins: the first stops getting records of the partitions it gave up, the second gets them
+    from the committed offsets, and no record reaches either consumer's own queue."""
+    topic, group = unique_name("in"), unique_name("g")
+    create_topics(broker.bootstrap, [topic], PARTITIONS)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(3000):
+        producer.produce(topic, b"a%d" % i, partition=i % PARTITIONS)
+    assert producer.flush(30) == 0
+    log_a: list[str] = []
+    a, source_a = _subscribe(broker.bootstrap, topic, group, log_a)
+    b = source_b = None
+    try:
+        first: list[tuple[int, int, bytes | None, bytes | None]] = []
+        for _ in range(300):
+            first += _take(a, source_a, 1000, 0.1)
+            if len(first) >= 3000:
+                break
+        assert len(first) == 3000
+        a.commit(offsets=[TopicPartition(topic, p, 500) for p in range(PARTITIONS)], asynchronous=False)
+        log_b: list[str] = []
+        b, source_b = _subscribe(broker.bootstrap, topic, group, log_b)
+        for _ in range(300):
+            _take(a, source_a, 100, 0.05)
+            _take(b, source_b, 100, 0.05)
+            if b.assignment() and len(a.assignment()) < PARTITIONS:
+                break
+        kept = {tp.partition for tp in a.assignment()}
+        moved = {tp.partition for tp in b.assignment()}
+        assert kept and moved and kept.isdisjoint(moved) and kept | moved == set(range(PARTITIONS))
+        for i in range(3000, 6000):
+            producer.produce(topic, b"b%d" % i, partition=i % PARTITIONS)
+        assert producer.flush(30) == 0
+        got_a: list[tuple[int, int, bytes | None, bytes | None]] = []
+        got_b: list[tuple[int, int, bytes | None, bytes | None]] = []
+        for _ in range(300):
+            got_a += _take(a, source_a, 1000, 0.05)
+            got_b += _take(b, source_b, 1000, 0.05)
+            if len(got_a) + len(got_b) >= 3000 + 500 * len(moved):
+                break
+        assert {p for p, _, _, _ in got_a} <= kept
+        assert {p for p, _, _, _ in got_b} == moved
+        for p in moved:  # from the committed offset on, in order
+            assert [o for q, o, _, _ in got_b if q == p] == list(range(500, 1000))
+        for p in kept:  # where it left off
+            assert [o for q, o, _, _ in got_a if q == p] == list(range(500, 1000))
+    finally:
+        for source, consumer in ((source_a, a), (source_b, b)):
+            if source is not None and consumer is not None:
+                source.close()
+                consumer.close()

@@ -19,11 +19,11 @@ from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-producer", "confluent-producer"])
+@pytest.mark.parametrize("native", [True, False], ids=["native-clients", "confluent-clients"])
 def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeline: Pipeline, native: bool) -> None:
     port = free_port()
     worker = pipeline.worker("--metrics-port", str(port), "--max-batch-size", "64", "--max-wait-ms", "10",
-                             *([] if native else ["--no-native-producer"]))
+                             *([] if native else ["--no-native-producer", "--no-native-consumer"]))
     wait_for_assignment(worker)
     # The load generator's C path too, where it is built: its records must be the same events, keys included.
     expected = pipeline.produce(5_000, seed=11, native=native and stream_native.unavailable() is None)
@@ -53,8 +53,10 @@ def test_n_events_give_exactly_n_predictions_and_commit_to_end_on_sigterm(pipeli
     assert "worker summary: consumed=5000 predicted=5000 dead_lettered=0 committed=5000" in worker.output()
     if native and stream_native.unavailable() is None:
         assert "through the native producer" in worker.output()
+        assert "input records taken through the native consumer" in worker.output()
     else:
-        assert "through confluent-kafka" in worker.output()
+        assert "predictions published through confluent-kafka" in worker.output()
+        assert "input records taken through confluent-kafka" in worker.output()
 
 
 def _ids_and_keys(seed: int, count: int) -> tuple[list[str], list[str]]:

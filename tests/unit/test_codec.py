@@ -28,6 +28,7 @@ from stream.codec import (
     encode_longs,
 )
 from stream.errors import ConfigError, DecodeError
+from stream.records import Records
 
 REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
@@ -170,6 +171,18 @@ def test_fuzz_valid_header_random_body(body: bytes) -> None:
     assert len(batch) + len(errors) == 1
 
 
+def as_records(values: list[bytes | None]) -> Records:
+    """Consumed records of these values, in a shuffled joined buffer (values need not sit in order in it)."""
+    order = np.random.default_rng(len(values)).permutation(len(values))
+    buffer, starts = b"", np.zeros(len(values), dtype=np.int64)
+    for i in order.tolist():
+        starts[i] = len(buffer)
+        buffer += values[i] or b""
+    lengths = np.array([-1 if v is None else len(v) for v in values], dtype=np.int64)
+    return Records(buffer + b"\xff" * 7, starts, lengths, [None] * len(values), np.zeros(len(values), np.int32),
+                   np.arange(len(values), dtype=np.int64))
+
+
 float32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
 
 
@@ -178,12 +191,15 @@ float32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
     "event_id": st.text(max_size=40), "key": st.text(max_size=20),
     "ts_ms": st.integers(-(2**63), 2**63 - 1),
     "features": st.one_of(st.lists(float32s, min_size=32, max_size=32), st.lists(float32s, max_size=70)),
-}), max_size=12), junk=st.lists(st.binary(max_size=60), max_size=3), impl=st.sampled_from(IMPLS))
-def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], junk: list[bytes], impl: str) -> None:
+}), max_size=12), junk=st.lists(st.binary(max_size=60), max_size=3), impl=st.sampled_from(IMPLS),
+       joined=st.booleans())
+def test_fast_decoder_agrees_with_fastavro(records: list[dict[str, object]], junk: list[bytes], impl: str,
+                                           joined: bool) -> None:
+    """Values one by one, or consumed Records (one joined buffer, as the native consumer hands them over)."""
     decoder = EventDecoder(REGISTRY, 32)
     values: list[bytes | None] = [encode(EVENT, r) for r in records] + [EVENT.header + j for j in junk] + [None]
     with codec_impl(impl):
-        fast, fast_errors = decoder.decode_batch(values)
+        fast, fast_errors = decoder.decode_batch(as_records(values) if joined else values)
     slow, slow_errors = decoder._decode_slow(values)
     assert fast.index.tolist() == slow.index.tolist()
     assert fast.event_ids == slow.event_ids

@@ -52,17 +52,17 @@ class Spy:
         self.processor, self.fail_on, self.calls = processor, fail_on, []  # type: ignore[var-annotated]
 
     def begin(self, batch: Dispatched) -> Begun:
-        self.calls.append(("begin", len(batch.messages)))
+        self.calls.append(("begin", len(batch.records)))
         return self.processor.begin(batch)
 
     def complete(self, begun: Begun) -> None:
-        self.calls.append(("complete", len(begun.batch.messages)))
-        if len(begun.batch.messages) == self.fail_on:
+        self.calls.append(("complete", len(begun.batch.records)))
+        if len(begun.batch.records) == self.fail_on:
             raise StreamError("publish failed")
         self.processor.complete(begun)
 
     def process(self, batch: Dispatched) -> None:
-        self.calls.append(("process", len(batch.messages)))
+        self.calls.append(("process", len(batch.records)))
         self.processor.process(batch)
 
 

@@ -34,31 +34,12 @@ from stream.processing import (
     ProcessingPolicy,
 )
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
+from stream.records import Records
 from stream.verify import input_source
 from tests.handlers import POISON_MARK, PoisonHandler
 
 REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
-
-
-class FakeMessage:
-    def __init__(self, value: bytes | None, partition: int, offset: int, key: bytes) -> None:
-        self._v, self._p, self._o, self._k = value, partition, offset, key
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def key(self) -> bytes:
-        return self._k
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def topic(self) -> str:
-        return "in"
 
 
 class FakePublisher:
@@ -120,10 +101,11 @@ def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retri
 def batch_of(values: list[bytes | None], publisher: FakePublisher) -> tuple[Dispatched, OffsetTracker]:
     tracker = OffsetTracker()
     tracker.assign([("in", 0)])
-    msgs = [FakeMessage(v, 0, i, b"k%d" % i) for i, v in enumerate(values)]
-    span = tracker.dispatch(("in", 0), 0, len(values) - 1, len(values))
+    n = len(values)
+    records = Records.build(values, [b"k%d" % i for i in range(n)], [0] * n, range(n))
+    span = tracker.dispatch(("in", 0), 0, n - 1, n)
     delivery = SpanDelivery(publisher, span)  # type: ignore[arg-type]
-    return Dispatched(msgs, np.zeros(len(values), dtype=np.int32), np.arange(len(values)), {0: delivery}), tracker  # type: ignore[arg-type]
+    return Dispatched(records, records.partitions, records.offsets, {0: delivery}), tracker
 
 
 def events(n: int, poison_rows: Sequence[int] = ()) -> list[bytes | None]:
