@@ -75,6 +75,10 @@ class MicroBatcher(Generic[T]):
         deadline = self.deadline()
         return deadline is not None and self._clock() >= deadline
 
+    def items(self) -> list[T]:
+        """The open batch's items (a copy of the list; the batch stays open)."""
+        return list(self._items)
+
     def take(self) -> list[T]:
         """Close the batch and return its items (possibly empty); the next add opens a new one."""
         items, self._items, self._count, self._opened_at = self._items, [], 0, None

@@ -60,6 +60,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
     p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
+    p.add_argument("--stall-timeout-s", type=float,
+                   help="report an assigned partition with records waiting and no committed progress for this "
+                        "long (120)")
     p.add_argument("--stop-at-end", action="store_true", default=None,
                    help="drain to the end offsets that existed at start, commit, exit 0")
     p.add_argument("--dlq-topic", help="dead-letter topic for bad records (created if missing); "

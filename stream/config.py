@@ -87,6 +87,10 @@ class WorkerSettings(BaseSettings):
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)
     max_inflight_batches: int = Field(default=4, ge=1, le=1024)
     shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    stall_timeout_s: float = Field(
+        default=120.0, ge=1.0, le=86_400.0,
+        description="an assigned partition with records waiting and no committed progress for this long is "
+                    "reported stalled (a WARNING naming it, stream_stalled_partitions)")
     stop_at_end: bool = False
     dlq_topic: str | None = Field(default=None, min_length=1, max_length=249)
     max_input_bytes: int = Field(default=1_048_576, ge=16, le=1_073_741_824)

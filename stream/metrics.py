@@ -93,6 +93,12 @@ class StreamMetrics:
                                        registry=r)
         self.assigned_partitions = Gauge("stream_assigned_partitions", "Input partitions assigned now.",
                                          registry=r)
+        self.paused_partitions = Gauge("stream_paused_partitions",
+                                       "Input partitions paused because the model's queue is full.", registry=r)
+        self.stalled_partitions = Gauge(
+            "stream_stalled_partitions",
+            "Assigned input partitions with records waiting and no committed progress for --stall-timeout-s.",
+            registry=r)
         self.in_flight = Gauge("stream_records_in_flight", "Records dispatched and not yet acknowledged.",
                                registry=r)
         self.batch_size = BulkHistogram("stream_batch_size_records", "Records per micro-batch.",

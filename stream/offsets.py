@@ -48,7 +48,7 @@ class Span:
 
 
 class PartitionState:
-    __slots__ = ("acked", "active", "committed", "confirmed", "spans", "tp")
+    __slots__ = ("acked", "active", "committed", "confirmed", "dispatched", "spans", "tp")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -56,6 +56,7 @@ class PartitionState:
         self.acked: int | None = None  # position after the longest completed prefix of spans
         self.committed: int | None = None  # last position handed out by `committable`
         self.confirmed: int | None = None  # highest position the broker accepted (`confirm`)
+        self.dispatched: int | None = None  # position after the last dispatched span
         self.active = True
 
     def watermark(self) -> int | None:
@@ -108,7 +109,15 @@ class OffsetTracker:
             )
         span = Span(state, first, last, count)
         state.spans.append(span)
+        state.dispatched = last + 1
         return span
+
+    def holds(self, tp: TopicPartition) -> bool:
+        """Records of ``tp`` were dispatched in this assignment and the broker has not confirmed their commit."""
+        state = self._partitions.get(tp)
+        if state is None or state.dispatched is None:
+            return False
+        return state.confirmed is None or state.confirmed < state.dispatched
 
     def in_flight(self, tp: TopicPartition | None = None) -> int:
         """Records dispatched and not yet acknowledged (for one partition, or all)."""

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    OFFSET_END,
     OFFSET_INVALID,
     Consumer,
     KafkaError,
@@ -46,6 +47,7 @@ from stream.offsets import OffsetTracker
 from stream.processing import BatchProcessor, Begun, Dispatched, ProcessingPolicy
 from stream.publish import Publisher, SpanDelivery
 from stream.records import Records
+from stream.stalls import StallDetector
 from stream.topics import create_topics, end_offsets, partitions_of
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ _SERVE_EVERY_S = 0.002  # an idle processor serves delivery reports this often
 _SEND_WINDOW_S = 0.001  # how long a processor that runs out of work flushes the batch it just produced
 _IDLE_CHECK_S = 0.001  # adaptive batching: how often a waiting poll thread checks whether the model went idle
 _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
+_STALL_QUERY_TIMEOUT_S = 2.0  # stall check: longest wait for the end and committed offsets of idle partitions
+_REWIND_QUERY_TIMEOUT_S = 2.0  # exactly-once rewind: longest wait for committed offsets before trying again
 
 
 @dataclass
@@ -111,6 +115,7 @@ class Worker:
         self._batcher: MicroBatcher[Records] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock,
                                                             size=len)
         self._tracker = OffsetTracker()
+        self._stalls = StallDetector(settings.stall_timeout_s, clock)
         # Batches waiting for the processor: at most max_inflight_batches (slots), plus room for the sentinel.
         self._slots = threading.BoundedSemaphore(settings.max_inflight_batches)
         self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=settings.max_inflight_batches + 1)
@@ -130,6 +135,7 @@ class Worker:
         self._end_offsets: dict[int, int] | None = None
         self._epoch = 0  # exactly-once: bumped by each rewind
         self._rewind_after: int | None = None  # exactly-once: epoch whose batches the processor abandoned
+        self._rewind_warned: int | None = None  # the pending rewind whose slow offset read was logged
         self._next_drain_check = 0.0
         # torch, the model and the clients are loaded: move those objects out of the collector's reach, so a
         # full collection walks only what the pipeline allocates (they took tens of ms with torch's objects in).
@@ -268,7 +274,15 @@ class Worker:
             records: Records | None = None
             close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
             close_early = False
-            if close_now or batcher.ready():
+            ready = close_now or batcher.ready()
+            if not ready:
+                stalled_since = None
+                if self._paused:
+                    # Input is paused only while a closed batch waits for the processor. A revoke, a lost
+                    # assignment or an exactly-once rewind can empty that batch: then nothing would ever be
+                    # dispatched (and resume) again, and the partitions would stay paused for good.
+                    self._set_paused(False)
+            if ready:
                 if self._try_dispatch(wait_s=0.0 if self._paused else _STALL_STEP_S):
                     stalled_since = None
                 else:
@@ -310,6 +324,8 @@ class Worker:
             if now >= next_gauge:
                 self.metrics.in_flight.set(self._tracker.in_flight())
                 next_gauge = now + _GAUGE_EVERY_S
+            if self._stalls.due():
+                self._check_stalls()
 
     def _take(self, n: int, timeout_s: float) -> Records:
         """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile."""
@@ -418,6 +434,7 @@ class Worker:
         if assignment:
             (consumer.pause if paused else consumer.resume)(assignment)
         self._paused = paused
+        self.metrics.paused_partitions.set(len(assignment) if paused else 0)
 
     def _commit(self, *, asynchronous: bool, tps: list[tuple[str, int]] | None = None) -> bool:
         """Commit acknowledged positions. A synchronous commit also retakes positions that an asynchronous one
@@ -497,6 +514,7 @@ class Worker:
             if before is None or tp.offset > before:
                 advanced = tp.offset - (before if before is not None else tp.offset)
                 self._committed_positions[key] = tp.offset
+                self._stalls.progressed(key)
                 self._summary.committed += advanced
                 self._summary.last_committed_at = time.time()
                 self.metrics.committed.inc(advanced)
@@ -509,12 +527,14 @@ class Worker:
             # consumer's own queue.
             self._input.route([p for t, p in tps if t == self._input.topic])
         self._tracker.assign(tps)
+        self._stalls.assign(tps)
         for tp in tps:
             # The committed counter's base is set by this assignment's first dispatched offset; no broker
             # round trip inside the rebalance callback.
             self._committed_positions.pop(tp, None)
         if self._paused:
             consumer.pause(partitions)
+            self.metrics.paused_partitions.inc(len(partitions))
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
         log.info("assigned %s", _fmt(tps))
 
@@ -523,7 +543,8 @@ class Worker:
         tps = [(tp.topic, tp.partition) for tp in partitions]
         revoked = {p for _, p in tps}
         dropped = self._batcher.discard(lambda r: r.without_partitions(revoked))
-        deadline = time.monotonic() + self._revoke_budget_s()
+        started = time.monotonic()
+        deadline = started + self._revoke_budget_s()
         live = [tp for tp in tps if self._tracker.is_assigned(tp)]
         while (any(self._tracker.in_flight(tp) for tp in live) and time.monotonic() < deadline
                and self._failure_now() is None and not self._rewind_pending()):
@@ -534,9 +555,12 @@ class Worker:
             log.error("commit on revoke failed (the next owner re-processes from the last commit): %s", exc)
         unfinished = sum(self._tracker.in_flight(tp) for tp in live)
         if unfinished:
-            log.warning("revoke: %d records still unacknowledged after %.1fs; not committed",
-                        unfinished, self._revoke_budget_s())
+            why = "a transaction was aborted" if self._rewind_pending() else "the revoke's time was up"
+            log.warning("revoke: %d records still unacknowledged after %.1fs (%s); not committed",
+                        unfinished, time.monotonic() - started, why)
         self._tracker.forget(tps)
+        self._stalls.forget(tps)
+        self._forget_paused(partitions)
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
         log.info("revoked %s (dropped %d unstarted records)", _fmt(tps), dropped)
 
@@ -546,8 +570,14 @@ class Worker:
         lost = {p for _, p in tps}
         self._batcher.discard(lambda r: r.without_partitions(lost))
         self._tracker.forget(tps)
+        self._stalls.forget(tps)
+        self._forget_paused(partitions)
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
         log.warning("lost %s", _fmt(tps))
+
+    def _forget_paused(self, partitions: list[TopicPartition]) -> None:
+        if self._paused:
+            self.metrics.paused_partitions.dec(len(partitions))
 
     def _revoke_budget_s(self) -> float:
         max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
@@ -681,7 +711,7 @@ class Worker:
         assert consumer is not None and self._rewind_after is not None
         assignment = consumer.assignment()
         try:
-            committed = consumer.committed(assignment, timeout=10)
+            committed = consumer.committed(assignment, timeout=_REWIND_QUERY_TIMEOUT_S)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if not isinstance(error, KafkaError) or error.code() != KafkaError._TIMED_OUT:
@@ -689,7 +719,10 @@ class Worker:
             # The coordinator did not answer in time (a stalled process, a slow broker): the rewind stays pending
             # and is tried again by the next loop; what is consumed meanwhile belongs to the aborted epoch and
             # is dropped by the processor.
-            log.warning("rewind: committed offsets not read yet (%s); trying again", error)
+            if self._rewind_warned != self._rewind_after:
+                self._rewind_warned = self._rewind_after
+                log.warning("rewind: committed offsets not read yet (%s); trying again (an open transaction of "
+                            "the partitions' previous owner holds them until it ends or times out)", error)
             return
         self._epoch = self._rewind_after + 1
         self._batcher.take()
@@ -706,6 +739,78 @@ class Worker:
 
     def _txn_timeout_s(self) -> float:
         return int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0
+
+    # ---------------------------------------------------------------------------- stuck partitions
+    def _check_stalls(self) -> None:
+        """Report partitions with records waiting and no committed progress for --stall-timeout-s."""
+        stalls = self._stalls
+        for tp in stalls.take_recovered():
+            log.info("%s[%d] is making progress again", *tp)
+        idle = stalls.idle()
+        if idle:
+            warn = stalls.judge(self._records_waiting(idle))
+            if warn:
+                log.warning("stalled: %s %s records waiting and no committed progress for %.0fs or more "
+                            "(--stall-timeout-s %g)%s", _fmt(warn), "has" if len(warn) == 1 else "have",
+                            min(stalls.stalled_for_s(tp) for tp in warn), stalls.timeout_s,
+                            "; input is paused: the model's queue is full" if self._paused else "")
+        self.metrics.stalled_partitions.set(len(stalls.stalled()))
+
+    def _records_waiting(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], bool]:
+        """Per partition: records beyond what this worker has taken (end offsets, for a read_committed consumer
+        the last stable offset), or records it has taken and not committed yet. Partitions whose end offset
+        could not be read are left out (judged at the next check)."""
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            # A ListOffsets request for the latest offsets (timestamp -1), all partitions in one round trip.
+            answer = consumer.offsets_for_times([TopicPartition(t, p, OFFSET_END) for t, p in tps],
+                                                timeout=_STALL_QUERY_TIMEOUT_S)
+            # The application position passes the control records of transactional input; committed positions
+            # stop at the last data record + 1, so they alone would show a transaction marker as waiting.
+            positions = consumer.position([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            log.warning("stall check: end offsets of %s not read: %s", _fmt(tps), exc.args[0] if exc.args else exc)
+            return {}
+        ends = {(tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
+        for t, p in tps:
+            # Also the end offset the last fetch response carried (no round trip): the embedded Tansu broker
+            # answers ListOffsets(latest) wrongly, its fetch responses rightly; on Kafka the two agree.
+            _, fetched = consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            if fetched >= 0:
+                ends[(t, p)] = max(ends.get((t, p), 0), fetched)
+        taken = {(tp.topic, tp.partition): tp.offset for tp in positions if tp.error is None and tp.offset >= 0}
+        unknown = [tp for tp in tps if tp not in taken and tp not in self._committed_positions]
+        # Nothing taken from these since they were assigned: where does the group stand on them? With no
+        # committed offset, fetching starts where auto.offset.reset says: offset 0 for "earliest", else unknown.
+        reset = str(self._consumer_config.get("auto.offset.reset", "latest")).lower()
+        start = 0 if reset in ("earliest", "smallest", "beginning") else None
+        committed: dict[tuple[str, int], int | None] = {}
+        if unknown:
+            try:
+                answer = consumer.committed([TopicPartition(t, p) for t, p in unknown], timeout=_STALL_QUERY_TIMEOUT_S)
+            except KafkaException:
+                # Unreadable for now: an open transaction of the partitions' previous owner holds them until it
+                # ends or times out, and nothing can be taken from them meanwhile either.
+                committed = dict.fromkeys(unknown, 0)
+            else:
+                committed = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else start
+                             for tp in answer if tp.error is None}
+        batched = self._batched_partitions()
+        waiting = {}
+        for tp in tps:
+            known = [x for x in (taken.get(tp), self._committed_positions.get(tp), committed.get(tp)) if x is not None]
+            if tp not in ends or not known:
+                continue
+            waiting[tp] = ends[tp] > max(known) or self._tracker.holds(tp) or tp[1] in batched
+        return waiting
+
+    def _batched_partitions(self) -> set[int]:
+        """Input partitions with records in the open batch."""
+        out: set[int] = set()
+        for records in self._batcher.items():
+            out.update(np.unique(records.partitions).tolist())
+        return out
 
     # ---------------------------------------------------------------------------- delivery callbacks
     def _on_span_done(self, delivery: SpanDelivery) -> None:

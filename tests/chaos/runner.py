@@ -1,16 +1,19 @@
 """Chaos runs: worker replicas under load are SIGKILLed (from outside, or by themselves at a chosen phase
-of the batch life cycle), restarted, scaled and stopped; then an independent verifier reads the output
+of the batch life cycle), restarted, frozen and thawed in turn (SIGSTOP past the session timeout, SIGCONT),
+scaled and stopped; then an independent verifier reads the output
 and dead-letter topics from the beginning (read_committed) and counts lost, duplicated and out-of-order
 predictions, compares committed offsets with end offsets, and looks for hanging transactions.
 
-``python -m tests.chaos.runner --events 1000000 --kills 12`` is the long run (``make chaos``); the test
-suite runs short ones. One line of figures is printed at the end."""
+``python -m tests.chaos.runner --events 1000000 --kills 12`` is the long run (``make chaos``, with 20 s
+freezes); the test suite runs short ones (and `tests.chaos.freeze` the freeze/thaw sequence on its own).
+One line of figures is printed at the end."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -47,6 +50,8 @@ class ChaosConfig:
     scale: tuple[int, ...] = ()  # replica counts to step through after the kills (e.g. 1, 3, 1)
     poison_fraction: float = 0.0  # bad records (every dead-letter category, in turn) per good event
     load_until_kills_done: bool = False  # keep producing (up to ``events``) until the last kill, then stop
+    freeze_s: float = 0.0  # after the kills: SIGSTOP each replica in turn this long, then SIGCONT (0: none)
+    freeze_gap_s: float = 10.0  # from one thaw to the next freeze
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="stream-chaos-")))
     timeout_s: float = 600.0
 
@@ -55,6 +60,7 @@ class ChaosConfig:
 class ChaosResult:
     events: int
     kills: int
+    freezes: int
     rebalances: int
     lost: int
     duplicates: int
@@ -73,7 +79,8 @@ class ChaosResult:
                 and (self.duplicates == 0 or not exactly_once))
 
     def line(self) -> str:
-        return (f"chaos: events={self.events} kills={self.kills} rebalances={self.rebalances} lost={self.lost} "
+        return (f"chaos: events={self.events} kills={self.kills} freezes={self.freezes} rebalances={self.rebalances} "
+                f"lost={self.lost} "
                 f"duplicates={self.duplicates} order_violations={self.order_violations} "
                 f"dead_lettered={self.dead_lettered}/{self.poison_injected} "
                 f"phase_kills={','.join(f'{k}:{v}' for k, v in self.phase_kills.items())} "
@@ -183,6 +190,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(1, 5))})
         if log:
             print(f"  kills={kills} armed {slot} for {phase}", file=sys.stderr, flush=True)
+    freezes = freeze_each_in_turn(fleet, cfg, log)
     if cfg.load_until_kills_done:
         stop_load.set()
     producer.join(timeout=max(deadline - time.monotonic(), 1))
@@ -220,7 +228,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     dead = verifier.dead_letter_counts()
     rebalances = sum(p.output().count(" assigned ") for p in fleet.all())
     result = ChaosResult(
-        events=sent, kills=kills, rebalances=rebalances,
+        events=sent, kills=kills, freezes=freezes, rebalances=rebalances,
         lost=sum(1 for e in expected if e not in ids) + sum(1 for k in poison_keys if k not in dead),
         duplicates=sum(c - 1 for c in ids.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1),
         dead_lettered=len(dead), poison_injected=len(poison_keys), phase_kills=phase_kills,
@@ -233,6 +241,29 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     )
     verifier.close()
     return result
+
+
+def freeze_each_in_turn(fleet: Fleet, cfg: ChaosConfig, log: bool = False) -> int:
+    """SIGSTOP each live replica in turn for ``cfg.freeze_s`` (past the session timeout: it is evicted, and finds
+    its partitions lost and, under exactly-once, its transaction fenced when it thaws), then SIGCONT; returns
+    how many were frozen."""
+    if cfg.freeze_s <= 0:
+        return 0
+    frozen = 0
+    for slot in sorted(fleet.live):
+        proc = fleet.live.get(slot)
+        if proc is None or proc.proc.poll() is not None:
+            continue  # an armed replica killed itself meanwhile: the caller restarts it
+        proc.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(cfg.freeze_s)
+        finally:
+            proc.proc.send_signal(signal.SIGCONT)
+        frozen += 1
+        if log:
+            print(f"  froze replica {slot} for {cfg.freeze_s:g}s", file=sys.stderr, flush=True)
+        time.sleep(cfg.freeze_gap_s)
+    return frozen
 
 
 def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str], stop: threading.Event) -> None:
@@ -373,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=8_000.0)
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once", "both"], default="both")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--freeze-s", type=float, default=20.0,
+                        help="after the kills, freeze each replica in turn this long (0: no freezes)")
     args = parser.parse_args(argv)
+    freeze_phase_s = args.replicas * (args.freeze_s + ChaosConfig.freeze_gap_s) if args.freeze_s > 0 else 0.0
     from stream.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 
@@ -386,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             cfg = ChaosConfig(bootstrap, model_dir, events=args.events, partitions=args.partitions,
                               replicas=args.replicas, kills=args.kills, guarantee=mode, rate=args.rate,
-                              kill_interval_s=max(args.events / args.rate / (args.kills + 2), 1.0),
-                              seed=args.seed, scale=(1, 3, 1), timeout_s=3600, poison_fraction=0.01)
+                              kill_interval_s=max((args.events / args.rate - freeze_phase_s) / (args.kills + 2), 1.0),
+                              seed=args.seed, scale=(1, 3, 1), timeout_s=3600, poison_fraction=0.01,
+                              freeze_s=args.freeze_s)
             result = run_chaos(cfg, log=True)
             print(f"{mode}: {result.line()}", flush=True)
             print(json.dumps(asdict(result))[:2000], file=sys.stderr)

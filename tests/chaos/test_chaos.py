@@ -14,6 +14,7 @@ from producers.events import generate_events
 from producers.load import produce_events
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import check_committed
+from tests.chaos.freeze import FreezeConfig, run_freeze_thaw
 from tests.chaos.runner import ChaosConfig, Fleet, Verifier, hanging_transactions, run_chaos
 from tests.conftest import BrokerInfo
 
@@ -95,3 +96,31 @@ def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model
     assert check_committed(committed_offsets(broker.bootstrap, names[3], names[0]),
                            end_offsets(broker.bootstrap, names[0])) == []
     assert hanging_transactions(broker.bootstrap, names[1:3]) == []
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_each_replica_frozen_and_thawed_in_turn_keeps_every_partition_moving(broker: BrokerInfo, model_dir: Path,
+                                                                             guarantee: str, tmp_path: Path) -> None:
+    """Two replicas, each frozen past the session timeout and thawed in turn, under a model slower than the input
+    (queues full, input paused at the freeze). Progress within a bound, not only the final counts: before the fix
+    a thawed replica never read its partitions again, while both processes looked healthy."""
+    needs_hidden_aborts(broker, guarantee)
+    cfg = FreezeConfig(broker.bootstrap, model_dir, guarantee=guarantee, slow_model=True, workdir=tmp_path)
+    result = run_freeze_thaw(cfg, log=True)
+    print(result.line(), result.load)
+    assert result.drain_s is not None, (
+        f"committed offsets still behind the end offsets {cfg.drain_bound_s:g}s after the input ended: "
+        f"{result.behind} (records per partition); logs in {tmp_path}")
+    assert result.exit_codes == [0, 0]
+    assert result.lost == 0
+    assert result.order_violations == 0
+    assert result.commit_problems == []
+    assert result.hanging_transactions == []
+    if guarantee == "exactly-once":
+        assert result.duplicates == 0
+    else:
+        # What a frozen replica had published and not committed, per freeze: its batch in the model, its queued
+        # batches (it publishes them as it thaws, before it learns the partitions are lost), acknowledged
+        # records not yet committed, and the records since its last commit.
+        window = cfg.rate * COMMIT_INTERVAL_S + (INFLIGHT_BATCHES + 3) * BATCH
+        assert result.duplicates <= 2 * window

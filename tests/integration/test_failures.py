@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
+from stream.broker import free_port
 from stream.codec import EVENT_SCHEMA, SchemaRegistry, decode, encode
+from stream.process import WorkerProcess
 from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.topics import committed_offsets, end_offsets
 from stream.verify import check_committed, input_source
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
-from tests.integration.harness import Pipeline, wait_for_assignment
+from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 REGISTRY = SchemaRegistry.from_dir()
@@ -109,6 +114,53 @@ def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline
     assert " lost " not in out and "revoked" not in out.split("signal SIGTERM")[0], out[-3000:]
     assert reader.duplicates() == 0
 
+
+
+def _gauge(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(f"{name} "))
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, worker: WorkerProcess) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        time.sleep(0.1)
+
+
+def test_partitions_stuck_behind_a_hung_model_are_reported_stalled_until_they_move(pipeline: Pipeline) -> None:
+    """The first batch hangs for 20 s. Within --stall-timeout-s (3 s) plus two checks the worker names the
+    partitions in a WARNING and counts them in stream_stalled_partitions; once commits move, both clear. An idle
+    worker (empty partitions, then everything committed) reports nothing."""
+    port = free_port()
+    worker = pipeline.worker("--model", "tests.handlers:SleepyHandler", "--max-wait-ms", "5",
+                             "--stall-timeout-s", "3", "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+                             env={"STREAM_TEST_SLEEP_S": "20"})
+    wait_for_assignment(worker)
+    time.sleep(6.0)  # idle on empty partitions for twice the stall timeout
+    assert " stalled: " not in worker.output()
+    expected = pipeline.produce(500, seed=83)
+    produced_at = time.monotonic()
+    _wait_for(lambda: _gauge(port, "stream_stalled_partitions") == PARTITIONS, 12.0, worker)
+    reported_s = time.monotonic() - produced_at
+    named = set()  # partitions named by the warnings (one line, or more if they stalled a check apart)
+    for line in worker.output().splitlines():
+        found = re.search(rf" stalled: {re.escape(pipeline.input)}\[([\d, ]+)\] ha(?:s|ve) records waiting and no "
+                          r"committed progress for \d+s or more", line)
+        if found:
+            named |= {int(p) for p in found.group(1).split(",")}
+    assert named == set(range(PARTITIONS)), worker.output()[-3000:]
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=90), f"missing {reader.missing(expected)}"
+    _wait_for(lambda: worker.output().count("is making progress again") == PARTITIONS, 10.0, worker)
+    _wait_for(lambda: _gauge(port, "stream_stalled_partitions") == 0, 10.0, worker)
+    warnings = worker.output().count(" stalled: ")
+    time.sleep(6.0)  # everything committed: idle again
+    assert worker.output().count(" stalled: ") == warnings
+    assert worker.terminate() == 0, worker.output()[-3000:]
+    assert reader.duplicates() == 0
+    print(f"stalled partitions reported {reported_s:.1f}s after the records arrived")
 
 
 def test_a_replica_stopped_while_the_group_rebalances_still_commits_what_it_delivered(pipeline: Pipeline) -> None:
