@@ -55,6 +55,7 @@ _IDLE_POLL_S = 0.1
 _STALL_STEP_S = 0.05
 _REBALANCE_ERRORS = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
                                KafkaError.UNKNOWN_MEMBER_ID})
+_NOT_FETCHING = frozenset({KafkaError._STATE, KafkaError._PREV_IN_PROGRESS})  # what seek() says of such a partition
 _PAUSE_AFTER_S = 1.0
 _GC_THRESHOLD = 50_000  # young-generation threshold of the cycle collector while the worker runs (see run)
 _ASYNC_COMMIT_PATIENCE_S = 30.0  # then send the next asynchronous commit even if the last one got no answer
@@ -724,14 +725,31 @@ class Worker:
                 log.warning("rewind: committed offsets not read yet (%s); trying again (an open transaction of "
                             "the partitions' previous owner holds them until it ends or times out)", error)
             return
+        unread = [tp for tp in committed if tp.error is not None]
+        if unread:
+            log.warning("rewind: committed offsets of %s not read (%s); trying again",
+                        _fmt([(tp.topic, tp.partition) for tp in unread]), unread[0].error)
+            return
         self._epoch = self._rewind_after + 1
         self._batcher.take()
         tps = [(tp.topic, tp.partition) for tp in assignment]
         self._tracker.forget(tps)
         self._tracker.assign(tps)
+        idle = []
         for tp in committed:
-            consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
-        log.info("rewound %s to the committed offsets (epoch %d)", _fmt(tps), self._epoch)
+            try:
+                consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                             tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError) or error.code() not in _NOT_FETCHING:
+                    raise
+                # Assigned, and not fetching yet: librdkafka is still reading its committed offset (an open
+                # transaction of its previous owner can hold that read for a while), or it is being revoked.
+                # Nothing was taken from it, and it will start at its committed offset: nothing to rewind.
+                idle.append((tp.topic, tp.partition))
+        log.info("rewound %s to the committed offsets (epoch %d)%s", _fmt(tps), self._epoch,
+                 f"; not fetching yet, left to start there: {_fmt(idle)}" if idle else "")
 
     def _rewind_pending(self) -> bool:
         """An aborted transaction's batches are abandoned: nothing of theirs will be acknowledged."""

@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1_500.0)
     parser.add_argument("--results", type=Path, default=None, help="append one JSON line per run to this file")
     args = parser.parse_args(argv)
+    # SIGTERM and SIGINT (ignored by default in a background job) unwind through the finally blocks, which thaw
+    # and kill the replicas and stop the broker: a replica left frozen would outlive the run.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from stream.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 

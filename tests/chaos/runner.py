@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze-s", type=float, default=20.0,
                         help="after the kills, freeze each replica in turn this long (0: no freezes)")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds through the finally blocks (a frozen replica is thawed, the broker stopped).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     freeze_phase_s = args.replicas * (args.freeze_s + ChaosConfig.freeze_gap_s) if args.freeze_s > 0 else 0.0
     from stream.broker import start_kafka
     from stream.models.train_demo import ensure_trained

@@ -96,14 +96,17 @@ def test_run_shortens_the_gil_switch_interval_raises_the_gc_threshold_and_restor
 
 
 class RewindConsumer:
-    """committed() times out ``timeouts`` times, then answers offset 7 for every partition."""
+    """committed() times out ``timeouts`` times, then answers offset 7 for every partition; seek() fails with
+    ``seek_errors[partition]`` where given."""
 
-    def __init__(self, timeouts: int) -> None:
+    def __init__(self, timeouts: int, partitions: int = 1, seek_errors: dict[int, int] | None = None) -> None:
         self.timeouts = timeouts
+        self.partitions = partitions
+        self.seek_errors = seek_errors or {}
         self.seeks: list[tuple[str, int, int]] = []
 
     def assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(*TP)]
+        return [TopicPartition(TP[0], p) for p in range(self.partitions)]
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         if self.timeouts:
@@ -112,6 +115,8 @@ class RewindConsumer:
         return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
 
     def seek(self, tp: TopicPartition) -> None:
+        if tp.partition in self.seek_errors:
+            raise KafkaException(KafkaError(self.seek_errors[tp.partition]))
         self.seeks.append((tp.topic, tp.partition, tp.offset))
 
 
@@ -124,3 +129,23 @@ def test_a_rewind_whose_committed_offsets_time_out_stays_pending_and_is_tried_ag
     assert worker._rewind_pending() and consumer.seeks == []
     worker._rewind()
     assert not worker._rewind_pending() and consumer.seeks == [("in", 0, 7)]
+
+
+def test_a_rewind_leaves_partitions_that_are_not_fetching_yet_to_start_at_their_committed_offset(
+        worker: Worker) -> None:
+    """librdkafka refuses to seek a partition whose fetch has not started (its committed offset is still being
+    read, e.g. held by a frozen replica's open transaction): _STATE. Nothing was taken from it, so there is
+    nothing to rewind; the worker must not fail (seen in a freeze/thaw run: exit 1)."""
+    worker._tracker.assign([("in", p) for p in range(3)])
+    consumer = worker._consumer = RewindConsumer(  # type: ignore[assignment]
+        timeouts=0, partitions=3, seek_errors={1: KafkaError._STATE, 2: KafkaError._PREV_IN_PROGRESS})
+    worker._rewind_after = worker._epoch
+    worker._rewind()
+    assert not worker._rewind_pending() and consumer.seeks == [("in", 0, 7)]
+
+
+def test_a_rewind_fails_the_worker_on_any_other_seek_error(worker: Worker) -> None:
+    worker._consumer = RewindConsumer(timeouts=0, seek_errors={0: KafkaError._UNKNOWN_PARTITION})  # type: ignore[assignment]
+    worker._rewind_after = worker._epoch
+    with pytest.raises(KafkaException):
+        worker._rewind()
