@@ -533,9 +533,14 @@ class Worker:
             # The committed counter's base is set by this assignment's first dispatched offset; no broker
             # round trip inside the rebalance callback.
             self._committed_positions.pop(tp, None)
+        # librdkafka keeps a partition's pause flag across unassign and assign: a partition paused when it was
+        # lost or revoked comes back paused, however long ago that was. Set the state explicitly, both ways
+        # (resuming a partition that is not paused is a no-op there).
         if self._paused:
             consumer.pause(partitions)
             self.metrics.paused_partitions.inc(len(partitions))
+        else:
+            consumer.resume(partitions)
         self.metrics.assigned_partitions.set(len(self._tracker.assigned()))
         log.info("assigned %s", _fmt(tps))
 

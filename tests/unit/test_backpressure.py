@@ -32,7 +32,9 @@ class StepClock:
 
 
 class PausingConsumer:
-    """Records pause/resume; ``on_consume`` runs inside each consume() (where rebalance callbacks run)."""
+    """Records pause/resume; ``on_consume`` runs inside each consume() (where rebalance callbacks run). Like
+    librdkafka, a partition's pause flag outlives its assignment: unassigned and assigned again, it is still
+    paused until resumed."""
 
     def __init__(self, worker: Worker, partitions: list[int]) -> None:
         self.worker = worker
@@ -85,6 +87,7 @@ def fill_and_block(worker: Worker, partitions: list[int]) -> PausingConsumer:
     worker._consumer = consumer  # type: ignore[assignment]
     worker._publisher = IdlePublisher()  # type: ignore[assignment]
     worker._on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
+    consumer.calls.clear()  # (on_assign sets the new partitions' pause state either way)
     assert worker._slots.acquire(blocking=False)  # the processor's queue is full
     worker._batcher.add([Records.build([b"a", b"b"], [None, None], partitions[:1] * 2, [0, 1])])
     return consumer
@@ -97,7 +100,7 @@ def until_paused_then(action: Callable[[PausingConsumer], None]) -> Callable[[Pa
         if consumer.paused and not done:
             done.append(True)
             action(consumer)
-        if done and not consumer.paused:
+        if done and not consumer.paused & {tp.partition for tp in consumer.partitions}:
             consumer.worker.request_stop()  # resumed: the test has what it needs
     return step
 
@@ -112,18 +115,19 @@ def test_input_resumes_when_the_waiting_batch_is_dropped(worker: Worker, how: st
     def drop(c: PausingConsumer) -> None:
         if how == "lost":
             worker._on_lost(c, c.partitions)  # type: ignore[arg-type]
-            c.partitions, c.paused = [TopicPartition(TOPIC, 2)], set()
+            c.partitions = [TopicPartition(TOPIC, 2)]
             worker._on_assign(c, c.partitions)  # type: ignore[arg-type]
         elif how == "revoked":
             worker._on_revoke(c, c.partitions[:1])  # type: ignore[arg-type]
-            c.partitions, c.paused = c.partitions[1:], c.paused - {0}
+            c.partitions = c.partitions[1:]
         else:
             worker._batcher.take()  # what Worker._rewind does to the open batch
 
     consumer.on_consume = until_paused_then(drop)
     worker._poll_loop()
     assert consumer.calls[:1] == ["pause"], "a stalled batch pauses input first"
-    assert "resume" in consumer.calls and consumer.paused == set(), consumer.calls
+    assigned = {tp.partition for tp in consumer.partitions}
+    assert "resume" in consumer.calls and not consumer.paused & assigned, consumer.calls
     assert not worker._paused and worker.metrics.paused_partitions._value.get() == 0
     assert len(worker._batcher) == 0 and worker._queue.qsize() == 0, "nothing was dispatched"
 
@@ -140,3 +144,28 @@ def test_input_resumes_when_the_processor_takes_the_batch(worker: Worker) -> Non
     consumer.on_consume = until_paused_then(lambda c: worker._slots.release())  # the processor took one
     worker._poll_loop()
     assert consumer.calls == ["pause", "resume"] and worker._queue.qsize() == 1
+
+
+def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paused(worker: Worker) -> None:
+    """The at-least-once freeze/thaw stall: a replica paused behind a full queue is frozen, thaws, finds its
+    partitions lost (nothing assigned: the resume has nothing to resume), and is given the same partitions
+    again a while later, not paused any more itself. librdkafka still has them paused from before."""
+    consumer = fill_and_block(worker, [3, 4, 5])
+    steps: list[str] = []
+
+    def step(c: PausingConsumer) -> None:
+        if c.paused and not steps:
+            steps.append("lost")
+            worker._on_lost(c, c.partitions)  # type: ignore[arg-type]
+            c.partitions = []
+        elif steps == ["lost"] and not worker._paused:
+            steps.append("assigned again")
+            c.partitions = [TopicPartition(TOPIC, p) for p in (3, 4, 5)]
+            worker._on_assign(c, c.partitions)  # type: ignore[arg-type]
+        elif len(steps) == 2:
+            worker.request_stop()
+
+    consumer.on_consume = step
+    worker._poll_loop()
+    assert steps == ["lost", "assigned again"]
+    assert consumer.paused == set(), f"{sorted(consumer.paused)} still paused: {consumer.calls}"
