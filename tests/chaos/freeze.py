@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
@@ -163,6 +164,27 @@ def _say(log: bool, what: str) -> None:
         print(f"  {time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
 
 
+def summarize(paths: list[Path]) -> str:
+    """A markdown table of --results files: one row per commit, guarantee and model."""
+    rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            run = json.loads(line)
+            rows.setdefault((run["commit"], run["guarantee"], run["model"]), []).append(run)
+    out = ["| code | guarantee | model | runs passed | drained after the input's end (s) | lost | duplicates | "
+           "exit codes not 0 | stall warnings |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (commit, guarantee, model), runs in rows.items():
+        drains = [r["drain_s"] for r in runs if r["drain_s"] is not None]
+        stuck = len(runs) - len(drains)
+        drained = (f"{min(drains):.1f}–{max(drains):.1f}" if drains else "—") + (f", {stuck} never" if stuck else "")
+        dups = [r["duplicates"] for r in runs]
+        bad_exits = sum(1 for r in runs for code in r["exit_codes"] if code != 0)
+        out.append(f"| {commit} | {guarantee} | {model} | {sum(r['ok'] for r in runs)} / {len(runs)} | {drained} | "
+                   f"{sum(r['lost'] for r in runs):,} | {min(dups):,}–{max(dups):,} | {bad_exits} | "
+                   f"{sum(r['stall_warnings'] for r in runs)} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.freeze", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,8 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="fast: the demo model (as in the issue's report); slow: a model slower than the input")
     parser.add_argument("--events", type=int, default=90_000)
     parser.add_argument("--rate", type=float, default=1_500.0)
+    parser.add_argument("--first-run", type=int, default=1, help="number (and seed) of the first run (1)")
     parser.add_argument("--results", type=Path, default=None, help="append one JSON line per run to this file")
+    parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="RESULTS",
+                        help="print a table of the runs in these --results files instead of running")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(summarize(args.summarize))
+        return 0
     # SIGTERM and SIGINT (ignored by default in a background job) unwind through the finally blocks, which thaw
     # and kill the replicas and stop the broker: a replica left frozen would outlive the run.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -191,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for model in models:
             for guarantee in guarantees:
-                for i in range(args.runs):
+                for i in range(args.first_run - 1, args.first_run - 1 + args.runs):
                     cfg = FreezeConfig(bootstrap, model_dir, guarantee=guarantee, events=args.events, rate=args.rate,
                                        slow_model=model == "slow", seed=i + 1)
                     result = run_freeze_thaw(cfg)
