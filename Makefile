@@ -13,7 +13,7 @@ help:
 	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
-	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills per mode) and a 100,000-example decoder fuzz"
+	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills and a 20 s freeze of each replica per mode) and a 100,000-example decoder fuzz"
 	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
