@@ -1,4 +1,5 @@
-"""``python -m stream``: worker, broker, topics, train-model, demo. Thin: parse, set up logging, call one function."""
+"""``python -m stream``: worker, broker, registry, topics, train-model, demo. Thin: parse, set up logging, call one
+function."""
 
 from __future__ import annotations
 
@@ -152,6 +153,28 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0 if stopping else 1
 
 
+def run_registry(args: argparse.Namespace) -> int:
+    _setup_logging()
+    from stream.broker import start_registry
+
+    registry = start_registry(args.port)
+    print(f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}", flush=True)
+    stopping = False
+
+    def handle(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    try:
+        while not stopping and registry.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        registry.stop()
+    return 0 if stopping else 1
+
+
 def run_topics(args: argparse.Namespace) -> int:
     from stream.topics import create_topics
 
@@ -249,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a single-node broker on 127.0.0.1 in the foreground")
     b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka")
     b.add_argument("--port", type=int, default=None, help="default: a free port")
+    r = sub.add_parser("registry", help="run a Confluent-compatible schema registry (Apicurio, in memory) on "
+                                        "127.0.0.1 in the foreground")
+    r.add_argument("--port", type=int, default=None, help="default: a free port")
     t = sub.add_parser("topics", help="topic administration")
     tsub = t.add_subparsers(dest="topics_command", required=True)
     tc = tsub.add_parser("create", help="create topics (an existing topic is fine)")
@@ -289,8 +315,8 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if early:
             return 128 + early[0]
-    runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "topics": run_topics,
-               "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
+    runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "registry": run_registry,
+               "topics": run_topics, "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
                "bench-gpu": run_bench_gpu_command}
     try:
         return runners[args.command](args)

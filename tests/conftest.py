@@ -1,7 +1,8 @@
 """Shared fixtures: the demo model (trained once per session) and, for integration tests, one broker
 per session: KAFKA_BOOTSTRAP_SERVERS if set, else Apache Kafka when java and mvn exist, else Tansu
-(STREAM_TEST_BROKER=kafka|tansu forces one).
-With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka is a failure, not a fallback."""
+(STREAM_TEST_BROKER=kafka|tansu forces one); and one schema registry per session: SCHEMA_REGISTRY_URL if set,
+else Apicurio Registry (java and mvn), else its tests are skipped.
+With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka or registry is a failure, not a fallback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import kafka_available, start_kafka, start_tansu
+from stream.broker import kafka_available, start_kafka, start_registry, start_tansu
 from stream.models.train_demo import train
 
 
@@ -51,6 +52,24 @@ def broker() -> Iterator[BrokerInfo]:
         local = start_tansu()
     try:
         yield BrokerInfo(local.bootstrap, local.kind)
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """The URL of a Confluent-compatible schema registry."""
+    external = os.environ.get("SCHEMA_REGISTRY_URL")
+    if external:
+        yield external
+        return
+    if not kafka_available():  # the same needs as Kafka's: java and mvn
+        if os.environ.get("STREAM_REQUIRE_KAFKA") == "1":
+            pytest.fail("STREAM_REQUIRE_KAFKA=1 but the schema registry cannot start (needs java and mvn)")
+        pytest.skip("no schema registry: needs java and mvn, or SCHEMA_REGISTRY_URL")
+    local = start_registry()
+    try:
+        yield local.url
     finally:
         local.stop()
 

@@ -176,11 +176,11 @@ def summarize(paths: list[Path]) -> str:
     for (commit, guarantee, model), runs in rows.items():
         drains = [r["drain_s"] for r in runs if r["drain_s"] is not None]
         stuck = len(runs) - len(drains)
-        drained = (f"{min(drains):.1f}–{max(drains):.1f}" if drains else "—") + (f", {stuck} never" if stuck else "")
+        drained = (f"{min(drains):.1f} to {max(drains):.1f}" if drains else "—") + (f", {stuck} never" if stuck else "")
         dups = [r["duplicates"] for r in runs]
         bad_exits = sum(1 for r in runs for code in r["exit_codes"] if code != 0)
         out.append(f"| {commit} | {guarantee} | {model} | {sum(r['ok'] for r in runs)} / {len(runs)} | {drained} | "
-                   f"{sum(r['lost'] for r in runs):,} | {min(dups):,}–{max(dups):,} | {bad_exits} | "
+                   f"{sum(r['lost'] for r in runs):,} | {min(dups):,} to {max(dups):,} | {bad_exits} | "
                    f"{sum(r['stall_warnings'] for r in runs)} |")
     return "\n".join(out)
 

@@ -31,7 +31,7 @@ except ImportError:  # not compiled (optional extension)
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 HEADER_SIZE = _HEADER.size
-DEFAULT_SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+DEFAULT_SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 EVENT_SCHEMA = "stream.demo.FraudEvent"
 PREDICTION_SCHEMA = "stream.demo.FraudPrediction"
 
