@@ -275,9 +275,527 @@ done:
     return result;
 }
 
+/* ---- field plans: any record layout, decoded into columns -------------------------------------------------
+ *
+ * run_plan runs the flattened program of a stream.codec.plan.FieldPlan (built by plan.flatten) over the bodies of
+ * the selected records, writing each taken record's values as one row of the reader's columns. It does what
+ * plan.decode_columns (the reference) does, record for record; the tests compare the two.
+ *
+ * The program is an int32 array; one operation per writer value:
+ *   NULL k c1..ck            the null branch of a union: columns c1..ck are null in this row
+ *   BOOLEAN col | INT col | LONG col | FLOAT col | DOUBLE col
+ *   BYTES col utf8 | STRING col    (a string is checked for UTF-8 where it is stored)
+ *   FIXED col size | ENUM col k t1..tk (writer symbol -> reader code, -1: an error)
+ *   ARRAY col minsize len item...  (an array column's items are written by the item op, to the same column)
+ *   MAP minsize len value...       (read and skipped)
+ *   UNION k len1 b1... lenk bk...
+ *   RECORD k f1..fk d (col default)*d   (the writer's fields in order; then the reader's defaults)
+ *   FAIL why                       (a union branch the reader cannot take: incompatible-schema)
+ * col -1: read and skip. A column stores bool (1 byte), int32, int64, float32, float64 or bytes; a value of
+ * another type is converted to it (the Avro promotions); variable columns (strings, bytes, fixed, arrays) append
+ * to their data and end each row in their offsets. */
+
+enum { OP_NULL, OP_BOOLEAN, OP_INT, OP_LONG, OP_FLOAT, OP_DOUBLE, OP_BYTES, OP_STRING, OP_FIXED, OP_ENUM,
+       OP_ARRAY, OP_MAP, OP_UNION, OP_RECORD, OP_FAIL };
+enum { ST_BOOL, ST_INT32, ST_INT64, ST_FLOAT32, ST_FLOAT64, ST_BYTE };
+enum { ERR_NONE, ERR_CORRUPT, ERR_INCOMPATIBLE };
+static const Py_ssize_t st_size[] = {1, 4, 8, 4, 8, 1};
+#define MAX_DEPTH 64
+#define MAX_ZERO_SIZE_ITEMS 65536
+
+typedef struct {
+    int storage, var, nullable;
+    char *values;           /* scalar: n items; variable: capacity items */
+    unsigned char *valid;   /* nullable: n */
+    int64_t *offsets;       /* variable: n + 1 */
+    Py_ssize_t cap, at, row_start;
+    int written, null;
+    Buf b[3];
+} Col;
+
+typedef struct {
+    const int32_t *prog;
+    Py_ssize_t prog_len;
+    const unsigned char *p, *end;
+    Col *cols;
+    Py_ssize_t ncols, row;
+    PyObject *defaults; /* list of bytes: the reader's default values, stored as their column stores them */
+    int err;
+    const char *msg;
+    int32_t fail;
+} Run;
+
+static inline int rd_long(Run *r, int64_t *out) {
+    uint64_t raw = 0;
+    for (int k = 0; k < 10; k++) {
+        if (r->p >= r->end) {
+            r->err = ERR_CORRUPT;
+            r->msg = "the record ends inside a varint";
+            return -1;
+        }
+        const unsigned char byte = *r->p++;
+        if (k == 9 && byte > 1) break;
+        raw |= (uint64_t)(byte & 0x7F) << (7 * k);
+        if (byte < 0x80) {
+            *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+            return 0;
+        }
+    }
+    r->err = ERR_CORRUPT;
+    r->msg = "a varint longer than 64 bits";
+    return -1;
+}
+
+static inline int need(Run *r, Py_ssize_t n) {
+    if (n < 0 || r->end - r->p < n) {
+        r->err = ERR_CORRUPT;
+        r->msg = "the record ends inside a value";
+        return -1;
+    }
+    return 0;
+}
+
+/* Room for `items` more items in a variable column. */
+static inline int room(Run *r, Col *c, Py_ssize_t items) {
+    if (c->at + items > c->cap) {
+        r->err = ERR_CORRUPT;
+        r->msg = "more values than the batch's bytes can hold";
+        return -1;
+    }
+    return 0;
+}
+
+static inline char *slot(Run *r, Col *c) {
+    if (!c->var) return c->values + r->row * st_size[c->storage];
+    if (room(r, c, 1) < 0) return NULL;
+    return c->values + (c->at++) * st_size[c->storage];
+}
+
+static int put_int(Run *r, int32_t col, int64_t v) {
+    if (col < 0) return 0;
+    Col *c = &r->cols[col];
+    char *at = slot(r, c);
+    if (at == NULL) return -1;
+    switch (c->storage) {
+    case ST_INT32: { int32_t x = (int32_t)v; memcpy(at, &x, 4); break; }
+    case ST_INT64: memcpy(at, &v, 8); break;
+    case ST_FLOAT32: { float x = (float)(double)v; memcpy(at, &x, 4); break; }
+    case ST_FLOAT64: { double x = (double)v; memcpy(at, &x, 8); break; }
+    default: r->err = ERR_INCOMPATIBLE; r->msg = "a number for a column that stores none"; return -1;
+    }
+    c->written = 1;
+    return 0;
+}
+
+static int put_real(Run *r, int32_t col, const unsigned char *raw, int width) {
+    if (col < 0) return 0;
+    Col *c = &r->cols[col];
+    char *at = slot(r, c);
+    if (at == NULL) return -1;
+    if (width == 4 && c->storage == ST_FLOAT32) memcpy(at, raw, 4);
+    else if (width == 4 && c->storage == ST_FLOAT64) { float f; memcpy(&f, raw, 4); double d = f; memcpy(at, &d, 8); }
+    else if (width == 8 && c->storage == ST_FLOAT64) memcpy(at, raw, 8);
+    else { r->err = ERR_INCOMPATIBLE; r->msg = "a real for a column that stores none"; return -1; }
+    c->written = 1;
+    return 0;
+}
+
+static int put_bytes(Run *r, int32_t col, const unsigned char *src, Py_ssize_t n) {
+    if (col < 0) return 0;
+    Col *c = &r->cols[col];
+    if (c->storage != ST_BYTE || !c->var) { r->err = ERR_INCOMPATIBLE; r->msg = "bytes for a column of numbers"; return -1; }
+    if (room(r, c, n) < 0) return -1;
+    memcpy(c->values + c->at, src, n);
+    c->at += n;
+    c->written = 1;
+    return 0;
+}
+
+/* The operation at pc; returns the pc after it, or -1 with r->err set. */
+static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
+    if (depth > MAX_DEPTH || pc < 0 || pc >= r->prog_len) {
+        r->err = ERR_CORRUPT;
+        r->msg = "plan too deep";
+        return -1;
+    }
+    const int32_t *prog = r->prog;
+    const int32_t code = prog[pc];
+    int64_t v;
+    switch (code) {
+    case OP_NULL: {
+        const int32_t k = prog[pc + 1];
+        for (int32_t j = 0; j < k; j++) {
+            Col *c = &r->cols[prog[pc + 2 + j]];
+            c->null = 1;
+            c->written = 1;
+        }
+        return pc + 2 + k;
+    }
+    case OP_BOOLEAN: {
+        if (need(r, 1) < 0) return -1;
+        const unsigned char byte = *r->p++;
+        if (byte > 1) { r->err = ERR_CORRUPT; r->msg = "a boolean byte that is not 0 or 1"; return -1; }
+        const int32_t col = prog[pc + 1];
+        if (col >= 0) {
+            Col *c = &r->cols[col];
+            if (c->storage != ST_BOOL) { r->err = ERR_INCOMPATIBLE; r->msg = "a boolean for a column of another type"; return -1; }
+            char *at = slot(r, c);
+            if (at == NULL) return -1;
+            *at = (char)byte;
+            c->written = 1;
+        }
+        return pc + 2;
+    }
+    case OP_INT:
+    case OP_LONG:
+        if (rd_long(r, &v) < 0) return -1;
+        if (code == OP_INT && (v < INT32_MIN || v > INT32_MAX)) { r->err = ERR_CORRUPT; r->msg = "an int out of range"; return -1; }
+        return put_int(r, prog[pc + 1], v) < 0 ? -1 : pc + 2;
+    case OP_FLOAT:
+    case OP_DOUBLE: {
+        const int width = code == OP_FLOAT ? 4 : 8;
+        if (need(r, width) < 0) return -1;
+        const unsigned char *raw = r->p;
+        r->p += width;
+        return put_real(r, prog[pc + 1], raw, width) < 0 ? -1 : pc + 2;
+    }
+    case OP_BYTES:
+    case OP_STRING: {
+        if (rd_long(r, &v) < 0 || need(r, v) < 0) return -1;
+        const unsigned char *src = r->p;
+        r->p += v;
+        const int32_t col = prog[pc + 1];
+        const int check = code == OP_STRING || prog[pc + 2];
+        if (col >= 0 && check && has_high(src, v) && !valid_utf8((const char *)src, v)) {
+            r->err = ERR_CORRUPT;
+            r->msg = "a string that is not UTF-8";
+            return -1;
+        }
+        if (put_bytes(r, col, src, v) < 0) return -1;
+        return pc + (code == OP_BYTES ? 3 : 2);
+    }
+    case OP_FIXED: {
+        const int32_t size = prog[pc + 2];
+        if (need(r, size) < 0) return -1;
+        const unsigned char *src = r->p;
+        r->p += size;
+        return put_bytes(r, prog[pc + 1], src, size) < 0 ? -1 : pc + 3;
+    }
+    case OP_ENUM: {
+        const int32_t k = prog[pc + 2];
+        if (rd_long(r, &v) < 0) return -1;
+        if (v < 0 || v >= k) { r->err = ERR_CORRUPT; r->msg = "an enum index out of range"; return -1; }
+        const int32_t code_ = prog[pc + 3 + v];
+        if (code_ < 0) { r->err = ERR_INCOMPATIBLE; r->msg = "an enum symbol the reader does not have (and no default)"; return -1; }
+        return put_int(r, prog[pc + 1], code_) < 0 ? -1 : pc + 3 + k;
+    }
+    case OP_ARRAY:
+    case OP_MAP: {
+        const int arr = code == OP_ARRAY;
+        const int32_t minsize = prog[pc + (arr ? 2 : 1)], len = prog[pc + (arr ? 3 : 2)];
+        const Py_ssize_t item = pc + (arr ? 4 : 3);
+        if (arr && prog[pc + 1] >= 0) r->cols[prog[pc + 1]].written = 1;
+        for (;;) {
+            int64_t count;
+            if (rd_long(r, &count) < 0) return -1;
+            if (count == 0) break;
+            if (count < 0) {
+                int64_t size;
+                if (count == INT64_MIN) { r->err = ERR_CORRUPT; r->msg = "a block count out of range"; return -1; }
+                count = -count;
+                if (rd_long(r, &size) < 0) return -1;
+            }
+            if ((minsize > 0 && count > (r->end - r->p) / minsize) || (minsize == 0 && count > MAX_ZERO_SIZE_ITEMS)) {
+                r->err = ERR_CORRUPT;
+                r->msg = "a block count larger than the record";
+                return -1;
+            }
+            const int32_t icode = r->prog[item];
+            if (arr && (icode == OP_FLOAT || icode == OP_DOUBLE)) { /* a block of reals: one copy, no dispatch */
+                const int width = icode == OP_FLOAT ? 4 : 8;
+                if (need(r, count * width) < 0) return -1;
+                const int32_t col = r->prog[item + 1];
+                if (col >= 0) {
+                    Col *c = &r->cols[col];
+                    if (room(r, c, count) < 0) return -1;
+                    if (st_size[c->storage] == width && c->storage != ST_INT64) {
+                        memcpy(c->values + c->at * width, r->p, count * width);
+                        c->at += count;
+                    } else {
+                        for (int64_t j = 0; j < count; j++)
+                            if (put_real(r, col, r->p + j * width, width) < 0) return -1;
+                    }
+                    c->written = 1;
+                }
+                r->p += count * width;
+                continue;
+            }
+            for (int64_t j = 0; j < count; j++) {
+                if (!arr) {
+                    int64_t key;
+                    if (rd_long(r, &key) < 0 || need(r, key) < 0) return -1;
+                    r->p += key;
+                }
+                if (run_op(r, item, depth + 1) < 0) return -1;
+            }
+        }
+        return item + len;
+    }
+    case OP_UNION: {
+        const int32_t k = prog[pc + 1];
+        if (rd_long(r, &v) < 0) return -1;
+        if (v < 0 || v >= k) { r->err = ERR_CORRUPT; r->msg = "a union branch out of range"; return -1; }
+        Py_ssize_t at = pc + 2, end = -1;
+        for (int32_t j = 0; j < k; j++) {
+            const int32_t len = prog[at];
+            if (j == v && run_op(r, at + 1, depth + 1) < 0) return -1;
+            at += 1 + len;
+        }
+        end = at;
+        return end;
+    }
+    case OP_RECORD: {
+        const int32_t k = prog[pc + 1];
+        Py_ssize_t at = pc + 2;
+        for (int32_t j = 0; j < k; j++) {
+            at = run_op(r, at, depth + 1);
+            if (at < 0) return -1;
+        }
+        const int32_t d = prog[at];
+        for (int32_t j = 0; j < d; j++) {
+            const int32_t col = prog[at + 1 + 2 * j], which = prog[at + 2 + 2 * j];
+            Col *c = &r->cols[col];
+            PyObject *value = PyList_GET_ITEM(r->defaults, which);
+            c->written = 1;
+            if (value == Py_None) {
+                c->null = 1;
+                continue;
+            }
+            const Py_ssize_t n = PyBytes_GET_SIZE(value);
+            const char *src = PyBytes_AS_STRING(value);
+            if (c->var) {
+                if (room(r, c, n / st_size[c->storage]) < 0) return -1;
+                memcpy(c->values + c->at * st_size[c->storage], src, n);
+                c->at += n / st_size[c->storage];
+            } else
+                memcpy(c->values + r->row * st_size[c->storage], src, st_size[c->storage]);
+        }
+        return at + 1 + 2 * d;
+    }
+    case OP_FAIL:
+        r->err = ERR_INCOMPATIBLE;
+        r->fail = prog[pc + 1];
+        r->msg = NULL;
+        return -1;
+    default:
+        r->err = ERR_CORRUPT;
+        r->msg = "unknown operation in the plan";
+        return -1;
+    }
+}
+
+/* run_plan(program, defaults, values, rows, skip, columns, index) -> (taken, errors)
+ *
+ * values: as for scan_events (a list of bytes, or (buffer, starts, lengths)); rows: int64 positions of the
+ * records to decode, each read from byte `skip` (past its header). columns: a list of (storage, var, nullable,
+ * values, valid, offsets) with values of `len(rows)` items (scalar) or of capacity items (variable), valid uint8
+ * (nullable), offsets int64 (len(rows) + 1, variable). index (int64, len(rows)) receives each taken row's raw
+ * position. errors: [(raw position, reason, message or fail index)] for the records not taken, reason 1
+ * corrupt-avro, 2 incompatible-schema. */
+static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *prog_obj, *defaults, *values, *rows_obj, *cols_obj, *index_obj;
+    Py_ssize_t skip;
+    if (!PyArg_ParseTuple(args, "OO!OOnO!O", &prog_obj, &PyList_Type, &defaults, &values, &rows_obj, &skip,
+                          &PyList_Type, &cols_obj, &index_obj))
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(defaults); k++) {
+        PyObject *d = PyList_GET_ITEM(defaults, k);
+        if (d != Py_None && !PyBytes_CheckExact(d)) {
+            PyErr_SetString(PyExc_TypeError, "defaults: bytes or None");
+            return NULL;
+        }
+    }
+    PyObject *result = NULL, *errors = NULL;
+    Buf in[5];
+    memset(in, 0, sizeof in);
+    const Py_ssize_t ncols = PyList_GET_SIZE(cols_obj);
+    Col *cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(Col));
+    if (cols == NULL) return PyErr_NoMemory();
+    if (get_buf(prog_obj, &in[0], 4, 0, 0, "program") < 0 || get_buf(rows_obj, &in[1], 8, 0, 0, "rows") < 0)
+        goto done;
+    const Py_ssize_t n = in[1].view.len / 8;
+    if (get_buf(index_obj, &in[2], 8, n, 1, "index") < 0) goto done;
+    int joined = !PyList_Check(values);
+    PyObject *jbuf_obj = NULL, *jstart_obj = NULL, *jlen_obj = NULL;
+    if (joined) {
+        if (!PyArg_ParseTuple(values, "OOO", &jbuf_obj, &jstart_obj, &jlen_obj)) goto done;
+        if (PyObject_GetBuffer(jbuf_obj, &in[3].view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        in[3].held = 1;
+        if (get_buf(jlen_obj, &in[4], 8, 0, 0, "lengths") < 0) goto done;
+    }
+    Buf jstarts;
+    memset(&jstarts, 0, sizeof jstarts);
+    if (joined && get_buf(jstart_obj, &jstarts, 8, in[4].view.len / 8, 0, "starts") < 0) {
+        release(&jstarts, 1);
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < ncols; k++) {
+        PyObject *spec = PyList_GET_ITEM(cols_obj, k), *vo, *valido, *offo;
+        Col *c = &cols[k];
+        if (!PyArg_ParseTuple(spec, "iiiOOO", &c->storage, &c->var, &c->nullable, &vo, &valido, &offo)) goto cols_done;
+        if (c->storage < 0 || c->storage > ST_BYTE) { PyErr_SetString(PyExc_ValueError, "storage"); goto cols_done; }
+        if (get_buf(vo, &c->b[0], st_size[c->storage], c->var ? 0 : n, 1, "column values") < 0) goto cols_done;
+        c->values = c->b[0].view.buf;
+        c->cap = c->b[0].view.len / st_size[c->storage];
+        if (c->nullable) {
+            if (get_buf(valido, &c->b[1], 1, n, 1, "column valid") < 0) goto cols_done;
+            c->valid = c->b[1].view.buf;
+        }
+        if (c->var) {
+            if (get_buf(offo, &c->b[2], 8, n + 1, 1, "column offsets") < 0) goto cols_done;
+            c->offsets = c->b[2].view.buf;
+            c->offsets[0] = 0;
+        }
+    }
+    errors = PyList_New(0);
+    if (errors == NULL) goto cols_done;
+    Run r = {.prog = in[0].view.buf, .prog_len = in[0].view.len / 4, .cols = cols, .ncols = ncols,
+             .defaults = defaults};
+    const int64_t *rows = in[1].view.buf, *jstart = jstarts.view.buf, *jlen = in[4].view.buf;
+    int64_t *index = in[2].view.buf;
+    const Py_ssize_t jcount = joined ? in[4].view.len / 8 : PyList_GET_SIZE(values);
+    Py_ssize_t taken = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t raw = rows[i];
+        const unsigned char *p = NULL;
+        Py_ssize_t len = -1;
+        if (raw >= 0 && raw < jcount) {
+            if (joined) {
+                if (jlen[raw] >= 0 && jstart[raw] >= 0 && jstart[raw] + jlen[raw] <= in[3].view.len) {
+                    p = (const unsigned char *)in[3].view.buf + jstart[raw];
+                    len = (Py_ssize_t)jlen[raw];
+                }
+            } else {
+                PyObject *v = PyList_GET_ITEM(values, raw);
+                if (PyBytes_CheckExact(v)) {
+                    p = (const unsigned char *)PyBytes_AS_STRING(v);
+                    len = PyBytes_GET_SIZE(v);
+                }
+            }
+        }
+        if (p == NULL || len < skip) {
+            PyErr_Format(PyExc_ValueError, "row %zd: no value of at least %zd bytes at position %lld", i, skip,
+                         (long long)raw);
+            goto cols_done;
+        }
+        r.p = p + skip;
+        r.end = p + len;
+        r.row = taken;
+        r.err = ERR_NONE;
+        r.msg = NULL;
+        for (Py_ssize_t k = 0; k < ncols; k++) {
+            cols[k].written = cols[k].null = 0;
+            cols[k].row_start = cols[k].at;
+        }
+        if (run_op(&r, 0, 0) >= 0 && r.p != r.end) {
+            r.err = ERR_CORRUPT;
+            r.msg = "trailing bytes after the record";
+        }
+        for (Py_ssize_t k = 0; k < ncols && r.err == ERR_NONE; k++) {
+            Col *c = &cols[k];
+            if (!c->written) c->null = 1;
+            if (c->null && !c->nullable) {
+                r.err = ERR_INCOMPATIBLE;
+                r.msg = "a null where the reader needs a value";
+            }
+        }
+        if (r.err != ERR_NONE) {
+            for (Py_ssize_t k = 0; k < ncols; k++) cols[k].at = cols[k].row_start;
+            PyObject *what = r.msg != NULL ? PyUnicode_FromString(r.msg) : PyLong_FromLong(r.fail);
+            PyObject *item = what == NULL ? NULL : Py_BuildValue("(LiN)", (long long)raw, r.err, what);
+            if (item == NULL || PyList_Append(errors, item) < 0) {
+                Py_XDECREF(item);
+                goto cols_done;
+            }
+            Py_DECREF(item);
+            continue;
+        }
+        for (Py_ssize_t k = 0; k < ncols; k++) {
+            Col *c = &cols[k];
+            if (c->var) {
+                if (c->null) c->at = c->row_start;
+                c->offsets[taken + 1] = c->at;
+            } else if (c->null)
+                memset(c->values + taken * st_size[c->storage], 0, st_size[c->storage]);
+            if (c->nullable) c->valid[taken] = !c->null;
+        }
+        index[taken++] = raw;
+    }
+    result = Py_BuildValue("(nO)", taken, errors);
+cols_done:
+    release(&jstarts, 1);
+    for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 3);
+done:
+    Py_XDECREF(errors);
+    release(in, 5);
+    PyMem_Free(cols);
+    return result;
+}
+
+/* read_ids(values, ids) -> None: ids[i] (int64) = the schema id in value i's 5-byte header (magic byte 0, then a
+ * big-endian uint32), -1 for None, -2 for a value shorter than the header, -3 for another magic byte. */
+static PyObject *read_ids(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *values, *ids_obj, *jbuf_obj = NULL, *jstart_obj = NULL, *jlen_obj = NULL;
+    if (!PyArg_ParseTuple(args, "OO", &values, &ids_obj)) return NULL;
+    Buf in[4];
+    memset(in, 0, sizeof in);
+    PyObject *result = NULL;
+    const int joined = !PyList_Check(values);
+    Py_ssize_t n;
+    if (joined) {
+        if (!PyArg_ParseTuple(values, "OOO", &jbuf_obj, &jstart_obj, &jlen_obj)) return NULL;
+        if (PyObject_GetBuffer(jbuf_obj, &in[0].view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        in[0].held = 1;
+        if (get_buf(jlen_obj, &in[2], 8, 0, 0, "lengths") < 0) goto done;
+        n = in[2].view.len / 8;
+        if (get_buf(jstart_obj, &in[1], 8, n, 0, "starts") < 0) goto done;
+    } else
+        n = PyList_GET_SIZE(values);
+    if (get_buf(ids_obj, &in[3], 8, n, 1, "ids") < 0) goto done;
+    int64_t *ids = in[3].view.buf;
+    const int64_t *jstart = in[1].view.buf, *jlen = in[2].view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *p = NULL;
+        Py_ssize_t len = -1;
+        if (joined) {
+            if (jlen[i] >= 0 && jstart[i] >= 0 && jstart[i] + jlen[i] <= in[0].view.len) {
+                p = (const unsigned char *)in[0].view.buf + jstart[i];
+                len = (Py_ssize_t)jlen[i];
+            }
+        } else {
+            PyObject *v = PyList_GET_ITEM(values, i);
+            if (PyBytes_CheckExact(v)) {
+                p = (const unsigned char *)PyBytes_AS_STRING(v);
+                len = PyBytes_GET_SIZE(v);
+            }
+        }
+        if (p == NULL) ids[i] = -1;
+        else if (len < 5) ids[i] = -2;
+        else if (p[0] != 0) ids[i] = -3;
+        else ids[i] = ((int64_t)p[1] << 24) | ((int64_t)p[2] << 16) | ((int64_t)p[3] << 8) | (int64_t)p[4];
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(in, 4);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_VARARGS, "Fast path of EventDecoder: see stream/_nativecodec.c."},
     {"encode_predictions", encode_predictions, METH_VARARGS, "Fast path of PredictionEncoder: see the C source."},
+    {"run_plan", run_plan, METH_VARARGS, "Run a field plan over a batch into columns: see the C source."},
+    {"read_ids", read_ids, METH_VARARGS, "The schema id of each value's header: see the C source."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "stream._nativecodec", NULL, -1, methods,

@@ -43,6 +43,9 @@ PROMOTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+MAX_ZERO_SIZE_ITEMS = 65536  # items of an array or map whose values take no bytes (nulls), per block
+
+
 class SchemaMismatch(ConfigError):
     """The writer schema cannot be resolved to the reader schema (one line per reason)."""
 
@@ -558,12 +561,12 @@ class _Reader:
                 raise DecodeError("corrupt-avro", "the record ends inside a varint")
             b = buf[self.pos]
             self.pos += 1
+            if shift == 63 and b > 1:
+                raise DecodeError("corrupt-avro", "a varint longer than 64 bits")
             raw |= (b & 0x7F) << shift
             if b < 0x80:
                 return (raw >> 1) ^ -(raw & 1)
             shift += 7
-            if shift > 63:
-                raise DecodeError("corrupt-avro", "a varint longer than 10 bytes")
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.buf):
@@ -612,13 +615,15 @@ def _run(op: Op, r: _Reader, b: list[_Builder]) -> Any:
     elif code in (INT, LONG):
         value = _convert(r.long(), "int" if code == INT else "long")
         value = _convert(value, op.to) if op.to else value
-    elif code == FLOAT:
-        value = float(np.frombuffer(r.take(4), dtype=_FLOAT)[0])
+    elif code == FLOAT:  # kept a float32 unless promoted: its bits as written (a signalling NaN stays one)
+        value = np.frombuffer(r.take(4), dtype=_FLOAT)[0]
+        if op.to == "double":
+            value = float(value)
     elif code == DOUBLE:
         value = float(np.frombuffer(r.take(8), dtype=_DOUBLE)[0])
     elif code in (BYTES, STRING):
         value = r.take(r.long())
-        if code == STRING or op.to == "string":
+        if op.col >= 0 and (code == STRING or op.to == "string"):
             try:
                 value.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -642,6 +647,9 @@ def _run(op: Op, r: _Reader, b: list[_Builder]) -> Any:
             if count < 0:
                 count = -count
                 r.long()  # the block's size in bytes
+            least = _min_size(op.items)
+            if (least and count > (len(r.buf) - r.pos) // least) or (not least and count > MAX_ZERO_SIZE_ITEMS):
+                raise DecodeError("corrupt-avro", "a block count larger than the record")
             for _ in range(count):
                 if code == MAP:
                     r.take(r.long())
@@ -687,3 +695,138 @@ def decode_columns(plan: FieldPlan, payloads: Sequence[bytes]) -> tuple[Columns,
         index.append(i)
     return Columns(np.asarray(index, dtype=np.int64), {s.path: bld.column() for s, bld in
                                                       zip(plan.columns, builders, strict=True)}), errors
+
+
+# -- the native decoder ----------------------------------------------------------------------------------------
+
+_STORAGE = {"boolean": 0, "int": 1, "enum": 1, "long": 2, "float": 3, "double": 4}
+_BYTE_STORAGE = 5
+
+
+def _storage(spec: ColumnSpec) -> int:
+    if spec.kind == "array":
+        assert spec.items is not None
+        return _STORAGE[spec.items]
+    return _STORAGE.get(spec.kind, _BYTE_STORAGE)
+
+
+def _variable(spec: ColumnSpec) -> bool:
+    return spec.kind in ("string", "bytes", "fixed", "array")
+
+
+def _min_size(op: Op) -> int:
+    """The fewest bytes a value of this operation takes on the wire."""
+    if op.code in (NULL, FAIL):
+        return 0
+    if op.code == FLOAT:
+        return 4
+    if op.code == DOUBLE:
+        return 8
+    if op.code == FIXED:
+        return op.size
+    if op.code == RECORD:
+        return sum(_min_size(f) for f in op.fields)
+    return 1
+
+
+@dataclass(frozen=True)
+class Program:
+    """A plan flattened for the C interpreter (stream/_nativecodec.c, ``run_plan``)."""
+
+    code: np.ndarray  # int32
+    defaults: list[bytes | None]  # the reader's default values, as their columns store them
+    fails: list[str]  # why a FAIL branch fails
+
+
+def flatten(plan: FieldPlan) -> Program:
+    out: list[int] = []
+    defaults: list[bytes | None] = []
+    fails: list[str] = []
+    _flatten(plan.root, plan.columns, out, defaults, fails, -1)
+    return Program(np.asarray(out, dtype=np.int32), defaults, fails)
+
+
+def _encode_default(spec: ColumnSpec, value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if spec.kind in ("string", "bytes", "fixed"):
+        return bytes(value)
+    return np.asarray(value, dtype=spec.dtype).tobytes()
+
+
+def _flatten(op: Op, specs: Sequence[ColumnSpec], out: list[int], defaults: list[bytes | None], fails: list[str],
+             item_col: int) -> None:
+    col = op.col if item_col < 0 else item_col
+    code = op.code
+    if code == NULL:
+        out += [NULL, len(op.nulls), *op.nulls]
+    elif code in (BOOLEAN, INT, LONG, FLOAT, DOUBLE, STRING):
+        out += [code, col]
+    elif code == BYTES:
+        out += [BYTES, col, int(op.to == "string")]
+    elif code == FIXED:
+        out += [FIXED, col, op.size]
+    elif code == ENUM:
+        out += [ENUM, col, len(op.table), *op.table]
+    elif code in (ARRAY, MAP):
+        assert op.items is not None
+        item: list[int] = []
+        _flatten(op.items, specs, item, defaults, fails, op.col if code == ARRAY and op.col >= 0 else -1)
+        out += ([ARRAY, op.col] if code == ARRAY else [MAP]) + [_min_size(op.items), len(item), *item]
+    elif code == UNION:
+        out += [UNION, len(op.branches)]
+        for branch in op.branches:
+            part: list[int] = []
+            _flatten(branch, specs, part, defaults, fails, item_col)
+            out += [len(part), *part]
+    elif code == RECORD:
+        out += [RECORD, len(op.fields)]
+        for f in op.fields:
+            _flatten(f, specs, out, defaults, fails, -1)
+        out.append(len(op.defaults))
+        for c, value in op.defaults:
+            out += [c, len(defaults)]
+            defaults.append(_encode_default(specs[c], value))
+    elif code == FAIL:
+        out += [FAIL, len(fails)]
+        fails.append(op.why)
+    else:  # pragma: no cover
+        raise AssertionError(code)
+
+
+def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], source: Any, rows: np.ndarray,
+               skip: int, total_bytes: int) -> tuple[Columns, list[tuple[int, DecodeError]]]:
+    """Run ``program`` in C over the records at raw positions ``rows`` of ``source`` (a list of bytes, or
+    ``(buffer, starts, lengths)``), each read from byte ``skip``; ``total_bytes`` bounds what a variable column
+    can receive (the selected records' bytes)."""
+    n = len(rows)
+    columns: list[Column] = []
+    args = []
+    for spec in specs:
+        variable = _variable(spec)
+        dtype = spec.dtype
+        capacity = total_bytes if variable else n
+        values = np.empty(capacity, dtype=dtype)
+        valid = np.empty(n, dtype=bool) if spec.nullable else None
+        offsets = np.empty(n + 1, dtype=np.int64) if variable else None
+        columns.append(Column(spec, values, offsets, valid))
+        args.append((_storage(spec), int(variable), int(spec.nullable), values,
+                     None if valid is None else valid.view(np.uint8), offsets))
+    index = np.empty(n, dtype=np.int64)
+    taken, raw_errors = native.run_plan(program.code, program.defaults, source,
+                                        np.ascontiguousarray(rows, dtype=np.int64), skip, args, index)
+    out = Columns(index[:taken])
+    for column in columns:
+        if column.offsets is not None:
+            column.offsets = column.offsets[: taken + 1]
+            column.values = column.values[: int(column.offsets[-1])]
+        else:
+            column.values = column.values[:taken]
+        if column.valid is not None:
+            column.valid = column.valid[:taken]
+        out.columns[column.spec.path] = column
+    errors = []
+    for position, reason, what in raw_errors:
+        message = program.fails[what] if isinstance(what, int) else what
+        errors.append((int(position), DecodeError("corrupt-avro" if reason == 1 else "incompatible-schema", message)))
+    return out, errors

@@ -12,14 +12,18 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream.codec import _nativecodec
 from stream.codec.plan import (
     Columns,
     ColumnSpec,
+    FieldPlan,
     SchemaMismatch,
     decode_columns,
+    flatten,
     normalize,
     reader_columns,
     resolve,
+    run_native,
 )
 from stream.errors import ConfigError
 
@@ -49,6 +53,26 @@ def leaves(record: Any, columns: list[ColumnSpec]) -> dict[str, Any]:
             value = [float(np.float32(v)) for v in value] if spec.kind == "array" else float(np.float32(value))
         out[spec.path] = value
     return out
+
+
+DECODERS = ["reference", "native-list", "native-joined"]
+
+
+def decode_with(how: str, plan: FieldPlan, payloads: list[bytes]) -> tuple[Columns, list[tuple[int, Any]]]:
+    """Decode with the reference (Python) or the C interpreter, from a list of values or one joined buffer with a
+    5-byte header before each body (skipped, as the decoder skips the schema header)."""
+    if how == "reference":
+        return decode_columns(plan, payloads)
+    if _nativecodec is None:
+        pytest.skip("stream._nativecodec is not built")
+    framed = [b"\x00\x00\x00\x00\x07" + p for p in payloads]
+    rows = np.arange(len(framed), dtype=np.int64)
+    total = sum(map(len, framed))
+    if how == "native-list":
+        return run_native(_nativecodec, flatten(plan), plan.columns, framed, rows, 5, total)
+    lengths = np.asarray([len(f) for f in framed], dtype=np.int64)
+    source = (b"".join(framed), np.cumsum(lengths) - lengths, lengths)
+    return run_native(_nativecodec, flatten(plan), plan.columns, source, rows, 5, total)
 
 
 def plan_for(writer: Any, reader: Any) -> tuple[Any, list[ColumnSpec]]:
@@ -135,22 +159,24 @@ def schema_and_records(draw: st.DrawFn) -> tuple[Any, list[Any]]:
 
 # -- the same schema on both sides -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("how", DECODERS)
 @SETTINGS
-@given(schema_and_records())
-def test_a_plan_reads_every_generated_record_as_fastavro_does(case: tuple[Any, list[Any]]) -> None:
+@given(case=schema_and_records())
+def test_a_plan_reads_every_generated_record_as_fastavro_does(how: str, case: tuple[Any, list[Any]]) -> None:
     schema, records = case
     payloads = [encode(schema, r) for r in records]
     plan, columns = plan_for(schema, schema)
-    decoded, errors = decode_columns(plan, payloads)
+    decoded, errors = decode_with(how, plan, payloads)
     assert errors == []
     assert decoded.index.tolist() == list(range(len(records)))
     expected = [leaves(fastavro_read(p, schema), columns) for p in payloads]
     assert decoded.rows() == expected
 
 
+@pytest.mark.parametrize("how", DECODERS)
 @SETTINGS
-@given(schema_and_records(), st.data())
-def test_a_damaged_record_is_an_error_of_its_own_and_the_others_decode(case: tuple[Any, list[Any]],
+@given(case=schema_and_records(), data=st.data())
+def test_a_damaged_record_is_an_error_of_its_own_and_the_others_decode(how: str, case: tuple[Any, list[Any]],
                                                                          data: st.DataObject) -> None:
     schema, records = case
     payloads = [encode(schema, r) for r in records]
@@ -160,7 +186,7 @@ def test_a_damaged_record_is_an_error_of_its_own_and_the_others_decode(case: tup
     payloads[victim] = data.draw(st.sampled_from([damaged, payloads[victim][:cut] if cut < len(payloads[victim])
                                                    else damaged]))
     plan, columns = plan_for(schema, schema)
-    decoded, errors = decode_columns(plan, payloads)
+    decoded, errors = decode_with(how, plan, payloads)
     try:
         fastavro_read(payloads[victim], schema)
         fastavro_ok = len(payloads[victim]) == len(encode(schema, records[victim]))
@@ -208,13 +234,14 @@ def evolution(draw: st.DrawFn) -> tuple[Any, Any, list[Any]]:
     return writer, reader, records
 
 
+@pytest.mark.parametrize("how", DECODERS)
 @SETTINGS
-@given(evolution())
-def test_a_plan_resolves_an_evolved_schema_as_fastavro_does(case: tuple[Any, Any, list[Any]]) -> None:
+@given(case=evolution())
+def test_a_plan_resolves_an_evolved_schema_as_fastavro_does(how: str, case: tuple[Any, Any, list[Any]]) -> None:
     writer, reader, records = case
     payloads = [encode(writer, r) for r in records]
     plan, columns = plan_for(writer, reader)
-    decoded, errors = decode_columns(plan, payloads)
+    decoded, errors = decode_with(how, plan, payloads)
     assert errors == []
     expected = [leaves(fastavro_read(p, writer, reader), columns) for p in payloads]
     assert decoded.rows() == expected
@@ -241,11 +268,12 @@ V2 = {"type": "record", "name": "Order", "namespace": "acme", "fields": [
 ]}
 
 
-def test_two_versions_decode_into_the_same_columns() -> None:
+@pytest.mark.parametrize("how", DECODERS)
+def test_two_versions_decode_into_the_same_columns(how: str) -> None:
     record = {"id": "o-1", "amount": 2.5, "qty": 4, "note": "gift", "status": "LOST",
               "customer": {"id": 77, "country": "NO"}}
     plan, columns = plan_for(V1, V2)
-    decoded, errors = decode_columns(plan, [encode(V1, record)])
+    decoded, errors = decode_with(how, plan, [encode(V1, record)])
     assert errors == []
     assert [c.path for c in columns] == ["customer.country", "customer.id", "customer.tier", "qty", "amount", "id",
                                          "status", "channel"]
@@ -255,11 +283,12 @@ def test_two_versions_decode_into_the_same_columns() -> None:
     assert decoded.rows() == [leaves(fastavro_read(encode(V1, record), V1, V2), columns)]
 
 
-def test_a_null_where_the_reader_needs_a_value_is_an_error_of_that_record() -> None:
+@pytest.mark.parametrize("how", DECODERS)
+def test_a_null_where_the_reader_needs_a_value_is_an_error_of_that_record(how: str) -> None:
     writer = {"type": "record", "name": "T", "fields": [{"name": "x", "type": ["null", "long"]}]}
     reader = {"type": "record", "name": "T", "fields": [{"name": "x", "type": "long"}]}
     plan, _ = plan_for(writer, reader)
-    decoded, errors = decode_columns(plan, [encode(writer, {"x": 5}), encode(writer, {"x": None})])
+    decoded, errors = decode_with(how, plan, [encode(writer, {"x": 5}), encode(writer, {"x": None})])
     assert decoded.rows() == [{"x": 5}]
     assert [(i, e.reason) for i, e in errors] == [(1, "incompatible-schema")]
 
@@ -285,6 +314,16 @@ def test_recursive_and_unknown_types_are_configuration_errors() -> None:
         normalize({"type": "record", "name": "T", "fields": [{"name": "x", "type": "Nope"}]})
 
 
+@pytest.mark.parametrize("how", DECODERS)
+def test_a_huge_block_count_of_values_that_take_no_bytes_is_refused(how: str) -> None:
+    schema = {"type": "record", "name": "T", "fields": [{"name": "a", "type": {"type": "array", "items": "null"}}]}
+    plan, _ = plan_for(schema, schema)
+    bomb = bytes([0xFE, 0xFF, 0xFF, 0xFF, 0x0F, 0])  # 2^31 - 1 nulls in one block
+    decoded, errors = decode_with(how, plan, [bomb, encode(schema, {"a": [None, None]})])
+    assert [(i, e.reason) for i, e in errors] == [(0, "corrupt-avro")]
+    assert decoded.index.tolist() == [1]
+
+
 def test_columns_can_be_taken_and_joined() -> None:
     schema = {"type": "record", "name": "T", "fields": [
         {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "long"}},
@@ -298,3 +337,29 @@ def test_columns_can_be_taken_and_joined() -> None:
     assert joined.rows() == [{"s": "xyz", "a": [9], "n": -1}, {"s": "é", "a": [1, 2], "n": None},
                              {"s": "", "a": [], "n": 3}]
     assert joined.index.tolist() == [2, 0, 1]
+
+
+@SETTINGS
+@given(case=schema_and_records(), noise=st.lists(st.binary(max_size=40), min_size=1, max_size=6), data=st.data())
+def test_the_c_interpreter_and_the_reference_agree_on_any_bytes(case: tuple[Any, list[Any]], noise: list[bytes],
+                                                                 data: st.DataObject) -> None:
+    """Valid records, random bytes and valid records with bytes flipped: the same rows, the same errors."""
+    schema, records = case
+    payloads = [encode(schema, r) for r in records]
+    flipped = []
+    for p in payloads:
+        if p:
+            at = data.draw(st.integers(0, len(p) - 1))
+            flipped.append(p[:at] + bytes([data.draw(st.integers(0, 255))]) + p[at + 1 :])
+    plan, _ = plan_for(schema, schema)
+    batch = payloads + noise + flipped
+    ref, ref_errors = decode_with("reference", plan, batch)
+    for how in ("native-list", "native-joined"):
+        got, errors = decode_with(how, plan, batch)
+        assert got.index.tolist() == ref.index.tolist()
+        for path, column in ref.columns.items():  # bytes, not values: NaN is not NaN
+            other = got[path]
+            assert other.values.tobytes() == column.values.tobytes(), path
+            for a, b in ((other.offsets, column.offsets), (other.valid, column.valid)):
+                assert (a is None and b is None) or (a is not None and b is not None and a.tolist() == b.tolist())
+        assert [(i, e.reason) for i, e in errors] == [(i, e.reason) for i, e in ref_errors]
