@@ -48,7 +48,14 @@ def _worker_parser(sub: Any) -> None:
                    help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
-    p.add_argument("--schemas-dir", type=Path, help="schema registry folder (default: the repo's schemas/)")
+    p.add_argument("--schemas-dir", type=Path, help="schema folder when no registry is given (default: the repo's "
+                                                     "schemas/)")
+    p.add_argument("--schema-registry-url", help="a Confluent-compatible schema registry (default: "
+                                                 "SCHEMA_REGISTRY_URL; else the schema folder)")
+    p.add_argument("--input-schema", help="the schema to read: an .avsc file, or a subject (registry) or record name "
+                                          "(folder); default: the model's own, else <input-topic>-value")
+    p.add_argument("--input-map", help="INPUT=FIELD[,INPUT=FIELD...]: the field (dotted path) each model input "
+                                       "reads (default: the field named like the input)")
     p.add_argument("--provenance-headers", action=argparse.BooleanOptionalAction, default=None,
                    help="also write the input topic/partition/offset as headers of each prediction (off: the "
                         "prediction schema carries them; always on with a schema that does not)")

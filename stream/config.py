@@ -99,6 +99,17 @@ class WorkerSettings(BaseSettings):
     dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     dlq_window: int = Field(default=1000, ge=1, le=10_000_000)
     schemas_dir: Path | None = None
+    schema_registry_url: str | None = Field(
+        default=None, min_length=1,
+        description="a Confluent-compatible schema registry (also SCHEMA_REGISTRY_URL; client settings from "
+                    "SCHEMA_REGISTRY_*); without it, the schema folder")
+    input_schema: str | None = Field(
+        default=None, min_length=1,
+        description="the schema the worker reads: an .avsc file, or a subject (registry) / record name (folder); "
+                    "default: the model's own, else <input-topic>-value")
+    input_map: str | None = Field(
+        default=None, description="INPUT=FIELD,...: the input schema's field (dotted path) each model input "
+                                  "reads; default: the field of the input's name")
     provenance_headers: bool = Field(
         default=False,
         description="also put the input record's topic, partition and offset in headers of each prediction "
@@ -222,6 +233,9 @@ def load_settings(overrides: Mapping[str, Any], environ: Mapping[str, str] | Non
         "KAFKA_BOOTSTRAP_SERVERS"
     ):
         given["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
+    if "schema_registry_url" not in given and "STREAM_SCHEMA_REGISTRY_URL" not in env and env.get(
+            "SCHEMA_REGISTRY_URL"):
+        given["schema_registry_url"] = env["SCHEMA_REGISTRY_URL"]
     # Every STREAM_* variable must be a setting (typos fail loudly) except the few other tools read.
     stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items()
                   if k.startswith("STREAM_") and k not in NON_SETTING_ENV and not k.startswith(NON_SETTING_PREFIX)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -13,34 +14,40 @@ import numpy as np
 import torch
 
 from stream.errors import ConfigError, ModelError, UnrecoverableModelError
+from stream.inputs import NUMERIC_DTYPES, InputSpec, OutputSpec, input_rows
 
 log = logging.getLogger(__name__)
 
 
 @runtime_checkable
 class ModelHandler(Protocol):
-    """What the worker needs from a model. Implementations must not keep per-batch state."""
+    """What the worker needs from a model. Implementations must not keep per-batch state.
+
+    ``inputs`` and ``outputs`` declare what the model takes and gives; the worker checks them against the input
+    and output schemas at start-up (after ``load``, which may set them from the model's files)."""
 
     name: str
     version: str
-    n_features: int
-    output_fields: tuple[str, ...]
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...]
 
     def load(self, device: torch.device) -> None:
         """Load weights onto ``device``; raise UnrecoverableModelError if that is impossible."""
 
-    def collate(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
-        """(n, n_features) float32 host array -> the model's input tensor on ``device``.
+    def collate(self, inputs: Mapping[str, Any], device: torch.device) -> Any:
+        """The batch's inputs by name (numeric ones as numpy arrays of ``(n, *shape)``, strings and bytes as lists)
+        -> what ``predict`` takes, on ``device``.
 
-        On CUDA the engine calls this on its copy stream with a view of page-locked memory that it keeps intact
-        until the copy is done: copy with ``non_blocking=True`` and the copy overlaps the previous batch's work.
+        On CUDA the engine calls this on its copy stream with views of page-locked memory for the numeric inputs
+        that it keeps intact until the copy is done: copy with ``non_blocking=True`` and the copy overlaps the
+        previous batch's work.
         """
 
-    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+    def predict(self, inputs: Any) -> Any:
         """One forward pass over the whole batch (called under ``torch.inference_mode``)."""
 
-    def outputs(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
-        """Raw model output -> one host array per prediction field, each with one row per input. A tensor that
+    def postprocess(self, raw: Any) -> dict[str, np.ndarray]:
+        """Raw model output -> one host array per declared output, each with one row per input. A tensor that
         ``predict`` returned on a CUDA device arrives here already copied to host memory."""
 
 
@@ -73,6 +80,17 @@ def create_handler(name: str, model_dir: Path | None) -> ModelHandler:
     raise ConfigError(f"--model {name!r}: unknown model (built-in: demo; or give package.module:ClassName)")
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in what ``collate`` returned: a tensor, or a dict, list or tuple of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
 @dataclass(frozen=True)
 class BatchResult:
     outputs: dict[str, np.ndarray]
@@ -91,31 +109,39 @@ class InFlight:
 
 
 class _PinnedStaging:
-    """A ring of page-locked input buffers. A slot is reused only after the device has finished copying out of
-    it, so the host can fill the next batch while the copy engine and the model work on earlier ones."""
+    """A ring of page-locked input buffers (one per numeric input in each slot). A slot is reused only after the
+    device has finished copying out of it, so the host can fill the next batch while the copy engine and the
+    model work on earlier ones."""
 
-    def __init__(self, n_features: int, slots: int = 3) -> None:
-        self.n_features = n_features
-        self._buffers: list[torch.Tensor | None] = [None] * slots
+    def __init__(self, slots: int = 3) -> None:
+        self._buffers: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
         self._copied: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
 
-    def fill(self, features: np.ndarray) -> tuple[np.ndarray, int]:
-        """Copy ``features`` into the next free slot; returns (a host view of it, the slot)."""
+    def fill(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        """Copy the numeric inputs into the next free slot; returns (the inputs, numeric ones as host views of
+        page-locked memory, others as they were; the slot)."""
         slot = self._next
         self._next = (slot + 1) % len(self._buffers)
         copied = self._copied[slot]
         if copied is not None:
             copied.synchronize()  # normally long done: the ring is deeper than the pipeline
-        buffer = self._buffers[slot]
-        n = len(features)
-        if buffer is None or buffer.shape[0] < n or buffer.shape[1:] != features.shape[1:]:
-            rows = max(n, 2 * buffer.shape[0] if buffer is not None else 0)
-            buffer = torch.empty((rows, *features.shape[1:]), dtype=torch.float32, pin_memory=True)
-            self._buffers[slot] = buffer
-        view: np.ndarray = buffer.numpy()[:n]
-        np.copyto(view, features, casting="same_kind")
-        return view, slot
+        staged: dict[str, Any] = {}
+        for name, array in inputs.items():
+            if not isinstance(array, np.ndarray) or array.dtype.name not in NUMERIC_DTYPES:
+                staged[name] = array
+                continue
+            buffer = self._buffers[slot].get(name)
+            n = len(array)
+            if (buffer is None or buffer.shape[0] < n or tuple(buffer.shape[1:]) != array.shape[1:]
+                    or buffer.numpy().dtype != array.dtype):
+                rows = max(n, 2 * buffer.shape[0] if buffer is not None else 0)
+                buffer = torch.from_numpy(np.empty((rows, *array.shape[1:]), dtype=array.dtype)).pin_memory()
+                self._buffers[slot][name] = buffer
+            view: np.ndarray = buffer.numpy()[:n]
+            np.copyto(view, array, casting="no")
+            staged[name] = view
+        return staged, slot
 
     def copied(self, slot: int, event: torch.cuda.Event) -> None:
         self._copied[slot] = event
@@ -143,39 +169,45 @@ class InferenceEngine:
         if self.asynchronous:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             self._compute_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            self._staging = _PinnedStaging(handler.n_features)
+            self._staging = _PinnedStaging()
         log.info("model %s %s loaded on %s", handler.name, handler.version, device)
 
-    def run(self, features: np.ndarray) -> BatchResult:
-        return self.result(self.submit(features))
+    def run(self, inputs: Mapping[str, Any] | np.ndarray) -> BatchResult:
+        return self.result(self.submit(inputs))
 
-    def submit(self, features: np.ndarray) -> InFlight:
-        """Start a forward pass over ``features`` ((n, n_features) float32). Never raises a model error: a
-        failure is kept in the returned handle and raised by ``result``."""
-        flight = InFlight(len(features), time.perf_counter())
+    def submit(self, inputs: Mapping[str, Any] | np.ndarray) -> InFlight:
+        """Start a forward pass over ``inputs`` (the handler's inputs by name, one row per record; an array alone
+        for a handler of one input). Never raises a model error: a failure is kept in the returned handle and
+        raised by ``result``."""
+        if isinstance(inputs, np.ndarray):
+            if len(self.handler.inputs) != 1:
+                raise TypeError(f"model {self.handler.name} takes {len(self.handler.inputs)} inputs: pass them by name")
+            inputs = {self.handler.inputs[0].name: inputs}
+        flight = InFlight(input_rows(inputs), time.perf_counter())
         try:
             with torch.inference_mode():
                 if self.asynchronous:
-                    self._submit_cuda(features, flight)
+                    self._submit_cuda(inputs, flight)
                 else:
-                    flight.raw = self.handler.predict(self.handler.collate(features, self.device))
+                    flight.raw = self.handler.predict(self.handler.collate(inputs, self.device))
         except Exception as exc:
             flight.error = self._classify(exc, flight.n)
         return flight
 
-    def _submit_cuda(self, features: np.ndarray, flight: InFlight) -> None:
-        staged, slot = self._staging.fill(features)
+    def _submit_cuda(self, inputs: Mapping[str, Any], flight: InFlight) -> None:
+        staged, slot = self._staging.fill(inputs)
         copy_stream, compute_stream = self._copy_stream, self._compute_stream
         with torch.cuda.stream(copy_stream):
-            inputs = self.handler.collate(staged, self.device)
+            collated = self.handler.collate(staged, self.device)
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(copy_stream)
         self._staging.copied(slot, copied)
         compute_stream.wait_event(copied)
         with torch.cuda.stream(compute_stream):
-            if isinstance(inputs, torch.Tensor) and inputs.device.type == "cuda":
-                inputs.record_stream(compute_stream)  # allocated on the copy stream, read on this one
-            raw = self.handler.predict(inputs)
+            for tensor in _tensors(collated):
+                if tensor.device.type == "cuda":
+                    tensor.record_stream(compute_stream)  # allocated on the copy stream, read on this one
+            raw = self.handler.predict(collated)
             if isinstance(raw, torch.Tensor) and raw.device.type == "cuda":
                 raw = raw.to("cpu", non_blocking=True)  # into page-locked memory; valid once `done` fires
             # blocking: the thread that waits for it sleeps instead of spinning a core
@@ -192,18 +224,18 @@ class InferenceEngine:
             if flight.done is not None:
                 flight.done.synchronize()
             with torch.inference_mode():
-                outputs = self.handler.outputs(flight.raw)
+                outputs = self.handler.postprocess(flight.raw)
         except Exception as exc:
             error = self._classify(exc, n)
             if error is exc:
                 raise
             raise error from exc
         seconds = time.perf_counter() - flight.started
-        for field in self.handler.output_fields:
-            column = outputs.get(field)
+        for spec in self.handler.outputs:
+            column = outputs.get(spec.name)
             if column is None or len(column) != n:
                 got = "missing" if column is None else f"{len(column)} rows"
-                raise ModelError(f"model {self.handler.name} output {field!r}: expected {n} rows, got {got}")
+                raise ModelError(f"model {self.handler.name} output {spec.name!r}: expected {n} rows, got {got}")
         return BatchResult(outputs, seconds)
 
     def _classify(self, exc: Exception, n: int) -> ModelError:

@@ -89,6 +89,9 @@ class StreamMetrics:
         self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
                                             registry=r)
         self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
+        self.registry_retries = Counter(
+            "stream_schema_registry_retries",
+            "Decodes of a batch retried because the schema registry could not be reached.", registry=r)
         self.commit_failures = Counter("stream_commit_failures", "Offset commits the broker rejected.",
                                        registry=r)
         self.assigned_partitions = Gauge("stream_assigned_partitions", "Input partitions assigned now.",

@@ -18,9 +18,13 @@ from typing import Any
 import numpy as np
 
 from stream import faults
-from stream.codec import EventBatch, EventDecoder, InputSource, PredictionEncoder
+from stream.codec import EventBatch, InputSource, PredictionEncoder
+from stream.codec.decoder import ColumnDecoder
+from stream.codec.plan import Columns
+from stream.codec.registry import RegistryUnavailable
 from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine, InFlight
+from stream.inputs import InputBinder, input_rows, take_inputs
 from stream.metrics import StreamMetrics
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, Headers, Publisher, SpanDelivery
 from stream.records import Records
@@ -51,7 +55,8 @@ class Begun:
     """A batch decoded and submitted to the model, waiting for ``BatchProcessor.complete``."""
 
     batch: Dispatched
-    events: EventBatch
+    decoded: Columns  # the records the model takes (``index``: their positions in the batch)
+    inputs: dict[str, Any]  # the model's inputs, one row per decoded record
     dead: list[DeadRecord]
     flight: InFlight | None  # None when no record decoded
 
@@ -67,6 +72,8 @@ class ProcessingPolicy:
     dlq_max_fraction: float
     dlq_window: int
     provenance_headers: bool = False
+    copy_fields: tuple[tuple[str, str], ...] = ()  # (prediction field, input column) copied into each prediction
+    registry_backoff_max_s: float = 5.0
 
 
 class DeadLetterBreaker:
@@ -102,13 +109,18 @@ class DeadRecord:
 
 
 class BatchProcessor:
-    def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: EventDecoder,
-                 encoder: PredictionEncoder, publisher: Publisher, metrics: StreamMetrics,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: ColumnDecoder,
+                 binder: InputBinder, encoder: PredictionEncoder, publisher: Publisher, metrics: StreamMetrics,
+                 sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False) -> None:
         self.policy = policy
         self._engine = engine
         self._decoder = decoder
+        self._binder = binder
         self._encoder = encoder
+        self._stopping = stopping
+        copied = dict(policy.copy_fields)
+        self._id_column = copied.get("event_id", "event_id")
+        self._ts_column = copied.get("event_ts_ms", "ts_ms")
         self._publisher = publisher
         self._metrics = metrics
         self._sleep = sleep
@@ -122,25 +134,44 @@ class BatchProcessor:
         self.complete(self.begin(batch))
 
     def begin(self, batch: Dispatched) -> Begun:
-        """Decode the batch and submit its features to the model without waiting for the forward pass."""
-        events, errors = self._decoder.decode_batch(batch.records, self.policy.max_input_bytes)
+        """Decode the batch and submit its inputs to the model without waiting for the forward pass."""
+        decoded, errors = self._decode(batch)
+        inputs, good, bad = self._binder.bind(decoded)
+        if bad:
+            errors = sorted(errors + [(int(decoded.index[row]), err) for row, err in bad], key=lambda e: e[0])
+            decoded = decoded.take(good)
         dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
         flight = None
-        if len(events):
+        if len(decoded):
             faults.reach("during-inference")
-            flight = self._engine.submit(events.features)
-        return Begun(batch, events, dead, flight)
+            flight = self._engine.submit(inputs)
+        return Begun(batch, decoded, inputs, dead, flight)
+
+    def _decode(self, batch: Dispatched) -> tuple[Columns, list[tuple[int, DecodeError]]]:
+        """Decode, waiting out a schema registry that cannot be reached (its records are neither dead-lettered
+        nor acknowledged meanwhile, so nothing is committed past them)."""
+        delay_s = 0.1
+        while True:
+            try:
+                return self._decoder.decode_batch(batch.records, self.policy.max_input_bytes)
+            except RegistryUnavailable as exc:
+                if self._stopping():
+                    raise StreamError(f"stopping while the schema registry is unreachable: {exc}") from exc
+                self._metrics.registry_retries.inc()
+                log.warning("%s; retrying in %.1f s", exc, delay_s)
+                self._sleep(delay_s)
+                delay_s = min(delay_s * 2, self.policy.registry_backoff_max_s)
 
     def complete(self, begun: Begun) -> None:
         """Wait for the batch's forward pass (isolating poison records), then publish its predictions and dead
         letters. Batches are completed in the order they were begun."""
-        batch, events, dead = begun.batch, begun.events, begun.dead
+        batch, decoded, dead = begun.batch, begun.decoded, begun.dead
         if begun.flight is not None:
-            ok_rows, outputs, poison = self._infer_isolating(events.features, begun.flight)
-            dead += [DeadRecord(int(events.index[row]), "model", "model-error", err) for row, err in poison]
+            ok_rows, outputs, poison = self._infer_isolating(begun.inputs, begun.flight)
+            dead += [DeadRecord(int(decoded.index[row]), "model", "model-error", err) for row, err in poison]
             if poison:
-                events = events.select(ok_rows)
-            self._publish_predictions(batch, events, outputs)
+                decoded = decoded.take(ok_rows)
+            self._publish_predictions(batch, decoded, outputs)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
             self._dead_letter(batch, dead)
@@ -149,7 +180,7 @@ class BatchProcessor:
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
-    def _infer_isolating(self, features: np.ndarray, flight: InFlight | None = None
+    def _infer_isolating(self, inputs: dict[str, Any], flight: InFlight | None = None
                          ) -> tuple[np.ndarray, dict[str, np.ndarray], list[tuple[int, ModelError]]]:
         """Run the batch (``flight``: its first attempt, already submitted); on a model error retry with backoff,
         then bisect to isolate failing rows.
@@ -159,11 +190,12 @@ class BatchProcessor:
         ok: list[np.ndarray] = []
         parts: list[dict[str, np.ndarray]] = []
         poison: list[tuple[int, ModelError]] = []
-        pending = [(0, len(features), True)]  # (start, stop, retry whole) in row order, stack
+        pending = [(0, input_rows(inputs), True)]  # (start, stop, retry whole) in row order, stack
         while pending:
             start, stop, retry = pending.pop()
             try:
-                result = self._run(features[start:stop], self.policy.model_retries if retry else 0, flight)
+                result = self._run(take_inputs(inputs, start, stop), self.policy.model_retries if retry else 0,
+                                   flight)
             except UnrecoverableModelError:
                 raise
             except ModelError as exc:
@@ -179,15 +211,15 @@ class BatchProcessor:
             ok.append(np.arange(start, stop))
             parts.append(result)
         if not parts:
-            return np.zeros(0, dtype=np.int64), {f: np.zeros(0) for f in self._engine.handler.output_fields}, poison
+            return np.zeros(0, dtype=np.int64), {o.name: np.zeros(0) for o in self._engine.handler.outputs}, poison
         outputs = {f: np.concatenate([p[f] for p in parts]) for f in parts[0]}
         return np.concatenate(ok), outputs, poison
 
-    def _run(self, features: np.ndarray, retries: int, flight: InFlight | None = None) -> dict[str, np.ndarray]:
+    def _run(self, inputs: dict[str, Any], retries: int, flight: InFlight | None = None) -> dict[str, np.ndarray]:
         attempt = 0
         while True:
             try:
-                result = self._engine.result(flight if flight is not None else self._engine.submit(features))
+                result = self._engine.result(flight if flight is not None else self._engine.submit(inputs))
                 self._metrics.inference_seconds.observe(result.seconds)
                 return result.outputs
             except UnrecoverableModelError:
@@ -204,9 +236,13 @@ class BatchProcessor:
                 flight = None
 
     # ------------------------------------------------------------------ publishing
-    def _publish_predictions(self, batch: Dispatched, events: EventBatch, outputs: dict[str, np.ndarray]) -> None:
-        if not len(events):
+    def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray]) -> None:
+        if not len(decoded):
             return
+        ids = decoded[self._id_column]
+        assert ids.offsets is not None
+        events = EventBatch.from_strings(decoded.index, ids.values, ids.offsets,
+                                         decoded[self._ts_column].values.astype(np.int64, copy=False))
         records = batch.records
         handler = self._engine.handler
         row_partitions = batch.partitions[events.index]

@@ -38,10 +38,13 @@ from confluent_kafka import (
 
 from stream import faults, native
 from stream.batching import MicroBatcher
-from stream.codec import EventDecoder, PredictionEncoder, SchemaRegistry
+from stream.codec import PredictionEncoder, SchemaRegistry
+from stream.codec.decoder import ColumnDecoder
+from stream.codec.registry import RegistryUnavailable, open_source, reader_schema
 from stream.config import WorkerSettings
-from stream.errors import KafkaClientError, StreamError, TransactionError
+from stream.errors import ConfigError, KafkaClientError, StreamError, TransactionError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
+from stream.inputs import InputBinder, input_side, parse_input_map
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
 from stream.processing import BatchProcessor, Begun, Dispatched, ProcessingPolicy
@@ -109,8 +112,8 @@ class Worker:
         torch.set_num_threads(settings.torch_threads)
         handler = handler if handler is not None else create_handler(settings.model, settings.model_dir)
         self._engine = InferenceEngine(handler, select_device(settings.device))
-        self._decoder = EventDecoder(registry, self._engine.handler.n_features)
-        self._encoder = PredictionEncoder(registry, self._engine.handler.output_fields)
+        self._decoder, self._binder = self._input_side(settings, self._engine.handler)
+        self._encoder = PredictionEncoder(registry, [o.name for o in self._engine.handler.outputs])
         self._consumer_config = settings.consumer_config()
         self._producer_config = settings.producer_config()
         self._batcher: MicroBatcher[Records] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock,
@@ -185,9 +188,10 @@ class Worker:
         self._publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
                                     native_topic=self._native_topic())
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
-                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers)
-        self._processor = BatchProcessor(policy, self._engine, self._decoder, self._encoder, self._publisher,
-                                         self.metrics)
+                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
+                                  copy_fields=tuple(getattr(self._engine.handler, "copy_fields", ())))
+        self._processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder,
+                                         self._publisher, self.metrics, stopping=self._stop.is_set)
         self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,
                                    "error_cb": self._on_consumer_error})
         self._input = self._native_input(self._consumer)
@@ -227,6 +231,20 @@ class Worker:
             return None
         log.info("predictions published through the native producer (stream._nativeproduce)")
         return s.output_topic
+
+    @staticmethod
+    def _input_side(settings: WorkerSettings, handler: ModelHandler) -> tuple[ColumnDecoder, InputBinder]:
+        """The input schema, checked against the model's inputs: a decoder for the columns the inputs and the copied
+        fields read, and the binder from columns to inputs. ConfigError with one line per mismatch."""
+        source = open_source(settings.schema_registry_url, settings.schemas_dir)
+        default = getattr(handler, "input_schema", None)
+        if settings.schema_registry_url:
+            default = f"{settings.input_topic}-value"
+        try:
+            reader = reader_schema(source, settings.input_schema, default)
+        except RegistryUnavailable as exc:
+            raise ConfigError(f"the schema registry cannot be reached at start-up: {exc}") from None
+        return input_side(handler, source, reader, parse_input_map(settings.input_map))
 
     def _native_input(self, consumer: Consumer) -> native.NativeInput | None:
         """The C consumer for input records (stream.native.NativeInput), when it can be used; logs the choice."""

@@ -59,7 +59,11 @@ def bad_values() -> dict[str, bytes | None]:
         "bad-magic": b"\x05" + framed[1:],
         "unknown-schema": b"\x00\x00\x00\x10\x00" + framed[5:],
         "corrupt-avro": framed[:-9],
-        "feature-count": encode(event, {**good, "features": [0.1] * 7}),
+        "shape": encode(event, {**good, "features": [0.1] * 7}),
+        "incompatible-schema": encode(SchemaRegistry.from_dir().by_name("stream.demo.FraudPrediction"), {
+            "event_id": "e", "model_name": "m", "model_version": "v", "fraud_score": 0.5, "is_fraud": False,
+            "event_ts_ms": 0, "predicted_ts_ms": 0, "batch_size": 1, "input_topic": "t", "input_partition": 0,
+            "input_offset": 0}),
         "non-finite": encode(event, {**good, "features": [float("nan")] * 32}),
         "null-value": None,
         "oversized": framed + b"\x00" * 5000,

@@ -232,6 +232,21 @@ class EventBatch:
                  features: np.ndarray) -> EventBatch:
         return cls.from_id_fields(index, [avro_string(e) for e in event_ids], ts_ms, features)
 
+    @classmethod
+    def from_strings(cls, index: np.ndarray, text: np.ndarray, offsets: np.ndarray, ts_ms: np.ndarray,
+                     features: np.ndarray | None = None) -> EventBatch:
+        """From a string column (UTF-8 bytes back to back, ``n + 1`` offsets): each id framed as Avro writes it."""
+        lengths = np.diff(offsets)
+        groups, varint_len = _zigzag_varints(lengths)
+        field_len = varint_len + lengths
+        ends = np.cumsum(field_len)
+        starts = ends - field_len
+        buf = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+        _scatter(buf, starts, _packed(groups, varint_len), varint_len)
+        _copy_rows(buf, starts + varint_len, text, offsets[:-1], lengths)
+        return cls(index, buf, starts, field_len, ts_ms,
+                   features if features is not None else np.zeros((len(index), 0), dtype=np.float32))
+
     def select(self, rows: np.ndarray) -> EventBatch:
         """The given rows, in the given order."""
         return EventBatch(self.index[rows], self.id_buf, self.id_start[rows], self.id_len[rows], self.ts_ms[rows],

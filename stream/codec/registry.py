@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from stream.codec.plan import normalize
@@ -178,6 +180,19 @@ class FolderRegistry:
         self.description = description
         self._by_id = {i: WriterSchema(i, raw, normalize(raw)) for i, raw in schemas.items()}
 
+    @classmethod
+    def from_dir(cls, path: Path | None = None) -> FolderRegistry:
+        from stream.codec import DEFAULT_SCHEMAS_DIR
+
+        folder = DEFAULT_SCHEMAS_DIR if path is None else Path(path)
+        index = folder / "registry.json"
+        try:
+            listing = json.loads(index.read_text())["schemas"]
+            schemas = {int(k): json.loads((folder / v).read_text()) for k, v in listing.items()}
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(f"cannot load the schema folder {index}: {exc}") from exc
+        return cls(schemas, f"the schema folder {folder}")
+
     def by_id(self, schema_id: int) -> WriterSchema | None:
         return self._by_id.get(schema_id)
 
@@ -197,3 +212,36 @@ class FolderRegistry:
                 return found
         raise ConfigError(f"schema {full_name(schema)} is not in {self.description}: add it there with an id, or "
                           "use --schema-registry-url")
+
+
+def registry_env_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """The schema registry client's settings from ``SCHEMA_REGISTRY_*`` variables (the ``KAFKA_*`` naming rule:
+    ``SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO`` -> ``basic.auth.user.info``); ``SCHEMA_REGISTRY_URL`` is the URL."""
+    from stream.config import env_to_librdkafka_key
+
+    prefix = "SCHEMA_REGISTRY_"
+    return {env_to_librdkafka_key(k[len(prefix):]): v for k, v in environ.items()
+            if k.startswith(prefix) and k != "SCHEMA_REGISTRY_URL"}
+
+
+def open_source(url: str | None, folder: Path | None, environ: Mapping[str, str] | None = None) -> SchemaSource:
+    """The registry at ``url`` (client settings from ``SCHEMA_REGISTRY_*``), else the schema folder."""
+    if url:
+        return HttpRegistry(url, registry_env_config(os.environ if environ is None else environ))
+    return FolderRegistry.from_dir(folder)
+
+
+def reader_schema(source: SchemaSource, given: str | None, default_subject: str | None) -> WriterSchema:
+    """The schema the worker reads: ``given`` (an ``.avsc`` file, or a subject / record name in ``source``), else
+    ``default_subject``'s latest version. RegistryUnavailable when the registry cannot be reached."""
+    if given and given.endswith(".avsc"):
+        path = Path(given)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--input-schema {given}: {exc}") from exc
+        return WriterSchema(-1, raw, normalize(raw))
+    subject = given or default_subject
+    if not subject:
+        raise ConfigError("no input schema: pass --input-schema (an .avsc file, or a subject or record name)")
+    return source.latest(subject)

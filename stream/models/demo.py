@@ -6,6 +6,7 @@ Weights are stored as safetensors plus a small JSON config and loaded without pi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from stream.errors import UnrecoverableModelError
+from stream.inputs import InputSpec, OutputSpec
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
 WEIGHTS_FILE = "model.safetensors"
@@ -38,15 +40,23 @@ class FraudMLP(nn.Module):
 
 
 class DemoFraudHandler:
-    """Model handler for FraudMLP: outputs ``fraud_score`` (probability) and ``is_fraud``."""
+    """Model handler for FraudMLP: takes ``features`` (float32[n_features]); outputs ``fraud_score``
+    (probability) and ``is_fraud``.
 
-    output_fields: tuple[str, ...] = ("fraud_score", "is_fraud")
+    The demo's own schemas are named here, and only here: the worker reads ``stream.demo.FraudEvent`` and writes
+    ``stream.demo.FraudPrediction`` from the local schemas folder unless told otherwise."""
+
+    input_schema = "stream.demo.FraudEvent"
+    output_schema = "stream.demo.FraudPrediction"
+    copy_fields = (("event_id", "event_id"), ("event_ts_ms", "ts_ms"))  # (prediction field, input field)
+    outputs: tuple[OutputSpec, ...] = (OutputSpec("fraud_score", "float"), OutputSpec("is_fraud", "boolean"))
 
     def __init__(self, model_dir: Path | None = None) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
         self.name = "demo-fraud-mlp"
         self.version = "unloaded"
         self.n_features = 32
+        self.inputs: tuple[InputSpec, ...] = (InputSpec("features", "float32", (self.n_features,)),)
         self.threshold = 0.5
         self._model: FraudMLP | None = None
         self._pin = False
@@ -63,20 +73,21 @@ class DemoFraudHandler:
         self.name = str(config["name"])
         self.version = str(config["version"])
         self.n_features = int(config["n_features"])
+        self.inputs = (InputSpec("features", "float32", (self.n_features,)),)
         self.threshold = float(config.get("threshold", 0.5))
         model = FraudMLP(self.n_features, tuple(config["hidden"]))
         model.load_state_dict(load_file(str(weights_path), device="cpu"))
         self._model = model.to(device).eval()
         self._pin = device.type == "cuda"
 
-    def collate(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
+    def collate(self, inputs: Mapping[str, Any], device: torch.device) -> torch.Tensor:
         # On CUDA the engine hands over page-locked memory: the copy runs asynchronously on its copy stream.
-        return torch.from_numpy(features).to(device, non_blocking=self._pin)
+        return torch.from_numpy(inputs["features"]).to(device, non_blocking=self._pin)
 
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
         assert self._model is not None, "load() first"
         return torch.sigmoid(self._model(inputs))
 
-    def outputs(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
+    def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         scores = raw.float().cpu().numpy()
         return {"fraud_score": scores, "is_fraud": scores >= self.threshold}

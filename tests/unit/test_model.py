@@ -62,8 +62,8 @@ def test_wrong_feature_count_is_a_model_error(model_dir: Path) -> None:
 
 
 class ShortHandler(DemoFraudHandler):
-    def outputs(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
-        out = super().outputs(raw)
+    def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
+        out = super().postprocess(raw)
         return {k: v[:-1] for k, v in out.items()}
 
 

@@ -1,0 +1,164 @@
+"""Framed Avro records of any schema into named columns: the header's id names the writer schema, a field plan
+resolves it to the reader schema, and the plan runs over every record of that id at once (in C where the extension
+is built).
+
+A record is dead-lettered when it has no value (``null-value``), is too short for the header (``truncated``), has
+another magic byte (``bad-magic``), is larger than the limit (``oversized``), carries an id the registry does not
+know (``unknown-schema``), a writer schema the reader schema cannot take (``incompatible-schema``), or bytes that do
+not follow its schema (``corrupt-avro``). A registry that cannot be reached is none of these: `decode_batch`
+raises `RegistryUnavailable` and the batch is tried again later; nothing is dead-lettered or committed for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from stream.codec.plan import (
+    Columns,
+    ColumnSpec,
+    FieldPlan,
+    Program,
+    SchemaMismatch,
+    decode_columns,
+    flatten,
+    resolve,
+    run_native,
+)
+from stream.codec.registry import SchemaSource, WriterSchema
+from stream.errors import DecodeError
+from stream.records import Records
+
+try:
+    from stream import _nativecodec
+except ImportError:  # not compiled: the reference decoder does the same work, record by record
+    _nativecodec = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+HEADER_SIZE = 5
+_HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
+                  -2: ("truncated", "shorter than the 5-byte header"),
+                  -3: ("bad-magic", "the first byte is not the magic byte 0")}
+
+
+class _Plan:
+    """What one writer id decodes with: a plan (and its C program), or why its records are dead-lettered."""
+
+    __slots__ = ("message", "plan", "program", "reason")
+
+    def __init__(self, plan: FieldPlan | None, reason: str = "", message: str = "") -> None:
+        self.plan = plan
+        self.program: Program | None = flatten(plan) if plan is not None and _nativecodec is not None else None
+        self.reason = reason
+        self.message = message
+
+
+class ColumnDecoder:
+    """Decodes raw values framed with the Confluent wire format into the reader schema's columns.
+
+    ``reader``: the schema the worker reads (its columns are ``columns``, a subset of the reader's leaves);
+    ``source``: where writer schemas are found by id. Plans are cached per writer id for the life of the decoder
+    (an id's schema never changes), so a registry lookup happens once per id.
+    """
+
+    def __init__(self, source: SchemaSource, reader: WriterSchema, columns: Sequence[ColumnSpec],
+                 native: bool = True) -> None:
+        self.source = source
+        self.reader = reader
+        self.columns = tuple(columns)
+        self._plans: dict[int, _Plan] = {}
+        self._native = _nativecodec if native else None
+
+    def plan_for(self, schema_id: int) -> _Plan:
+        """The plan of a writer id; RegistryUnavailable when the registry must be asked and cannot be."""
+        found = self._plans.get(schema_id)
+        if found is not None:
+            return found
+        writer = self.source.by_id(schema_id)
+        if writer is None:
+            found = _Plan(None, "unknown-schema", f"schema id {schema_id} is not registered in "
+                                                  f"{self.source.description}")
+        else:
+            try:
+                found = _Plan(resolve(writer.normalized, self.reader.normalized, self.columns, schema_id))
+            except SchemaMismatch as exc:
+                found = _Plan(None, "incompatible-schema",
+                              f"schema id {schema_id} ({writer.name}) cannot be read as schema id "
+                              f"{self.reader.schema_id} ({self.reader.name}): {exc}")
+            log.info("schema id %d (%s): %s", schema_id, writer.name,
+                     "decoding" if found.plan is not None else found.message)
+        self._plans[schema_id] = found
+        return found
+
+    def decode_batch(self, values: Sequence[bytes | None] | Records, max_bytes: int | None = None,
+                     ) -> tuple[Columns, list[tuple[int, DecodeError]]]:
+        """(the decoded rows, in raw order, with ``index`` their raw positions; [(raw position, error)])."""
+        n = len(values)
+        if isinstance(values, Records):
+            source: Any = (values.buffer, values.starts, values.lengths)
+            lengths = values.lengths
+        else:
+            source = values if type(values) is list else list(values)
+            lengths = np.fromiter((-1 if v is None else len(v) for v in source), dtype=np.int64, count=n)
+        ids = self._read_ids(source, lengths, n)
+        errors: list[tuple[int, DecodeError]] = []
+        if max_bytes is not None:
+            big = np.flatnonzero(lengths > max_bytes)
+            for i in big.tolist():
+                errors.append((i, DecodeError("oversized", f"{int(lengths[i])} bytes exceeds the {max_bytes}-byte "
+                                                           "limit")))
+            ids[big] = -4
+        for code, (reason, message) in _HEADER_ERRORS.items():
+            for i in np.flatnonzero(ids == code).tolist():
+                errors.append((i, DecodeError(reason, message)))
+        parts: list[Columns] = []
+        for schema_id in np.unique(ids[ids >= 0]).tolist():
+            rows = np.flatnonzero(ids == schema_id)
+            plan = self.plan_for(schema_id)
+            if plan.plan is None:
+                errors += [(i, DecodeError(plan.reason, plan.message)) for i in rows.tolist()]
+                continue
+            part, part_errors = self._run(plan, source, rows, lengths)
+            parts.append(part)
+            errors += part_errors
+        errors.sort(key=lambda item: item[0])
+        if len(parts) == 1:
+            return parts[0], errors
+        merged = Columns.concat(parts, self.columns)
+        return merged.take(np.argsort(merged.index, kind="stable")), errors
+
+    def _read_ids(self, source: Any, lengths: np.ndarray, n: int) -> np.ndarray:
+        ids = np.empty(n, dtype=np.int64)
+        if self._native is not None:
+            self._native.read_ids(source, ids)
+            return ids
+        for i in range(n):
+            value = source[i] if isinstance(source, list) else (
+                None if lengths[i] < 0 else source[0][int(source[1][i]) : int(source[1][i]) + int(lengths[i])])
+            if value is None:
+                ids[i] = -1
+            elif len(value) < HEADER_SIZE:
+                ids[i] = -2
+            elif value[0] != 0:
+                ids[i] = -3
+            else:
+                ids[i] = int.from_bytes(value[1:HEADER_SIZE], "big")
+        return ids
+
+    def _run(self, plan: _Plan, source: Any, rows: np.ndarray, lengths: np.ndarray,
+             ) -> tuple[Columns, list[tuple[int, DecodeError]]]:
+        assert plan.plan is not None
+        if self._native is not None and plan.program is not None:
+            total = int(lengths[rows].sum())
+            return run_native(self._native, plan.program, plan.plan.columns, source, rows, HEADER_SIZE, total)
+        if isinstance(source, list):
+            bodies = [source[i][HEADER_SIZE:] for i in rows.tolist()]
+        else:
+            buf, starts = source[0], source[1]
+            bodies = [buf[int(starts[i]) + HEADER_SIZE : int(starts[i]) + int(lengths[i])] for i in rows.tolist()]
+        decoded, errors = decode_columns(plan.plan, bodies)
+        decoded.index = rows[decoded.index]
+        return decoded, [(int(rows[i]), e) for i, e in errors]
