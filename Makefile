@@ -52,7 +52,8 @@ test: lint typecheck
 	$(PY) -m pytest tests
 
 chaos: $(STAMP)
-	STREAM_TEST_FUZZ_EXAMPLES=100000 $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_codec.py -k fuzz
+	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \
+		tests/unit/test_decoder.py tests/unit/test_plan.py -k "fuzz or agree"
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3
 
 bench: $(STAMP)

@@ -1,9 +1,9 @@
-/* The Avro fast paths of stream/codec.py in C: the input-event scan and the prediction encoder.
+/* The Avro fast paths of stream/codec/ in C: field plans (any input schema into columns) and the prediction
+ * encoder.
  *
- * Both do exactly what their numpy versions in codec.py do (EventDecoder._scan_numpy and the numpy part of
- * PredictionEncoder._encode_fast), which stay as the fallback where this extension is not compiled and as the
- * reference the tests compare against. The numpy versions build a dozen temporary arrays per batch, several of
- * them 8 bytes per byte of payload; here each record is read or written once, in one pass.
+ * Each does exactly what its Python version does (stream.codec.plan.decode_columns, the reference decoder, and
+ * the numpy part of PredictionEncoder._encode_fast), which stay as the fallback where this extension is not
+ * compiled and as the reference the tests compare against; here each record is read or written once, in one pass.
  *
  * No numpy headers: arrays come in as writable buffers (the buffer protocol), allocated by the caller with the
  * right dtype and length, which is checked here. Floats are copied as they are on the wire (little-endian);
@@ -14,7 +14,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TS_BYTES 9 /* the scan reads timestamps of up to 63 bits (9 varint bytes); longer ones go to fastavro */
 
 typedef struct {
     Py_buffer view;
@@ -54,124 +53,6 @@ static int has_high(const unsigned char *s, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (s[i] & 0x80) return 1;
     return 0;
-}
-
-/* scan_events(values, header, n_features, max_bytes, index, id_buf, id_start, id_len, ts, features) -> rows
- *
- * values: a list of bytes (or None), or (buffer, starts, lengths) for values back to back in one buffer (int64
- * starts and lengths, length -1 for None). Takes each value that has the registered event layout: the schema
- * header, an event_id and a key shorter than 64 bytes (one-byte lengths) in valid UTF-8, a ts_ms varint of at most 9 bytes, then one block
- * of exactly n_features floats and the 0 that ends the array, and nothing after. For the r-th taken value
- * (raw position i): index[r] = i, its event_id as Avro wrote it (length byte, then UTF-8) is appended to
- * id_buf (at id_start[r], id_len[r] bytes), ts[r] its ts_ms, features[r] its floats. Anything else (None, a
- * different layout, longer than max_bytes when max_bytes >= 0) is left for fastavro. Outputs: index, id_start,
- * id_len and ts int64 (n), id_buf uint8 (64 n), features float32 (n * n_features). */
-static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *values, *header_obj, *outs[6], *joined_buf = NULL, *joined_starts = NULL, *joined_lens = NULL;
-    Py_ssize_t n_features, max_bytes;
-    if (!PyArg_ParseTuple(args, "OSnnOOOOOO", &values, &header_obj, &n_features, &max_bytes,
-                          &outs[0], &outs[1], &outs[2], &outs[3], &outs[4], &outs[5]))
-        return NULL;
-    if (n_features <= 0 || n_features >= 64) {
-        PyErr_SetString(PyExc_ValueError, "n_features must be 1..63 (a one-byte item count)");
-        return NULL;
-    }
-    /* values: a list of bytes (or None), or (buffer, starts, lengths): every value back to back in one buffer,
-     * with int64 starts and lengths (-1: None). */
-    int joined = !PyList_Check(values);
-    Buf in[3];
-    memset(in, 0, sizeof in);
-    Py_ssize_t n;
-    if (joined) {
-        if (!PyArg_ParseTuple(values, "OOO", &joined_buf, &joined_starts, &joined_lens))
-            return NULL;
-        if (PyObject_GetBuffer(joined_buf, &in[0].view, PyBUF_C_CONTIGUOUS) < 0)
-            return NULL;
-        in[0].held = 1;
-        if (get_buf(joined_lens, &in[2], 8, 0, 0, "lengths") < 0) {
-            release(in, 3);
-            return NULL;
-        }
-        n = in[2].view.len / 8;
-        if (get_buf(joined_starts, &in[1], 8, n, 0, "starts") < 0) {
-            release(in, 3);
-            return NULL;
-        }
-    } else
-        n = PyList_GET_SIZE(values);
-    const unsigned char *jbuf = in[0].view.buf;
-    const int64_t *jstart = in[1].view.buf, *jlen = in[2].view.buf;
-    const Py_ssize_t jsize = in[0].view.len;
-    Buf b[6];
-    memset(b, 0, sizeof b);
-    static const char *names[] = {"index", "id_buf", "id_start", "id_len", "ts", "features"};
-    const Py_ssize_t sizes[] = {8, 1, 8, 8, 8, 4};
-    const Py_ssize_t counts[] = {n, 64 * n, n, n, n, n * n_features};
-    for (int k = 0; k < 6; k++)
-        if (get_buf(outs[k], &b[k], sizes[k], counts[k], 1, names[k]) < 0) {
-            release(b, 6);
-            release(in, 3);
-            return NULL;
-        }
-    int64_t *index = b[0].view.buf, *id_start = b[2].view.buf, *id_len = b[3].view.buf, *ts = b[4].view.buf;
-    unsigned char *id_buf = b[1].view.buf;
-    char *features = b[5].view.buf;
-    const unsigned char *header = (const unsigned char *)PyBytes_AS_STRING(header_obj);
-    const Py_ssize_t header_size = PyBytes_GET_SIZE(header_obj);
-    const Py_ssize_t width = 4 * n_features;
-    const unsigned char count_byte = (unsigned char)(2 * n_features);
-    Py_ssize_t rows = 0, id_at = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const unsigned char *p;
-        Py_ssize_t len;
-        if (joined) {
-            if (jlen[i] < 0 || jstart[i] < 0 || jstart[i] + jlen[i] > jsize) continue;
-            p = jbuf + jstart[i];
-            len = (Py_ssize_t)jlen[i];
-        } else {
-            PyObject *v = PyList_GET_ITEM(values, i);
-            if (!PyBytes_CheckExact(v)) continue;
-            p = (const unsigned char *)PyBytes_AS_STRING(v);
-            len = PyBytes_GET_SIZE(v);
-        }
-        if (len < header_size + 5 + width || (max_bytes >= 0 && len > max_bytes)) continue;
-        if (memcmp(p, header, header_size) != 0) continue;
-        const Py_ssize_t id_pos = header_size;
-        const unsigned char id_byte = p[id_pos];
-        if (id_byte & 0x81) continue;
-        const Py_ssize_t key_pos = id_pos + 1 + (id_byte >> 1);
-        if (key_pos >= len) continue;
-        const unsigned char key_byte = p[key_pos];
-        if (key_byte & 0x81) continue;
-        const Py_ssize_t ts_pos = key_pos + 1 + (key_byte >> 1);
-        uint64_t raw = 0;
-        Py_ssize_t ts_len = 0;
-        for (int k = 0; k < TS_BYTES && ts_pos + k < len; k++) {
-            raw |= (uint64_t)(p[ts_pos + k] & 0x7F) << (7 * k);
-            if (p[ts_pos + k] < 0x80) {
-                ts_len = k + 1;
-                break;
-            }
-        }
-        if (ts_len == 0) continue;
-        const Py_ssize_t count_pos = ts_pos + ts_len;
-        if (count_pos + 2 + width != len || p[count_pos] != count_byte || p[count_pos + 1 + width] != 0) continue;
-        if (has_high(p + id_pos + 1, ts_pos - id_pos - 1) &&
-            !(valid_utf8((const char *)p + id_pos + 1, key_pos - id_pos - 1) &&
-              valid_utf8((const char *)p + key_pos + 1, ts_pos - key_pos - 1)))
-            continue;
-        index[rows] = i;
-        id_start[rows] = id_at;
-        id_len[rows] = key_pos - id_pos;
-        memcpy(id_buf + id_at, p + id_pos, key_pos - id_pos);
-        id_at += key_pos - id_pos;
-        ts[rows] = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
-        memcpy(features + rows * width, p + count_pos + 1, width);
-        rows++;
-    }
-    release(b, 6);
-    release(in, 3);
-    return PyLong_FromSsize_t(rows);
 }
 
 /* Avro long: zigzag varint; returns the bytes written (1..10). */
@@ -792,7 +673,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"scan_events", scan_events, METH_VARARGS, "Fast path of EventDecoder: see stream/_nativecodec.c."},
     {"encode_predictions", encode_predictions, METH_VARARGS, "Fast path of PredictionEncoder: see the C source."},
     {"run_plan", run_plan, METH_VARARGS, "Run a field plan over a batch into columns: see the C source."},
     {"read_ids", read_ids, METH_VARARGS, "The schema id of each value's header: see the C source."},

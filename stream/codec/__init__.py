@@ -1,27 +1,25 @@
-"""Avro encode/decode with the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro binary).
+"""Avro with the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro binary).
 
-Schema ids come from a local file registry (``schemas/registry.json``) by default. Decoding is columnar:
-a batch of raw values becomes one `EventBatch` (numpy arrays for the numeric columns) plus typed
-`DecodeError`s for the records that could not be decoded, so one bad record never sinks a batch.
+The worker decodes input of any schema with `stream.codec.decoder` (field plans, `stream.codec.plan`; schema
+sources, `stream.codec.registry`). This module keeps the local schema folder (``schemas/registry.json``), one-record
+`encode`/`decode` (tests, the verifier, slow paths), the prediction encoder, and the load generator's framing of
+demo events (`EventFrames`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
-import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from stream.errors import ConfigError, DecodeError
-from stream.records import Records
 
 try:  # the C fast paths (stream/_nativecodec.c); without them the numpy versions below do the same work
     from stream import _nativecodec
@@ -277,176 +275,7 @@ class EventBatch:
         return len(self.index)
 
 
-def _windows(buf: np.ndarray, width: int) -> np.ndarray:
-    """Read-only (len - width + 1, width) view: row i is buf[i : i + width] (sliding_window_view, less
-    overhead: it is built per batch)."""
-    return np.ndarray((len(buf) - width + 1, width), np.uint8, buf, 0, (1, 1))
-
-
-_EVENT_LAYOUT = ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]
-_TS_BYTES = 9  # the fast path reads timestamps of up to 63 bits; longer varints go to fastavro
-_TS_SHIFTS = (7 * np.arange(_TS_BYTES)).astype(np.uint64)
-
-
-class EventDecoder:
-    """Decodes raw input values into an EventBatch, validating what the model needs."""
-
-    def __init__(self, registry: SchemaRegistry, n_features: int, schema_name: str = EVENT_SCHEMA) -> None:
-        self._registry = registry
-        self._n_features = n_features
-        self._schema_name = schema_name
-        schema = registry.by_name(schema_name)  # fail at start-up, not on the first record
-        self._header_bytes = bytes(schema.header)
-        self._header = np.frombuffer(self._header_bytes, dtype=np.uint8)
-        # The fast path knows one layout: string, string, long, array<float> (the demo event schema).
-        field_types = [_strip_logical_types(f["type"]) for f in schema.raw["fields"]]
-        known = field_types == _EVENT_LAYOUT
-        # Avro writes the array's item count as a zigzag varint: one byte for counts up to 63.
-        self._count_byte = (2 * n_features) if known and 0 < n_features < 64 else -1
-
-    def decode_batch(self, values: Sequence[bytes | None] | Records, max_bytes: int | None = None,
-                     ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
-        """Fast path: the whole batch is scanned at once with numpy for the registered event layout (ids and
-        keys shorter than 64 bytes, one block of exactly n floats). Anything else goes through fastavro,
-        which also produces the typed errors, so both paths give the same answers. ``values``: one per record,
-        or consumed ``Records`` (scanned in their joined buffer where the C scan is built)."""
-        if isinstance(values, Records) and _nativecodec is None:
-            values = values.values()  # the numpy scan joins a list itself
-        n = len(values)
-        if self._count_byte < 0 or n == 0:
-            rows, fast = np.zeros(0, dtype=np.int64), None
-        else:
-            rows, fast = self._scan(values, max_bytes)
-        errors: list[tuple[int, DecodeError]] = []
-        if fast is not None:
-            finite = np.isfinite(fast.features).all(axis=1)
-            if not finite.all():
-                for r in np.flatnonzero(~finite).tolist():
-                    errors.append((int(rows[r]), DecodeError("non-finite", "features contain NaN or infinity")))
-                fast = fast.select(np.flatnonzero(finite))
-            if len(rows) == n:
-                return fast, errors
-        slow = np.setdiff1d(np.arange(n, dtype=np.int64), rows, assume_unique=True)
-        at = values.value if isinstance(values, Records) else values.__getitem__
-        rest, slow_errors = self._decode_slow([at(i) for i in slow.tolist()], max_bytes)
-        errors += [(int(slow[j]), e) for j, e in slow_errors]
-        errors.sort(key=lambda item: item[0])
-        rest = dataclasses.replace(rest, index=slow[rest.index])
-        if fast is None:
-            return rest, errors
-        merged = EventBatch.concat(fast, rest)
-        return merged.select(np.argsort(merged.index, kind="stable")), errors
-
-    def _scan(self, values: Sequence[bytes | None] | Records, max_bytes: int | None
-              ) -> tuple[np.ndarray, EventBatch]:
-        """(raw positions the fast path decoded, their events; non-finite rows still in): in C where the
-        extension is built (one pass, each record read once), else with numpy. Both take the same records."""
-        if _nativecodec is None:
-            assert not isinstance(values, Records)
-            return self._scan_numpy(values, max_bytes)
-        n = len(values)
-        index, id_start, id_len, ts = (np.empty(n, dtype=np.int64) for _ in range(4))
-        id_buf = np.empty(64 * n, dtype=np.uint8)  # event_id fields: under 64 bytes each on the fast path
-        features = np.empty((n, self._n_features), dtype=np.float32)
-        if isinstance(values, Records):
-            source: Any = (values.buffer, values.starts, values.lengths)
-        else:
-            source = values if type(values) is list else list(values)
-        rows = _nativecodec.scan_events(source, self._header_bytes,
-                                        self._n_features, -1 if max_bytes is None else max_bytes, index, id_buf,
-                                        id_start, id_len, ts, features)
-        index = index[:rows]
-        return index, EventBatch(index, id_buf, id_start[:rows], id_len[:rows], ts[:rows], features[:rows])
-
-    def _scan_numpy(self, values: Sequence[bytes | None], max_bytes: int | None) -> tuple[np.ndarray, EventBatch]:
-        """`_scan` with numpy: the values are joined into one buffer and every field position is computed for
-        all records at once; a record is taken only when its fields end exactly where it ends."""
-        n = len(values)
-        width = 4 * self._n_features
-        raw_values = cast("Sequence[bytes]", values)
-        try:
-            lens = np.fromiter(map(len, raw_values), dtype=np.int64, count=n)
-        except TypeError:  # tombstones: scanned as empty values, which the fast path never takes
-            raw_values = [b"" if v is None else v for v in values]
-            lens = np.fromiter(map(len, raw_values), dtype=np.int64, count=n)
-        # Padding keeps every read in bounds, however wrong the length bytes of a bad record are (joined with
-        # the values: one copy of the batch, not two).
-        joined = b"".join([*raw_values, bytes(2 * 64 + _TS_BYTES + width + 32)])
-        buf = np.frombuffer(joined, dtype=np.uint8)
-        ends = np.cumsum(lens)
-        starts = ends - lens
-        ok = lens >= HEADER_SIZE + 5 + width
-        if max_bytes is not None:
-            ok &= lens <= max_bytes
-        ok &= (_windows(buf, HEADER_SIZE)[starts] == self._header).all(axis=1)
-        # event_id, then key: lengths below 64 are one-byte zigzag varints (even, high bit clear).
-        id_pos = starts + HEADER_SIZE
-        id_len = buf[id_pos]
-        key_pos = id_pos + 1 + (id_len >> 1)
-        key_len = buf[key_pos]
-        ok &= ((id_len | key_len) & 0x81) == 0
-        ts_pos = key_pos + 1 + (key_len >> 1)
-        ts_bytes = _windows(buf, _TS_BYTES)[ts_pos]
-        last = ts_bytes < 0x80
-        ok &= last.any(axis=1)
-        ts_len = last.argmax(axis=1) + 1
-        groups = (ts_bytes & 0x7F).astype(np.uint64) << _TS_SHIFTS
-        groups[np.arange(_TS_BYTES) >= ts_len[:, None]] = 0
-        raw = np.bitwise_or.reduce(groups, axis=1)
-        ts = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-        # One block of exactly n floats, then the 0 that ends the array, then nothing.
-        count_pos = ts_pos + ts_len
-        ok &= (buf[count_pos] == self._count_byte) & (count_pos + 2 + width == ends) & (buf[count_pos + 1 + width] == 0)
-        rows = np.flatnonzero(ok)
-        # Strings must be valid UTF-8: all-ASCII ones are; the others are checked one by one.
-        if len(rows):
-            first, span = id_pos[rows], ts_pos[rows] - id_pos[rows]
-            text = _windows(buf, int(span.max()))[first]
-            high = ((text >= 0x80) & (np.arange(text.shape[1]) < span[:, None])).any(axis=1)
-            if high.any():
-                for r in rows[high].tolist():
-                    try:
-                        joined[id_pos[r] + 1 : key_pos[r]].decode("utf-8")
-                        joined[key_pos[r] + 1 : ts_pos[r]].decode("utf-8")
-                    except UnicodeDecodeError:
-                        ok[r] = False
-                rows = np.flatnonzero(ok)
-        feats = _windows(buf, width)[count_pos[rows] + 1].view("<f4").astype(np.float32, copy=False)
-        return rows, EventBatch(rows, buf, id_pos[rows], key_pos[rows] - id_pos[rows], ts[rows], feats)
-
-    def _decode_slow(self, values: Sequence[bytes | None], max_bytes: int | None = None,
-                     ) -> tuple[EventBatch, list[tuple[int, DecodeError]]]:
-        n = len(values)
-        feats = np.empty((n, self._n_features), dtype=np.float32)
-        ts = np.empty(n, dtype=np.int64)
-        ids: list[bytes] = []
-        index: list[int] = []
-        errors: list[tuple[int, DecodeError]] = []
-        row = 0
-        for i, value in enumerate(values):
-            try:
-                if max_bytes is not None and value is not None and len(value) > max_bytes:
-                    raise DecodeError("oversized", f"{len(value)} bytes exceeds the {max_bytes}-byte limit")
-                schema, record = decode(self._registry, value)
-                if schema.name != self._schema_name:
-                    raise DecodeError("wrong-schema", f"schema {schema.name} is not {self._schema_name}")
-                vector = record["features"]
-                if len(vector) != self._n_features:
-                    raise DecodeError(
-                        "feature-count", f"{len(vector)} features, the model needs {self._n_features}"
-                    )
-                if not all(map(math.isfinite, vector)):
-                    raise DecodeError("non-finite", "features contain NaN or infinity")
-            except DecodeError as exc:
-                errors.append((i, exc))
-                continue
-            feats[row] = vector
-            ts[row] = record["ts_ms"]
-            ids.append(avro_string(record["event_id"]))
-            index.append(i)
-            row += 1
-        batch = EventBatch.from_id_fields(np.asarray(index, dtype=np.int64), ids, ts[:row], feats[:row])
-        return batch, errors
+_EVENT_LAYOUT = ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]  # EventFrames
 
 
 def _utf8_column(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
