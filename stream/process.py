@@ -25,13 +25,15 @@ def die_with_parent() -> None:
 class WorkerProcess:
     """A ``python -m stream worker`` child process, logging to a file; stopped by PID."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        """``cwd``: run the ``stream`` package found there (another checkout: the benchmark's A/B runs)."""
         self.log_path = log_path
         self.started = time.monotonic()
         self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen([sys.executable, "-m", "stream", "worker", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
+                                     env={**os.environ, **(env or {})}, preexec_fn=die_with_parent, cwd=cwd)
 
     @property
     def pid(self) -> int:

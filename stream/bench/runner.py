@@ -179,7 +179,7 @@ class Bench:
         return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
 
     def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
-                     env: dict[str, str] | None = None) -> Drain:
+                     env: dict[str, str] | None = None, cwd: Path | None = None) -> Drain:
         """Replicas drain the pre-produced topic (``--stop-at-end``); the first one's RSS is sampled against
         its consumed count (from its /metrics) for the growth figure."""
         out = self.topic(f"{name}-out")
@@ -193,7 +193,7 @@ class Bench:
                 ["--bootstrap-servers", self.bootstrap, "--input-topic", self.input, "--output-topic", out,
                  "--group-id", group, "--model-dir", str(self.model_dir), "--stop-at-end", "--summary-json",
                  str(summary), "--log-level", "WARNING", *metrics, *extra],
-                self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}),
+                self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}, cwd),
                 summary))
         peak = 0.0
         samples: list[tuple[float, float]] = []  # (consumed by replica 0, its RSS MiB)
