@@ -80,7 +80,7 @@ static inline Py_ssize_t long_size(int64_t value) {
 /* encode_predictions(header, id_buf, id_start, id_len, models, scores, flags, event_ts, tail, partitions,
  *                    offsets, ends) -> bytes
  *
- * One prediction per row, back to back: header | event_id field (id_buf[id_start:id_start+id_len], as read) |
+ * One prediction per row, back to back: header | event_id (its length, then id_buf[id_start:id_start+id_len]) |
  * models (model name and version, encoded) | score (float32) | flag (one byte) | event ts (long) | tail (the
  * batch's constant fields, encoded) | and, when partitions is not None, partition (int) and offset (long).
  * ends[i] receives row i's end offset in the result. Inputs: id_start, id_len, event_ts, offsets int64 (n);
@@ -123,7 +123,7 @@ static PyObject *encode_predictions(PyObject *Py_UNUSED(module), PyObject *args)
             PyErr_Format(PyExc_ValueError, "row %zd: event_id bytes out of id_buf", i);
             goto done;
         }
-        total += fixed + id_len[i] + long_size(event_ts[i]);
+        total += fixed + long_size(id_len[i]) + id_len[i] + long_size(event_ts[i]);
         if (with_source) total += long_size(partitions[i]) + long_size(offsets[i]);
         ends[i] = total;
     }
@@ -136,6 +136,7 @@ static PyObject *encode_predictions(PyObject *Py_UNUSED(module), PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         memcpy(out + at, header, header_size);
         at += header_size;
+        at += put_long(out + at, id_len[i]);
         memcpy(out + at, id_buf + id_start[i], id_len[i]);
         at += id_len[i];
         memcpy(out + at, models, models_size);

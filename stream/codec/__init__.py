@@ -203,73 +203,36 @@ def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """Decoded events, columnar. ``index[i]`` is the position of row i in the raw batch.
-
-    Each event_id stays as Avro wrote it (zigzag length, then UTF-8), for predictions to copy as it is: row
-    i's is ``id_buf[id_start[i] : id_start[i] + id_len[i]]``. ``id_buf`` holds the batch's event_id fields (or,
-    from the numpy scan, its joined raw values), so no per-record ``bytes`` object is made on the way from
-    input to output.
-    """
+    """What the prediction encoder copies from each input record: its event_id (UTF-8, row i's is
+    ``id_buf[id_start[i] : id_start[i] + id_len[i]]``, as the decoder's string column holds it, no per-record
+    ``bytes`` object) and its event time. ``index[i]`` is the position of row i in the raw batch."""
 
     index: np.ndarray  # int64 (n,)
     id_buf: np.ndarray  # uint8
     id_start: np.ndarray  # int64 (n,)
     id_len: np.ndarray  # int64 (n,)
     ts_ms: np.ndarray  # int64 (n,)
-    features: np.ndarray  # float32 (n, n_features)
 
     @classmethod
-    def from_id_fields(cls, index: np.ndarray, id_fields: Sequence[bytes], ts_ms: np.ndarray,
-                       features: np.ndarray) -> EventBatch:
-        lengths = np.fromiter(map(len, id_fields), dtype=np.int64, count=len(id_fields))
-        return cls(index, np.frombuffer(b"".join(id_fields), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths,
-                   ts_ms, features)
+    def from_ids(cls, index: np.ndarray, event_ids: Sequence[str], ts_ms: np.ndarray) -> EventBatch:
+        text, lengths = _utf8_column(event_ids)
+        return cls(index, text, np.cumsum(lengths) - lengths, lengths, ts_ms)
 
     @classmethod
-    def from_ids(cls, index: np.ndarray, event_ids: Sequence[str], ts_ms: np.ndarray,
-                 features: np.ndarray) -> EventBatch:
-        return cls.from_id_fields(index, [avro_string(e) for e in event_ids], ts_ms, features)
-
-    @classmethod
-    def from_strings(cls, index: np.ndarray, text: np.ndarray, offsets: np.ndarray, ts_ms: np.ndarray,
-                     features: np.ndarray | None = None) -> EventBatch:
-        """From a string column (UTF-8 bytes back to back, ``n + 1`` offsets): each id framed as Avro writes it."""
-        lengths = np.diff(offsets)
-        groups, varint_len = _zigzag_varints(lengths)
-        field_len = varint_len + lengths
-        ends = np.cumsum(field_len)
-        starts = ends - field_len
-        buf = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
-        _scatter(buf, starts, _packed(groups, varint_len), varint_len)
-        _copy_rows(buf, starts + varint_len, text, offsets[:-1], lengths)
-        return cls(index, buf, starts, field_len, ts_ms,
-                   features if features is not None else np.zeros((len(index), 0), dtype=np.float32))
+    def from_strings(cls, index: np.ndarray, text: np.ndarray, offsets: np.ndarray, ts_ms: np.ndarray
+                     ) -> EventBatch:
+        """From a string column: UTF-8 bytes back to back and ``n + 1`` offsets."""
+        return cls(index, text, offsets[:-1], np.diff(offsets), ts_ms)
 
     def select(self, rows: np.ndarray) -> EventBatch:
         """The given rows, in the given order."""
-        return EventBatch(self.index[rows], self.id_buf, self.id_start[rows], self.id_len[rows], self.ts_ms[rows],
-                          self.features[rows])
-
-    @staticmethod
-    def concat(a: EventBatch, b: EventBatch) -> EventBatch:
-        return EventBatch(np.concatenate([a.index, b.index]), np.concatenate([a.id_buf, b.id_buf]),
-                          np.concatenate([a.id_start, b.id_start + len(a.id_buf)]),
-                          np.concatenate([a.id_len, b.id_len]), np.concatenate([a.ts_ms, b.ts_ms]),
-                          np.concatenate([a.features, b.features]))
-
-    @property
-    def id_fields(self) -> list[bytes]:
-        """Each row's Avro-encoded event_id as ``bytes`` (slow paths and tests)."""
-        raw = self.id_buf.tobytes()
-        return [raw[a : a + n] for a, n in zip(self.id_start.tolist(), self.id_len.tolist(), strict=True)]
+        return EventBatch(self.index[rows], self.id_buf, self.id_start[rows], self.id_len[rows], self.ts_ms[rows])
 
     @property
     def event_ids(self) -> list[str]:
-        out = []
-        for field in self.id_fields:
-            length, pos = _read_long(field, 0)
-            out.append(field[pos : pos + length].decode("utf-8"))
-        return out
+        raw = self.id_buf.tobytes()
+        return [raw[a : a + n].decode("utf-8") for a, n in zip(self.id_start.tolist(), self.id_len.tolist(),
+                                                                strict=True)]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -457,6 +420,7 @@ class PredictionEncoder:
         if self.carries_source:
             varints += [_zigzag_varints(source.partitions), _zigzag_varints(source.offsets)]
         id_len = events.id_len
+        id_varints = _zigzag_varints(id_len)
         width = len(models) + 5
         middle = np.empty((n, width), dtype=np.uint8)
         middle[:, : len(models)] = np.frombuffer(models, dtype=np.uint8)
@@ -464,13 +428,15 @@ class PredictionEncoder:
         middle[:, len(models) : len(models) + 4] = scores.view(np.uint8).reshape(n, 4)
         middle[:, -1] = np.asarray(outputs["is_fraud"], dtype=bool)
         ts_len = varints[0][1]
-        lengths = HEADER_SIZE + id_len + width + ts_len + len(tail) + sum(v[1] for v in varints[1:])
+        lengths = (HEADER_SIZE + id_varints[1] + id_len + width + ts_len + len(tail)
+                   + sum(v[1] for v in varints[1:]))
         ends = np.cumsum(lengths)
         starts = ends - lengths
         out = np.empty(int(ends[-1]), dtype=np.uint8)
         out[starts[:, None] + np.arange(HEADER_SIZE)] = np.frombuffer(self._schema.header, dtype=np.uint8)
-        _copy_rows(out, starts + HEADER_SIZE, events.id_buf, events.id_start, id_len)
-        at = starts + HEADER_SIZE + id_len
+        _scatter(out, starts + HEADER_SIZE, _packed(*id_varints), id_varints[1])
+        _copy_rows(out, starts + HEADER_SIZE + id_varints[1], events.id_buf, events.id_start, id_len)
+        at = starts + HEADER_SIZE + id_varints[1] + id_len
         out[at[:, None] + np.arange(width)] = middle
         at += width
         _scatter(out, at, _packed(*varints[0]), ts_len)

@@ -105,18 +105,25 @@ class ColumnDecoder:
             lengths = np.fromiter((-1 if v is None else len(v) for v in source), dtype=np.int64, count=n)
         ids = self._read_ids(source, lengths, n)
         errors: list[tuple[int, DecodeError]] = []
-        if max_bytes is not None:
+        if n == 0:
+            return Columns.concat([], self.columns), errors
+        if max_bytes is not None and int(lengths.max()) > max_bytes:
             big = np.flatnonzero(lengths > max_bytes)
             for i in big.tolist():
                 errors.append((i, DecodeError("oversized", f"{int(lengths[i])} bytes exceeds the {max_bytes}-byte "
                                                            "limit")))
             ids[big] = -4
-        for code, (reason, message) in _HEADER_ERRORS.items():
-            for i in np.flatnonzero(ids == code).tolist():
-                errors.append((i, DecodeError(reason, message)))
+        # Most batches hold one writer id and no bad header: one comparison tells.
+        first = int(ids[0])
+        if first >= 0 and bool((ids == first).all()):
+            groups: list[tuple[int, np.ndarray]] = [(first, np.arange(n))]
+        else:
+            for code, (reason, message) in _HEADER_ERRORS.items():
+                for i in np.flatnonzero(ids == code).tolist():
+                    errors.append((i, DecodeError(reason, message)))
+            groups = [(schema_id, np.flatnonzero(ids == schema_id)) for schema_id in np.unique(ids[ids >= 0]).tolist()]
         parts: list[Columns] = []
-        for schema_id in np.unique(ids[ids >= 0]).tolist():
-            rows = np.flatnonzero(ids == schema_id)
+        for schema_id, rows in groups:
             plan = self.plan_for(schema_id)
             if plan.plan is None:
                 errors += [(i, DecodeError(plan.reason, plan.message)) for i in rows.tolist()]
@@ -152,7 +159,7 @@ class ColumnDecoder:
              ) -> tuple[Columns, list[tuple[int, DecodeError]]]:
         assert plan.plan is not None
         if self._native is not None and plan.program is not None:
-            total = int(lengths[rows].sum())
+            total = int(lengths.sum() if len(rows) == len(lengths) else lengths[rows].sum())
             return run_native(self._native, plan.program, plan.plan.columns, source, rows, HEADER_SIZE, total)
         if isinstance(source, list):
             bodies = [source[i][HEADER_SIZE:] for i in rows.tolist()]

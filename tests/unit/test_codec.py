@@ -75,7 +75,7 @@ def test_decode_error_carries_location() -> None:
 
 def test_prediction_encoder_round_trip() -> None:
     block = generate_events(3, seed=1, ts_ms=1000)
-    batch = EventBatch.from_ids(np.arange(3), block.event_ids, block.ts_ms, block.features)
+    batch = EventBatch.from_ids(np.arange(3), block.event_ids, block.ts_ms)
     encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
     scores = np.array([0.1, 0.9, 0.5], dtype=np.float32)
     source = InputSource("events-in", np.array([0, 5, 5]), np.array([7, 0, 2**40]))
@@ -117,8 +117,7 @@ def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int,
     encoder = PredictionEncoder(REGISTRY_V1 if old_schema else REGISTRY, ("fraud_score", "is_fraud"))
     assert encoder._fast and encoder.carries_source is not old_schema
     events = EventBatch.from_ids(np.arange(len(rows)), [r[0] for r in rows],
-                                 np.asarray([r[1] for r in rows], dtype=np.int64),
-                                 np.zeros((len(rows), 32), dtype=np.float32))
+                                 np.asarray([r[1] for r in rows], dtype=np.int64))
     outputs = {"fraud_score": np.asarray([r[2] for r in rows], dtype=np.float32),
                "is_fraud": np.asarray([r[3] for r in rows], dtype=bool)}
     source = InputSource(names[2], np.asarray([r[4] for r in rows], dtype=np.int32),
