@@ -189,11 +189,32 @@ typedef struct {
     int storage, var, nullable;
     char *values;           /* scalar: n items; variable: capacity items */
     unsigned char *valid;   /* nullable: n */
+    unsigned char *finite;  /* float columns: n, 0 where a row holds NaN or an infinity */
+    int nonfinite;
     int64_t *offsets;       /* variable: n + 1 */
     Py_ssize_t cap, at, row_start;
     int written, null;
-    Buf b[3];
+    Buf b[4];
 } Col;
+
+/* Whether `count` reals of `width` bytes at `p` hold a NaN or an infinity (all exponent bits set). */
+static inline int any_nonfinite(const char *p, Py_ssize_t count, Py_ssize_t width) {
+    int bad = 0;
+    if (width == 4) {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            uint32_t bits;
+            memcpy(&bits, p + 4 * j, 4);
+            bad |= (bits & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            uint64_t bits;
+            memcpy(&bits, p + 8 * j, 8);
+            bad |= (bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        }
+    }
+    return bad;
+}
 
 typedef struct {
     const int32_t *prog;
@@ -278,6 +299,7 @@ static int put_real(Run *r, int32_t col, const unsigned char *raw, int width) {
     else if (width == 4 && c->storage == ST_FLOAT64) { float f; memcpy(&f, raw, 4); double d = f; memcpy(at, &d, 8); }
     else if (width == 8 && c->storage == ST_FLOAT64) memcpy(at, raw, 8);
     else { r->err = ERR_INCOMPATIBLE; r->msg = "a real for a column that stores none"; return -1; }
+    if (c->finite != NULL && any_nonfinite((const char *)raw, 1, width)) c->nonfinite = 1;
     c->written = 1;
     return 0;
 }
@@ -403,6 +425,7 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
                     if (st_size[c->storage] == width && c->storage != ST_INT64) {
                         memcpy(c->values + c->at * width, r->p, count * width);
                         c->at += count;
+                        if (c->finite != NULL && any_nonfinite((const char *)r->p, count, width)) c->nonfinite = 1;
                     } else {
                         for (int64_t j = 0; j < count; j++)
                             if (put_real(r, col, r->p + j * width, width) < 0) return -1;
@@ -461,6 +484,8 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
                 c->at += n / st_size[c->storage];
             } else
                 memcpy(c->values + r->row * st_size[c->storage], src, st_size[c->storage]);
+            if (c->finite != NULL && any_nonfinite(src, n / st_size[c->storage], st_size[c->storage]))
+                c->nonfinite = 1;
         }
         return at + 1 + 2 * d;
     }
@@ -480,8 +505,9 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
  *
  * values: as for scan_events (a list of bytes, or (buffer, starts, lengths)); rows: int64 positions of the
  * records to decode, each read from byte `skip` (past its header). columns: a list of (storage, var, nullable,
- * values, valid, offsets) with values of `len(rows)` items (scalar) or of capacity items (variable), valid uint8
- * (nullable), offsets int64 (len(rows) + 1, variable). index (int64, len(rows)) receives each taken row's raw
+ * values, valid, offsets, finite) with values of `len(rows)` items (scalar) or of capacity items (variable),
+ * valid uint8 (nullable), offsets int64 (len(rows) + 1, variable), finite uint8 (or None; columns of reals:
+ * whether the row's values are all finite, checked as they are copied). index (int64, len(rows)) receives each taken row's raw
  * position. errors: [(raw position, reason, message or fail index)] for the records not taken, reason 1
  * corrupt-avro, 2 incompatible-schema. */
 static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
@@ -522,9 +548,10 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         goto done;
     }
     for (Py_ssize_t k = 0; k < ncols; k++) {
-        PyObject *spec = PyList_GET_ITEM(cols_obj, k), *vo, *valido, *offo;
+        PyObject *spec = PyList_GET_ITEM(cols_obj, k), *vo, *valido, *offo, *fino;
         Col *c = &cols[k];
-        if (!PyArg_ParseTuple(spec, "iiiOOO", &c->storage, &c->var, &c->nullable, &vo, &valido, &offo)) goto cols_done;
+        if (!PyArg_ParseTuple(spec, "iiiOOOO", &c->storage, &c->var, &c->nullable, &vo, &valido, &offo, &fino))
+            goto cols_done;
         if (c->storage < 0 || c->storage > ST_BYTE) { PyErr_SetString(PyExc_ValueError, "storage"); goto cols_done; }
         if (get_buf(vo, &c->b[0], st_size[c->storage], c->var ? 0 : n, 1, "column values") < 0) goto cols_done;
         c->values = c->b[0].view.buf;
@@ -532,6 +559,14 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         if (c->nullable) {
             if (get_buf(valido, &c->b[1], 1, n, 1, "column valid") < 0) goto cols_done;
             c->valid = c->b[1].view.buf;
+        }
+        if (fino != Py_None) {
+            if (c->storage != ST_FLOAT32 && c->storage != ST_FLOAT64) {
+                PyErr_SetString(PyExc_ValueError, "finite: only for columns of reals");
+                goto cols_done;
+            }
+            if (get_buf(fino, &c->b[3], 1, n, 1, "column finite") < 0) goto cols_done;
+            c->finite = c->b[3].view.buf;
         }
         if (c->var) {
             if (get_buf(offo, &c->b[2], 8, n + 1, 1, "column offsets") < 0) goto cols_done;
@@ -576,7 +611,7 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         r.err = ERR_NONE;
         r.msg = NULL;
         for (Py_ssize_t k = 0; k < ncols; k++) {
-            cols[k].written = cols[k].null = 0;
+            cols[k].written = cols[k].null = cols[k].nonfinite = 0;
             cols[k].row_start = cols[k].at;
         }
         if (run_op(&r, 0, 0) >= 0 && r.p != r.end) {
@@ -610,13 +645,14 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
             } else if (c->null)
                 memset(c->values + taken * st_size[c->storage], 0, st_size[c->storage]);
             if (c->nullable) c->valid[taken] = !c->null;
+            if (c->finite != NULL) c->finite[taken] = c->null || !c->nonfinite;
         }
         index[taken++] = raw;
     }
     result = Py_BuildValue("(nO)", taken, errors);
 cols_done:
     release(&jstarts, 1);
-    for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 3);
+    for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 4);
 done:
     Py_XDECREF(errors);
     release(in, 5);

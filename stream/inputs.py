@@ -245,7 +245,10 @@ def _as_input(spec: InputSpec, column: Column, n: int) -> tuple[Any, list[tuple[
     else:
         array = column.values.astype(dtype, copy=False)
     if dtype.kind == "f":
-        finite = np.isfinite(array) if array.ndim == 1 else np.isfinite(array).all(axis=1)
+        if column.finite is not None:  # checked by the decoder as it copied the values
+            finite = column.finite if column.valid is None else (column.finite | ~column.valid)
+        else:
+            finite = np.isfinite(array) if array.ndim == 1 else np.isfinite(array).all(axis=1)
         if not finite.all():
             rejected.append(("non-finite", np.flatnonzero(~finite), "NaN or infinity"))
     return array, rejected

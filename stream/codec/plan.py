@@ -23,6 +23,7 @@ are resolved and skipped; asking for one as a column is a configuration error.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -417,6 +418,7 @@ class Column:
     values: np.ndarray  # one per row; for string/bytes/fixed the bytes and for arrays the items, back to back
     offsets: np.ndarray | None = None  # int64 (n + 1,): variable-length kinds
     valid: np.ndarray | None = None  # bool (n,): nullable columns
+    finite: np.ndarray | None = None  # bool (n,): float and double columns, False where a row holds NaN or inf
 
     def __len__(self) -> int:
         return len(self.offsets) - 1 if self.offsets is not None else len(self.values)
@@ -437,14 +439,15 @@ class Column:
 
     def take(self, rows: np.ndarray) -> Column:
         valid = None if self.valid is None else self.valid[rows]
+        finite = None if self.finite is None else self.finite[rows]
         if self.offsets is None:
-            return Column(self.spec, self.values[rows], None, valid)
+            return Column(self.spec, self.values[rows], None, valid, finite)
         starts, ends = self.offsets[:-1][rows], self.offsets[1:][rows]
         lengths = ends - starts
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         step = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
-        return Column(self.spec, self.values[np.repeat(starts, lengths) + step], offsets, valid)
+        return Column(self.spec, self.values[np.repeat(starts, lengths) + step], offsets, valid, finite)
 
 
 @dataclass
@@ -485,8 +488,13 @@ class Columns:
                     pieces.append(c.offsets[1:] + base)
                     base += int(c.offsets[-1])
                 offsets = np.concatenate(pieces)
-            out.columns[spec.path] = Column(spec, values, offsets, valid)
+            finite = np.concatenate([c.finite for c in cols if c.finite is not None]) if _real(spec) else None
+            out.columns[spec.path] = Column(spec, values, offsets, valid, finite)
         return out
+
+
+def _real(spec: ColumnSpec) -> bool:
+    return (spec.items if spec.kind == "array" else spec.kind) in ("float", "double")
 
 
 def empty_columns(specs: Sequence[ColumnSpec]) -> Columns:
@@ -495,7 +503,8 @@ def empty_columns(specs: Sequence[ColumnSpec]) -> Columns:
         variable = spec.kind in ("string", "bytes", "fixed", "array")
         out.columns[spec.path] = Column(spec, np.zeros(0, dtype=spec.dtype),
                                         np.zeros(1, dtype=np.int64) if variable else None,
-                                        np.zeros(0, dtype=bool) if spec.nullable else None)
+                                        np.zeros(0, dtype=bool) if spec.nullable else None,
+                                        np.zeros(0, dtype=bool) if _real(spec) else None)
     return out
 
 
@@ -536,14 +545,20 @@ class _Builder:
         spec = self.spec
         valid = np.asarray(self.valid, dtype=bool) if spec.nullable else None
         if not self.variable:
-            return Column(spec, np.asarray(self.values, dtype=spec.dtype), None, valid)
+            values = np.asarray(self.values, dtype=spec.dtype)
+            return Column(spec, values, None, valid, np.isfinite(values) if _real(spec) else None)
         offsets = np.zeros(len(self.ends) + 1, dtype=np.int64)
         offsets[1:] = self.ends
+        finite = None
         if spec.kind == "array":
             values = np.asarray(self.values, dtype=spec.dtype)
+            if _real(spec):
+                ok = np.isfinite(values)
+                finite = np.asarray([bool(ok[a:b].all()) for a, b in itertools.pairwise(offsets)],
+                                    dtype=bool)
         else:
             values = np.frombuffer(bytes(self.data), dtype=np.uint8)
-        return Column(spec, values, offsets, valid)
+        return Column(spec, values, offsets, valid, finite)
 
 
 class _Reader:
@@ -809,9 +824,11 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
         values = np.empty(capacity, dtype=dtype)
         valid = np.empty(n, dtype=bool) if spec.nullable else None
         offsets = np.empty(n + 1, dtype=np.int64) if variable else None
-        columns.append(Column(spec, values, offsets, valid))
+        finite = np.empty(n, dtype=bool) if _real(spec) else None
+        columns.append(Column(spec, values, offsets, valid, finite))
         args.append((_storage(spec), int(variable), int(spec.nullable), values,
-                     None if valid is None else valid.view(np.uint8), offsets))
+                     None if valid is None else valid.view(np.uint8), offsets,
+                     None if finite is None else finite.view(np.uint8)))
     index = np.empty(n, dtype=np.int64)
     taken, raw_errors = native.run_plan(program.code, program.defaults, source,
                                         np.ascontiguousarray(rows, dtype=np.int64), skip, args, index)
@@ -824,6 +841,8 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
             column.values = column.values[:taken]
         if column.valid is not None:
             column.valid = column.valid[:taken]
+        if column.finite is not None:
+            column.finite = column.finite[:taken]
         out.columns[column.spec.path] = column
     errors = []
     for position, reason, what in raw_errors:

@@ -360,6 +360,6 @@ def test_the_c_interpreter_and_the_reference_agree_on_any_bytes(case: tuple[Any,
         for path, column in ref.columns.items():  # bytes, not values: NaN is not NaN
             other = got[path]
             assert other.values.tobytes() == column.values.tobytes(), path
-            for a, b in ((other.offsets, column.offsets), (other.valid, column.valid)):
+            for a, b in ((other.offsets, column.offsets), (other.valid, column.valid), (other.finite, column.finite)):
                 assert (a is None and b is None) or (a is not None and b is not None and a.tolist() == b.tolist())
         assert [(i, e.reason) for i, e in errors] == [(i, e.reason) for i, e in ref_errors]
