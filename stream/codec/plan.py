@@ -745,12 +745,25 @@ def _min_size(op: Op) -> int:
 
 
 @dataclass(frozen=True)
+class _Layout:
+    """How ``run_native`` allocates and hands over one column."""
+
+    spec: ColumnSpec
+    storage: int
+    variable: bool
+    dtype: np.dtype[Any]
+    real: bool
+    item_bytes: int  # the fewest wire bytes one stored item takes (bounds a variable column's capacity)
+
+
+@dataclass(frozen=True)
 class Program:
     """A plan flattened for the C interpreter (stream/_nativecodec.c, ``run_plan``)."""
 
     code: np.ndarray  # int32
     defaults: list[bytes | None]  # the reader's default values, as their columns store them
     fails: list[str]  # why a FAIL branch fails
+    layouts: tuple[_Layout, ...] = ()
 
 
 def flatten(plan: FieldPlan) -> Program:
@@ -758,7 +771,22 @@ def flatten(plan: FieldPlan) -> Program:
     defaults: list[bytes | None] = []
     fails: list[str] = []
     _flatten(plan.root, plan.columns, out, defaults, fails, -1)
-    return Program(np.asarray(out, dtype=np.int32), defaults, fails)
+    least = _least_item_bytes(plan.root, {})
+    layouts = tuple(_Layout(spec, _storage(spec), _variable(spec), spec.dtype, _real(spec),
+                            max(1, least.get(i, 1)) if spec.kind == "array" else 1)
+                    for i, spec in enumerate(plan.columns))
+    return Program(np.asarray(out, dtype=np.int32), defaults, fails, layouts)
+
+
+def _least_item_bytes(op: Op, out: dict[int, int]) -> dict[int, int]:
+    """Array column -> the fewest wire bytes one of its items takes (a column with a default array: 1)."""
+    if op.code == ARRAY and op.col >= 0 and op.items is not None:
+        out[op.col] = min(out.get(op.col, 1 << 30), _min_size(op.items) or 1)
+    for child in (*op.fields, *op.branches, *([op.items] if op.items is not None else [])):
+        _least_item_bytes(child, out)
+    for col, _ in op.defaults:
+        out[col] = 1
+    return out
 
 
 def _encode_default(spec: ColumnSpec, value: Any) -> bytes | None:
@@ -817,18 +845,15 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
     n = len(rows)
     columns: list[Column] = []
     args = []
-    for spec in specs:
-        variable = _variable(spec)
-        dtype = spec.dtype
-        capacity = total_bytes if variable else n
-        values = np.empty(capacity, dtype=dtype)
-        valid = np.empty(n, dtype=bool) if spec.nullable else None
-        offsets = np.empty(n + 1, dtype=np.int64) if variable else None
-        finite = np.empty(n, dtype=bool) if _real(spec) else None
+    assert [layout.spec for layout in program.layouts] == list(specs), "a program of another plan"
+    for layout in program.layouts:
+        spec = layout.spec
+        values = np.empty(total_bytes // layout.item_bytes + 1 if layout.variable else n, dtype=layout.dtype)
+        valid = np.empty(n, dtype=np.uint8) if spec.nullable else None
+        offsets = np.empty(n + 1, dtype=np.int64) if layout.variable else None
+        finite = np.empty(n, dtype=np.uint8) if layout.real else None
         columns.append(Column(spec, values, offsets, valid, finite))
-        args.append((_storage(spec), int(variable), int(spec.nullable), values,
-                     None if valid is None else valid.view(np.uint8), offsets,
-                     None if finite is None else finite.view(np.uint8)))
+        args.append((layout.storage, layout.variable, spec.nullable, values, valid, offsets, finite))
     index = np.empty(n, dtype=np.int64)
     taken, raw_errors = native.run_plan(program.code, program.defaults, source,
                                         np.ascontiguousarray(rows, dtype=np.int64), skip, args, index)
@@ -840,9 +865,9 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
         else:
             column.values = column.values[:taken]
         if column.valid is not None:
-            column.valid = column.valid[:taken]
+            column.valid = column.valid[:taken].view(bool)
         if column.finite is not None:
-            column.finite = column.finite[:taken]
+            column.finite = column.finite[:taken].view(bool)
         out.columns[column.spec.path] = column
     errors = []
     for position, reason, what in raw_errors:
