@@ -1,8 +1,8 @@
-/* The Avro fast paths of stream/codec/ in C: field plans (any input schema into columns) and the prediction
- * encoder.
+/* The Avro fast paths of stream/codec/ in C: field plans (any input schema into columns) and output plans (columns
+ * into predictions of any output schema).
  *
  * Each does exactly what its Python version does (stream.codec.plan.decode_columns, the reference decoder, and
- * the numpy part of PredictionEncoder._encode_fast), which stay as the fallback where this extension is not
+ * fastavro record by record in stream.codec.encoder), which stay as the fallback where this extension is not
  * compiled and as the reference the tests compare against; here each record is read or written once, in one pass.
  *
  * No numpy headers: arrays come in as writable buffers (the buffer protocol), allocated by the caller with the
@@ -75,86 +75,6 @@ static inline Py_ssize_t long_size(int64_t value) {
         k++;
     }
     return k;
-}
-
-/* encode_predictions(header, id_buf, id_start, id_len, models, scores, flags, event_ts, tail, partitions,
- *                    offsets, ends) -> bytes
- *
- * One prediction per row, back to back: header | event_id (its length, then id_buf[id_start:id_start+id_len]) |
- * models (model name and version, encoded) | score (float32) | flag (one byte) | event ts (long) | tail (the
- * batch's constant fields, encoded) | and, when partitions is not None, partition (int) and offset (long).
- * ends[i] receives row i's end offset in the result. Inputs: id_start, id_len, event_ts, offsets int64 (n);
- * partitions int32 (n); scores float32 (n); flags bool/uint8 (n); ends int64 (n), written. */
-static PyObject *encode_predictions(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *header_obj, *models_obj, *tail_obj, *objs[9];
-    if (!PyArg_ParseTuple(args, "SOOOSOOOSOOO", &header_obj, &objs[0], &objs[1], &objs[2], &models_obj, &objs[3],
-                          &objs[4], &objs[5], &tail_obj, &objs[6], &objs[7], &objs[8]))
-        return NULL;
-    Buf b[9];
-    memset(b, 0, sizeof b);
-    PyObject *result = NULL;
-    const int with_source = objs[6] != Py_None;
-    if (with_source != (objs[7] != Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "partitions and offsets: both or neither");
-        return NULL;
-    }
-    /* n from id_start (int64); id_buf is bytes of any length, checked per row below. */
-    if (get_buf(objs[1], &b[1], 8, 0, 0, "id_start") < 0) goto done;
-    const Py_ssize_t n = b[1].view.len / 8;
-    static const char *names[] = {"id_buf", "id_start", "id_len", "scores", "flags", "event_ts", "partitions",
-                                  "offsets", "ends"};
-    const Py_ssize_t sizes[] = {1, 8, 8, 4, 1, 8, 4, 8, 8};
-    for (int k = 0; k < 9; k++) {
-        if (k == 1 || ((k == 6 || k == 7) && !with_source)) continue;
-        if (get_buf(objs[k], &b[k], sizes[k], k == 0 ? 0 : n, k == 8, names[k]) < 0) goto done;
-    }
-    const unsigned char *id_buf = b[0].view.buf, *flags = b[4].view.buf;
-    const int64_t *id_start = b[1].view.buf, *id_len = b[2].view.buf, *event_ts = b[5].view.buf;
-    const float *scores = b[3].view.buf;
-    const int32_t *partitions = with_source ? b[6].view.buf : NULL;
-    const int64_t *offsets = with_source ? b[7].view.buf : NULL;
-    int64_t *ends = b[8].view.buf;
-    const Py_ssize_t header_size = PyBytes_GET_SIZE(header_obj), models_size = PyBytes_GET_SIZE(models_obj);
-    const Py_ssize_t tail_size = PyBytes_GET_SIZE(tail_obj);
-    const Py_ssize_t fixed = header_size + models_size + 5 + tail_size;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (id_start[i] < 0 || id_len[i] < 0 || id_start[i] + id_len[i] > b[0].view.len) {
-            PyErr_Format(PyExc_ValueError, "row %zd: event_id bytes out of id_buf", i);
-            goto done;
-        }
-        total += fixed + long_size(id_len[i]) + id_len[i] + long_size(event_ts[i]);
-        if (with_source) total += long_size(partitions[i]) + long_size(offsets[i]);
-        ends[i] = total;
-    }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL) goto done;
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-    const char *header = PyBytes_AS_STRING(header_obj), *models = PyBytes_AS_STRING(models_obj);
-    const char *tail = PyBytes_AS_STRING(tail_obj);
-    Py_ssize_t at = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        memcpy(out + at, header, header_size);
-        at += header_size;
-        at += put_long(out + at, id_len[i]);
-        memcpy(out + at, id_buf + id_start[i], id_len[i]);
-        at += id_len[i];
-        memcpy(out + at, models, models_size);
-        at += models_size;
-        memcpy(out + at, &scores[i], 4);
-        out[at + 4] = flags[i] ? 1 : 0;
-        at += 5;
-        at += put_long(out + at, event_ts[i]);
-        memcpy(out + at, tail, tail_size);
-        at += tail_size;
-        if (with_source) {
-            at += put_long(out + at, partitions[i]);
-            at += put_long(out + at, offsets[i]);
-        }
-    }
-done:
-    release(b, 9);
-    return result;
 }
 
 /* ---- field plans: any record layout, decoded into columns -------------------------------------------------
@@ -709,10 +629,226 @@ done:
     return result;
 }
 
+/* ---- output plans: one Avro record per row, from columns ------------------------------------------------------
+ *
+ * encode_rows(header, program, consts, arrays, n, ends) -> bytes runs an output plan (built by
+ * stream.codec.encoder.OutputEncoder) for rows 0..n-1: each row is the header, then each field of the output
+ * schema in order, written by one operation:
+ *   CONST k              consts[k], the same encoded bytes in every row (model name, a default, ...)
+ *   LONG a | INT a       arrays[a]: int64 / int32 values, as zigzag varints
+ *   FLOAT a | DOUBLE a   arrays[a]: float32 / float64 values, little-endian
+ *   BOOL a               arrays[a]: uint8
+ *   BYTES a o            arrays[a]: uint8 data, arrays[o]: int64 offsets (n + 1): length varint, then the bytes
+ *   REALS a o width      a block of reals (array<float|double>): count, the raw values, 0 (just 0 when empty)
+ *   LONGS a o | INTS a o a block of varints (array<long|int>)
+ *   NULLABLE v null idx  arrays[v]: uint8 per row; 0: the union branch `null`, else branch `idx` and the next op
+ * ends[i] receives row i's end offset in the result. Two passes: sizes, then bytes. */
+
+enum { EN_CONST, EN_LONG, EN_INT, EN_FLOAT, EN_DOUBLE, EN_BOOL, EN_BYTES, EN_REALS, EN_LONGS, EN_INTS, EN_NULLABLE };
+
+typedef struct {
+    const int32_t *prog;
+    Py_ssize_t len;
+    PyObject *consts;
+    Buf *arrays;
+    Py_ssize_t narrays;
+} Enc;
+
+static inline Py_ssize_t put_bytes_at(unsigned char *out, const void *src, Py_ssize_t n) {
+    if (out != NULL) memcpy(out, src, n);
+    return n;
+}
+
+static inline Py_ssize_t put_varint_at(unsigned char *out, int64_t v) {
+    if (out != NULL) return put_long(out, v);
+    return long_size(v);
+}
+
+/* One field of row i at pc: its size (out NULL) or its bytes (written at out); *next receives the pc after it.
+ * -1 with a Python error for a program that does not fit its arrays. */
+static Py_ssize_t enc_field(const Enc *e, Py_ssize_t pc, Py_ssize_t i, unsigned char *out, Py_ssize_t *next) {
+    if (pc >= e->len) {
+        PyErr_SetString(PyExc_ValueError, "output program ends inside a field");
+        return -1;
+    }
+    const int32_t code = e->prog[pc];
+    const Buf *a = e->arrays;
+    switch (code) {
+    case EN_CONST: {
+        PyObject *c = PyList_GET_ITEM(e->consts, e->prog[pc + 1]);
+        *next = pc + 2;
+        return put_bytes_at(out, PyBytes_AS_STRING(c), PyBytes_GET_SIZE(c));
+    }
+    case EN_LONG:
+        *next = pc + 2;
+        return put_varint_at(out, ((const int64_t *)a[e->prog[pc + 1]].view.buf)[i]);
+    case EN_INT:
+        *next = pc + 2;
+        return put_varint_at(out, ((const int32_t *)a[e->prog[pc + 1]].view.buf)[i]);
+    case EN_FLOAT:
+        *next = pc + 2;
+        return put_bytes_at(out, (const char *)a[e->prog[pc + 1]].view.buf + 4 * i, 4);
+    case EN_DOUBLE:
+        *next = pc + 2;
+        return put_bytes_at(out, (const char *)a[e->prog[pc + 1]].view.buf + 8 * i, 8);
+    case EN_BOOL: {
+        const unsigned char b = ((const unsigned char *)a[e->prog[pc + 1]].view.buf)[i] ? 1 : 0;
+        *next = pc + 2;
+        return put_bytes_at(out, &b, 1);
+    }
+    case EN_BYTES:
+    case EN_REALS:
+    case EN_LONGS:
+    case EN_INTS: {
+        const Buf *data = &a[e->prog[pc + 1]], *offs = &a[e->prog[pc + 2]];
+        const int64_t *o = offs->view.buf;
+        const int64_t start = o[i], stop = o[i + 1];
+        const Py_ssize_t width = code == EN_BYTES ? 1 : code == EN_REALS ? e->prog[pc + 3] : code == EN_LONGS ? 8 : 4;
+        *next = pc + (code == EN_REALS ? 4 : 3);
+        if (start < 0 || stop < start || stop * width > data->view.len) {
+            PyErr_Format(PyExc_ValueError, "row %zd: offsets %lld..%lld out of their data", i, (long long)start,
+                         (long long)stop);
+            return -1;
+        }
+        const Py_ssize_t count = (Py_ssize_t)(stop - start);
+        const char *src = (const char *)data->view.buf + start * width;
+        if (code == EN_BYTES) {
+            Py_ssize_t k = put_varint_at(out, count);
+            return k + put_bytes_at(out == NULL ? NULL : out + k, src, count);
+        }
+        if (count == 0) return put_varint_at(out, 0);
+        Py_ssize_t k = put_varint_at(out, count);
+        if (code == EN_REALS)
+            k += put_bytes_at(out == NULL ? NULL : out + k, src, count * width);
+        else
+            for (Py_ssize_t j = 0; j < count; j++)
+                k += put_varint_at(out == NULL ? NULL : out + k,
+                                   code == EN_LONGS ? ((const int64_t *)src)[j] : ((const int32_t *)src)[j]);
+        return k + put_varint_at(out == NULL ? NULL : out + k, 0);
+    }
+    case EN_NULLABLE: {
+        const unsigned char present = ((const unsigned char *)a[e->prog[pc + 1]].view.buf)[i];
+        const int32_t null_branch = e->prog[pc + 2], value_branch = e->prog[pc + 3];
+        Py_ssize_t after;
+        if (!present) {
+            /* skip the value op: size it with row 0 (it is never written) to find where it ends */
+            if (enc_field(e, pc + 4, 0, NULL, &after) < 0) return -1;
+            *next = after;
+            return put_varint_at(out, null_branch);
+        }
+        Py_ssize_t k = put_varint_at(out, value_branch);
+        Py_ssize_t m = enc_field(e, pc + 4, i, out == NULL ? NULL : out + k, &after);
+        if (m < 0) return -1;
+        *next = after;
+        return k + m;
+    }
+    default:
+        PyErr_Format(PyExc_ValueError, "unknown output operation %d", (int)code);
+        return -1;
+    }
+}
+
+static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *header_obj, *prog_obj, *consts, *arrays_obj, *ends_obj;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "SOO!O!nO", &header_obj, &prog_obj, &PyList_Type, &consts, &PyList_Type, &arrays_obj,
+                          &n, &ends_obj))
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(consts); k++)
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(consts, k))) {
+            PyErr_SetString(PyExc_TypeError, "consts: bytes");
+            return NULL;
+        }
+    const Py_ssize_t narrays = PyList_GET_SIZE(arrays_obj);
+    Buf *arrays = PyMem_Calloc(narrays ? narrays : 1, sizeof(Buf));
+    Buf pb, eb;
+    memset(&pb, 0, sizeof pb);
+    memset(&eb, 0, sizeof eb);
+    PyObject *result = NULL;
+    if (arrays == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < narrays; k++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(arrays_obj, k), &arrays[k].view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        arrays[k].held = 1;
+    }
+    if (get_buf(prog_obj, &pb, 4, 0, 0, "program") < 0 || get_buf(ends_obj, &eb, 8, n, 1, "ends") < 0) goto done;
+    Enc e = {.prog = pb.view.buf, .len = pb.view.len / 4, .consts = consts, .arrays = arrays, .narrays = narrays};
+    /* every array an operation names must exist and hold n rows of its kind (checked once, not per row) */
+    for (Py_ssize_t pc = 0; pc < e.len;) {
+        const int32_t code = e.prog[pc];
+        const int nargs = code == EN_CONST ? 1 : code == EN_REALS ? 3 : code == EN_NULLABLE ? 3
+                          : (code == EN_BYTES || code == EN_LONGS || code == EN_INTS) ? 2 : 1;
+        if (code < EN_CONST || code > EN_NULLABLE || pc + nargs >= e.len) {
+            PyErr_SetString(PyExc_ValueError, "output program ends inside an operation");
+            goto done;
+        }
+        const int32_t x = e.prog[pc + 1];
+        if (code == EN_CONST) {
+            if (x < 0 || x >= PyList_GET_SIZE(consts)) { PyErr_SetString(PyExc_ValueError, "const index"); goto done; }
+        } else if (x < 0 || x >= narrays) {
+            PyErr_SetString(PyExc_ValueError, "array index");
+            goto done;
+        } else {
+            const Py_ssize_t need_items = (code == EN_BYTES || code == EN_REALS || code == EN_LONGS || code == EN_INTS)
+                                              ? 0 : n;
+            const Py_ssize_t width = code == EN_LONG ? 8 : code == EN_INT ? 4 : code == EN_FLOAT ? 4
+                                     : code == EN_DOUBLE ? 8 : 1;
+            if (arrays[x].view.len < need_items * width) {
+                PyErr_Format(PyExc_ValueError, "array %d holds fewer than %zd rows", (int)x, n);
+                goto done;
+            }
+            if (code == EN_BYTES || code == EN_REALS || code == EN_LONGS || code == EN_INTS) {
+                const int32_t o = e.prog[pc + 2];
+                if (o < 0 || o >= narrays || arrays[o].view.len < 8 * (n + 1)) {
+                    PyErr_SetString(PyExc_ValueError, "offsets: need n + 1 int64");
+                    goto done;
+                }
+            }
+        }
+        pc += 1 + nargs;
+    }
+    int64_t *ends = eb.view.buf;
+    const Py_ssize_t header_size = PyBytes_GET_SIZE(header_obj);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        total += header_size;
+        for (Py_ssize_t pc = 0; pc < e.len;) {
+            Py_ssize_t next, k = enc_field(&e, pc, i, NULL, &next);
+            if (k < 0) goto done;
+            total += k;
+            pc = next;
+        }
+        ends[i] = total;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    const char *header = PyBytes_AS_STRING(header_obj);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(out + at, header, header_size);
+        at += header_size;
+        for (Py_ssize_t pc = 0; pc < e.len;) {
+            Py_ssize_t next, k = enc_field(&e, pc, i, out + at, &next);
+            if (k < 0) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            at += k;
+            pc = next;
+        }
+    }
+done:
+    release(&pb, 1);
+    release(&eb, 1);
+    release(arrays, (int)narrays);
+    PyMem_Free(arrays);
+    return result;
+}
+
 static PyMethodDef methods[] = {
-    {"encode_predictions", encode_predictions, METH_VARARGS, "Fast path of PredictionEncoder: see the C source."},
     {"run_plan", run_plan, METH_VARARGS, "Run a field plan over a batch into columns: see the C source."},
     {"read_ids", read_ids, METH_VARARGS, "The schema id of each value's header: see the C source."},
+    {"encode_rows", encode_rows, METH_VARARGS, "Run an output plan over a batch of columns: see the C source."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "stream._nativecodec", NULL, -1, methods,

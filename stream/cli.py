@@ -24,6 +24,7 @@ log = logging.getLogger("stream")
 def _setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # the schema registry client logs every request
 
 
 def _worker_parser(sub: Any) -> None:
@@ -54,6 +55,13 @@ def _worker_parser(sub: Any) -> None:
                                                  "SCHEMA_REGISTRY_URL; else the schema folder)")
     p.add_argument("--input-schema", help="the schema to read: an .avsc file, or a subject (registry) or record name "
                                           "(folder); default: the model's own, else <input-topic>-value")
+    p.add_argument("--output-schema", help="the prediction schema: an .avsc file, or a subject (registry) or record "
+                                           "name (folder); default: the model's own, else derived from its outputs")
+    p.add_argument("--copy-fields", help="FIELD or OUTPUT=FIELD[,...]: input fields copied into every prediction "
+                                         "(a dotted path for a nested field)")
+    p.add_argument("--subject-name-strategy", choices=["topic", "record", "topic-record"],
+                   help="the output schema's registry subject: <topic>-value (default), <record name>, "
+                        "<topic>-<record name>")
     p.add_argument("--input-map", help="INPUT=FIELD[,INPUT=FIELD...]: the field (dotted path) each model input "
                                        "reads (default: the field named like the input)")
     p.add_argument("--provenance-headers", action=argparse.BooleanOptionalAction, default=None,

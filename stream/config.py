@@ -107,6 +107,17 @@ class WorkerSettings(BaseSettings):
         default=None, min_length=1,
         description="the schema the worker reads: an .avsc file, or a subject (registry) / record name (folder); "
                     "default: the model's own, else <input-topic>-value")
+    output_schema: str | None = Field(
+        default=None, min_length=1,
+        description="the prediction schema: an .avsc file (registered under the output subject), or a subject / "
+                    "record name; default: the model's own, else derived from the model's outputs, the copied "
+                    "fields and the lineage fields")
+    copy_fields: str | None = Field(
+        default=None, description="FIELD or OUTPUT=FIELD,...: input fields copied into every prediction "
+                                  "(default: the model's own list)")
+    subject_name_strategy: Literal["topic", "record", "topic-record"] = Field(
+        default="topic", description="the output schema's subject: <topic>-value, <record name> or "
+                                     "<topic>-<record name>")
     input_map: str | None = Field(
         default=None, description="INPUT=FIELD,...: the input schema's field (dotted path) each model input "
                                   "reads; default: the field of the input's name")

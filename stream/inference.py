@@ -62,11 +62,17 @@ def select_device(spec: str) -> torch.device:
 
 
 def create_handler(name: str, model_dir: Path | None) -> ModelHandler:
-    """A built-in handler by name (``demo``), or ``package.module:ClassName`` taking ``model_dir``."""
+    """A built-in handler by name (``demo``), a model file (``export:PATH.pt2``, ``torchscript:PATH.pt``), or
+    ``package.module:ClassName`` taking ``model_dir``."""
     if name == "demo":
         from stream.models.demo import DemoFraudHandler
 
         return DemoFraudHandler(model_dir)
+    kind, _, path = name.partition(":")
+    if kind in ("export", "torchscript") and path:
+        from stream.models.exported import ExportedHandler
+
+        return ExportedHandler(kind, Path(path))
     if ":" in name:
         module_name, _, cls_name = name.partition(":")
         try:
@@ -77,7 +83,8 @@ def create_handler(name: str, model_dir: Path | None) -> ModelHandler:
         if not isinstance(handler, ModelHandler):
             raise ConfigError(f"--model {name}: {cls_name} does not implement the ModelHandler protocol")
         return handler
-    raise ConfigError(f"--model {name!r}: unknown model (built-in: demo; or give package.module:ClassName)")
+    raise ConfigError(f"--model {name!r}: unknown model (built-in: demo; export:PATH.pt2, torchscript:PATH.pt, or "
+                      "package.module:ClassName)")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

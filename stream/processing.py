@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from stream import faults
-from stream.codec import EventBatch, InputSource, PredictionEncoder
+from stream.codec import InputSource
 from stream.codec.decoder import ColumnDecoder
+from stream.codec.encoder import OutputEncoder
 from stream.codec.plan import Columns
 from stream.codec.registry import RegistryUnavailable
 from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
@@ -36,6 +37,12 @@ DLQ_ERROR_REASON = "stream.dlq.error.reason"
 DLQ_ERROR_MESSAGE = "stream.dlq.error.message"
 DLQ_MODEL = "stream.dlq.model"
 DLQ_VALUE_BYTES = "stream.dlq.value.bytes"
+
+
+class Abandoned(StreamError):
+    """A batch left undone because the worker is stopping (its schema could not be found meanwhile): none of its
+    records is acknowledged, so nothing at or after them is committed; another replica, or the next start, takes
+    them up."""
 
 
 @dataclass
@@ -72,7 +79,7 @@ class ProcessingPolicy:
     dlq_max_fraction: float
     dlq_window: int
     provenance_headers: bool = False
-    copy_fields: tuple[tuple[str, str], ...] = ()  # (prediction field, input column) copied into each prediction
+    event_time_field: str | None = None  # the input field holding each event's time (ms), for end-to-end latency
     registry_backoff_max_s: float = 5.0
 
 
@@ -110,7 +117,7 @@ class DeadRecord:
 
 class BatchProcessor:
     def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: ColumnDecoder,
-                 binder: InputBinder, encoder: PredictionEncoder, publisher: Publisher, metrics: StreamMetrics,
+                 binder: InputBinder, encoder: OutputEncoder, publisher: Publisher, metrics: StreamMetrics,
                  sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False) -> None:
         self.policy = policy
         self._engine = engine
@@ -118,9 +125,6 @@ class BatchProcessor:
         self._binder = binder
         self._encoder = encoder
         self._stopping = stopping
-        copied = dict(policy.copy_fields)
-        self._id_column = copied.get("event_id", "event_id")
-        self._ts_column = copied.get("event_ts_ms", "ts_ms")
         self._publisher = publisher
         self._metrics = metrics
         self._sleep = sleep
@@ -156,7 +160,7 @@ class BatchProcessor:
                 return self._decoder.decode_batch(batch.records, self.policy.max_input_bytes)
             except RegistryUnavailable as exc:
                 if self._stopping():
-                    raise StreamError(f"stopping while the schema registry is unreachable: {exc}") from exc
+                    raise Abandoned(f"stopping while the schema registry is unreachable: {exc}") from exc
                 self._metrics.registry_retries.inc()
                 log.warning("%s; retrying in %.1f s", exc, delay_s)
                 self._sleep(delay_s)
@@ -239,29 +243,27 @@ class BatchProcessor:
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray]) -> None:
         if not len(decoded):
             return
-        ids = decoded[self._id_column]
-        assert ids.offsets is not None
-        events = EventBatch.from_strings(decoded.index, ids.values, ids.offsets,
-                                         decoded[self._ts_column].values.astype(np.int64, copy=False))
         records = batch.records
         handler = self._engine.handler
-        row_partitions = batch.partitions[events.index]
-        row_offsets = batch.offsets[events.index]
-        for partition, delivery in batch.deliveries.items():
-            delivery.ts_ms = events.ts_ms[row_partitions == partition]
+        row_partitions = batch.partitions[decoded.index]
+        row_offsets = batch.offsets[decoded.index]
+        if self.policy.event_time_field is not None:
+            event_ts = decoded[self.policy.event_time_field].values
+            for partition, delivery in batch.deliveries.items():
+                delivery.ts_ms = event_ts[row_partitions == partition]
         deliveries = batch.deliveries
-        keys = records.keys if len(events) == len(records) else [records.keys[i] for i in events.index.tolist()]
+        keys = records.keys if len(decoded) == len(records) else [records.keys[i] for i in decoded.index.tolist()]
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
         if not self._provenance_headers:
             # One buffer for the whole batch; the native producer takes it as is (no bytes object per record).
             joined, ends = self._encoder.encode_joined(
-                events, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
+                decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
                 batch_size=len(records), source=source)
             self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries)
             return
         payloads = self._encoder.encode_batch(
-            events, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
+            decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
             batch_size=len(records), source=source)
         parts = row_partitions.tolist()
         # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().

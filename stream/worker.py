@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import queue
 import signal
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -38,16 +40,26 @@ from confluent_kafka import (
 
 from stream import faults, native
 from stream.batching import MicroBatcher
-from stream.codec import PredictionEncoder, SchemaRegistry
 from stream.codec.decoder import ColumnDecoder
-from stream.codec.registry import RegistryUnavailable, open_source, reader_schema
+from stream.codec.encoder import OutputEncoder, derive_schema, parse_copy_fields
+from stream.codec.plan import ColumnSpec
+from stream.codec.registry import (
+    FolderRegistry,
+    RegistryUnavailable,
+    SchemaSource,
+    WriterSchema,
+    full_name,
+    open_source,
+    reader_schema,
+    subject_name,
+)
 from stream.config import WorkerSettings
 from stream.errors import ConfigError, KafkaClientError, StreamError, TransactionError
 from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
 from stream.inputs import InputBinder, input_side, parse_input_map
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
-from stream.processing import BatchProcessor, Begun, Dispatched, ProcessingPolicy
+from stream.processing import Abandoned, BatchProcessor, Begun, Dispatched, ProcessingPolicy
 from stream.publish import Publisher, SpanDelivery
 from stream.records import Records
 from stream.stalls import StallDetector
@@ -95,6 +107,47 @@ class WorkerSummary:
                 + (f" error={self.error!r}" if self.error else ""))
 
 
+def build_codecs(settings: WorkerSettings, handler: ModelHandler,
+                 ) -> tuple[ColumnDecoder, InputBinder, OutputEncoder, str | None]:
+    """Both schemas, checked against the model at start-up (ConfigError, one line per mismatch; a registry that
+    cannot be reached, too): the input decoder and binder, the prediction encoder (its schema registered under the
+    output subject), and the input field holding each event's time (the one copied as ``event_ts_ms``), if any."""
+    source = open_source(settings.schema_registry_url, settings.schemas_dir)
+    try:
+        default = f"{settings.input_topic}-value" if settings.schema_registry_url else getattr(
+            handler, "input_schema", None)
+        reader = reader_schema(source, settings.input_schema, default)
+        copies = (parse_copy_fields(settings.copy_fields) if settings.copy_fields is not None
+                  else list(getattr(handler, "copy_fields", ())))
+        decoder, binder = input_side(handler, source, reader, parse_input_map(settings.input_map), copies)
+        by_path = {c.path: c for c in decoder.columns}
+        copied = [(name, by_path[path]) for name, path in copies]
+        writer = _output_schema(settings, handler, source, copied)
+    except RegistryUnavailable as exc:
+        raise ConfigError(f"the schema registry cannot be reached at start-up: {exc}") from None
+    encoder = OutputEncoder(writer, copied, handler.outputs)
+    log.info("writing predictions as %s (id %d) to %s", writer.name, writer.schema_id, settings.output_topic)
+    return decoder, binder, encoder, dict(copies).get("event_ts_ms")
+
+
+def _output_schema(settings: WorkerSettings, handler: ModelHandler, source: SchemaSource,
+                   copied: list[tuple[str, ColumnSpec]]) -> WriterSchema:
+    given = settings.output_schema
+    if given and not given.endswith(".avsc"):
+        return source.latest(given)  # registered already: a subject, or a record name in the folder
+    if given:
+        try:
+            raw = json.loads(Path(given).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--output-schema {given}: {exc}") from exc
+    elif getattr(handler, "output_schema", None):  # the model's own, from the schema folder
+        raw = FolderRegistry.from_dir(settings.schemas_dir).latest(handler.output_schema).raw  # type: ignore[attr-defined]
+    else:
+        raw = derive_schema(f"{handler.name}_prediction", "stream.predictions", copied, handler.outputs)
+    subject = subject_name(settings.subject_name_strategy, settings.output_topic, full_name(raw))
+    return source.register(subject, raw)
+
+
 class Worker:
     def __init__(
         self,
@@ -107,13 +160,11 @@ class Worker:
         self.settings = settings
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
-        registry = SchemaRegistry.from_dir(settings.schemas_dir)
         # Intra-op threads for CPU inference: the pipeline's own threads need the other cores.
         torch.set_num_threads(settings.torch_threads)
         handler = handler if handler is not None else create_handler(settings.model, settings.model_dir)
         self._engine = InferenceEngine(handler, select_device(settings.device))
-        self._decoder, self._binder = self._input_side(settings, self._engine.handler)
-        self._encoder = PredictionEncoder(registry, [o.name for o in self._engine.handler.outputs])
+        self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(settings, handler)
         self._consumer_config = settings.consumer_config()
         self._producer_config = settings.producer_config()
         self._batcher: MicroBatcher[Records] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock,
@@ -189,7 +240,7 @@ class Worker:
                                     native_topic=self._native_topic())
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
-                                  copy_fields=tuple(getattr(self._engine.handler, "copy_fields", ())))
+                                  event_time_field=self._event_time_field)
         self._processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder,
                                          self._publisher, self.metrics, stopping=self._stop.is_set)
         self._consumer = Consumer({**self._consumer_config, "on_commit": self._on_commit,
@@ -231,20 +282,6 @@ class Worker:
             return None
         log.info("predictions published through the native producer (stream._nativeproduce)")
         return s.output_topic
-
-    @staticmethod
-    def _input_side(settings: WorkerSettings, handler: ModelHandler) -> tuple[ColumnDecoder, InputBinder]:
-        """The input schema, checked against the model's inputs: a decoder for the columns the inputs and the copied
-        fields read, and the binder from columns to inputs. ConfigError with one line per mismatch."""
-        source = open_source(settings.schema_registry_url, settings.schemas_dir)
-        default = getattr(handler, "input_schema", None)
-        if settings.schema_registry_url:
-            default = f"{settings.input_topic}-value"
-        try:
-            reader = reader_schema(source, settings.input_schema, default)
-        except RegistryUnavailable as exc:
-            raise ConfigError(f"the schema registry cannot be reached at start-up: {exc}") from None
-        return input_side(handler, source, reader, parse_input_map(settings.input_map))
 
     def _native_input(self, consumer: Consumer) -> native.NativeInput | None:
         """The C consumer for input records (stream.native.NativeInput), when it can be used; logs the choice."""
@@ -619,6 +656,7 @@ class Worker:
         pipelined = self._engine.asynchronous and self.settings.gpu_overlap and not self.settings.exactly_once
         ahead: Begun | None = None
         sent = False  # a batch was published since the processor last waited for work
+        abandoned = False  # a batch was left undone while stopping (processing.Abandoned)
         while True:
             if ahead is None:
                 try:
@@ -653,6 +691,8 @@ class Worker:
             if self._failure_now() is not None:
                 ahead = None
                 continue  # drain without work: nothing after a failure may be published
+            if abandoned:
+                continue  # stopping, and an earlier batch was left undone: nothing after it may be committed
             if self._rewind_after is not None and item.epoch <= self._rewind_after:
                 continue  # consumed before a rewind: it will be consumed again
             try:
@@ -667,6 +707,9 @@ class Worker:
                 else:
                     processor.process(item)
                     faults.reach("after-produce")
+            except Abandoned as exc:
+                abandoned = True
+                log.warning("%s: this batch and the ones after it are left uncommitted", exc)
             except BaseException as exc:
                 self._fail(exc)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from producers.events import generate_events
-from stream.codec import EVENT_SCHEMA, SchemaRegistry, encode
-from stream.models.demo import DemoFraudHandler
+from stream.codec import SchemaRegistry, encode
+from stream.models.demo import EVENT_SCHEMA, DemoFraudHandler
 
 POISON_MARK = 999.0  # an event whose first feature equals this makes the model raise
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from stream.codec import PREDICTION_SCHEMA, SchemaRegistry, decode, encode
-from stream.models.demo import DemoFraudHandler
+from stream.codec import SchemaRegistry, decode, encode
+from stream.models.demo import PREDICTION_SCHEMA, DemoFraudHandler
 
 REGISTRY = SchemaRegistry.from_dir()
 PREDICTION = REGISTRY.by_name(PREDICTION_SCHEMA)

@@ -19,6 +19,8 @@ from stream.errors import UnrecoverableModelError
 from stream.inputs import InputSpec, OutputSpec
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
+EVENT_SCHEMA = "stream.demo.FraudEvent"  # the demo's schemas, in the repository's schemas/ folder
+PREDICTION_SCHEMA = "stream.demo.FraudPrediction"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -46,8 +48,8 @@ class DemoFraudHandler:
     The demo's own schemas are named here, and only here: the worker reads ``stream.demo.FraudEvent`` and writes
     ``stream.demo.FraudPrediction`` from the local schemas folder unless told otherwise."""
 
-    input_schema = "stream.demo.FraudEvent"
-    output_schema = "stream.demo.FraudPrediction"
+    input_schema = EVENT_SCHEMA
+    output_schema = PREDICTION_SCHEMA
     copy_fields = (("event_id", "event_id"), ("event_ts_ms", "ts_ms"))  # (prediction field, input field)
     outputs: tuple[OutputSpec, ...] = (OutputSpec("fraud_score", "float"), OutputSpec("is_fraud", "boolean"))
 

@@ -14,7 +14,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
 from stream.broker import free_port
-from stream.codec import EVENT_SCHEMA, SchemaRegistry, decode, encode
+from stream.codec import SchemaRegistry, decode, encode
+from stream.models.demo import EVENT_SCHEMA
 from stream.process import WorkerProcess
 from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC

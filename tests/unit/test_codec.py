@@ -13,19 +13,14 @@ from hypothesis import strategies as st
 from producers.events import generate_events
 from stream import codec
 from stream.codec import (
-    EVENT_SCHEMA,
-    PREDICTION_SCHEMA,
-    EventBatch,
     EventFrames,
-    InputSource,
-    PredictionEncoder,
     SchemaRegistry,
     avro_long,
-    decode,
     encode,
     encode_longs,
 )
 from stream.errors import ConfigError, DecodeError
+from stream.models.demo import EVENT_SCHEMA, PREDICTION_SCHEMA
 
 REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
@@ -73,67 +68,11 @@ def test_decode_error_carries_location() -> None:
     assert "in[3]@42" in str(err)
 
 
-def test_prediction_encoder_round_trip() -> None:
-    block = generate_events(3, seed=1, ts_ms=1000)
-    batch = EventBatch.from_ids(np.arange(3), block.event_ids, block.ts_ms)
-    encoder = PredictionEncoder(REGISTRY, ("fraud_score", "is_fraud"))
-    scores = np.array([0.1, 0.9, 0.5], dtype=np.float32)
-    source = InputSource("events-in", np.array([0, 5, 5]), np.array([7, 0, 2**40]))
-    values = encoder.encode_batch(batch, {"fraud_score": scores, "is_fraud": scores >= 0.5},
-                                  model_name="m", model_version="7", predicted_ts_ms=2000, batch_size=4, source=source)
-    assert {v[1:5] for v in values} == {struct.pack(">I", 3)}, "written with the newest prediction schema"
-    records = [decode(REGISTRY, v)[1] for v in values]
-    assert [(r["input_topic"], r["input_partition"], r["input_offset"]) for r in records] == [
-        ("events-in", 0, 7), ("events-in", 5, 0), ("events-in", 5, 2**40)]
-    assert [r["event_id"] for r in records] == block.event_ids
-    assert [r["is_fraud"] for r in records] == [False, True, True]
-    assert records[1]["fraud_score"] == pytest.approx(0.9)
-    assert {r["batch_size"] for r in records} == {4}
-    assert {r["event_ts_ms"] for r in records} == {1000}
-
-
-def test_encoder_rejects_outputs_missing_from_schema() -> None:
-    with pytest.raises(ConfigError, match="not fields"):
-        PredictionEncoder(REGISTRY, ("fraud_score", "embedding"))
-
-
 def test_registry_errors_are_clear(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="cannot load"):
         SchemaRegistry.from_dir(tmp_path)
     with pytest.raises(ConfigError, match="not in the registry"):
         REGISTRY.by_name("nope.Nope")
-
-
-@settings(max_examples=300, deadline=None)
-@given(rows=st.lists(st.tuples(st.text(max_size=80), st.integers(-(2**63), 2**63 - 1),
-                               st.floats(width=32, allow_nan=False), st.booleans(),
-                               st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)), max_size=10),
-       predicted=st.integers(-(2**63), 2**63 - 1), batch_size=st.integers(0, 2**31 - 1),
-       names=st.tuples(st.text(max_size=70), st.text(max_size=10), st.text(max_size=249)),
-       old_schema=st.booleans(), impl=st.sampled_from(IMPLS))
-def test_fast_prediction_encoder_agrees_with_fastavro(rows: list[tuple[str, int, float, bool, int, int]],
-                                                      predicted: int, batch_size: int, names: tuple[str, str, str],
-                                                      old_schema: bool, impl: str) -> None:
-    encoder = PredictionEncoder(REGISTRY_V1 if old_schema else REGISTRY, ("fraud_score", "is_fraud"))
-    assert encoder._fast and encoder.carries_source is not old_schema
-    events = EventBatch.from_ids(np.arange(len(rows)), [r[0] for r in rows],
-                                 np.asarray([r[1] for r in rows], dtype=np.int64))
-    outputs = {"fraud_score": np.asarray([r[2] for r in rows], dtype=np.float32),
-               "is_fraud": np.asarray([r[3] for r in rows], dtype=bool)}
-    source = InputSource(names[2], np.asarray([r[4] for r in rows], dtype=np.int32),
-                         np.asarray([r[5] for r in rows], dtype=np.int64))
-    kwargs = {"model_name": names[0], "model_version": names[1], "predicted_ts_ms": predicted,
-              "batch_size": batch_size, "source": source}
-    expected = encoder._encode_slow(events, outputs, **kwargs)
-    with codec_impl(impl):
-        assert encoder.encode_batch(events, outputs, **kwargs) == expected
-        # The joined form (what the native producer takes): the same bytes back to back, each value's end offset.
-        joined, ends = encoder.encode_joined(events, outputs, **kwargs)
-    assert joined == b"".join(expected) and ends.tolist() == np.cumsum([len(v) for v in expected]).tolist()
-    assert ends.dtype == np.int64
-    encoder._fast = False  # a schema without the fast path joins fastavro's values
-    slow_joined, slow_ends = encoder.encode_joined(events, outputs, **kwargs)
-    assert slow_joined == joined and slow_ends.tolist() == ends.tolist() and slow_ends.dtype == np.int64
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,11 +100,10 @@ def test_load_generator_frames_match_fastavro(ts: int, seed: int, n: int, cut: i
 def test_c_codec_refuses_buffers_of_the_wrong_size() -> None:
     with pytest.raises(ValueError, match="ids: need 3 items"):
         codec._nativecodec.read_ids([event_bytes()] * 3, np.empty(2, dtype=np.int64))
-    ids = np.frombuffer(b"\x02a", dtype=np.uint8)
-    with pytest.raises(ValueError, match="out of id_buf"):
-        codec._nativecodec.encode_predictions(
-            EVENT.header, ids, np.array([0, 1]), np.array([2, 2]), b"", np.zeros(2, dtype=np.float32),
-            np.zeros(2, dtype=bool), np.zeros(2, dtype=np.int64), b"", None, None, np.empty(2, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"offsets: need n \+ 1 int64"):
+        codec._nativecodec.encode_rows(b"\x00\x00\x00\x00\x01", np.asarray([6, 0, 1], dtype=np.int32), [],
+                                       [np.zeros(3, dtype=np.uint8), np.zeros(2, dtype=np.int64)], 2,
+                                       np.empty(2, dtype=np.int64))
 
 
 def test_load_generator_frames_refuse_a_wrong_slot_or_layout() -> None:

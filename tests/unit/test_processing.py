@@ -13,17 +13,15 @@ import torch
 from producers.events import generate_events
 from stream.codec import (
     DEFAULT_SCHEMAS_DIR,
-    EVENT_SCHEMA,
-    PredictionEncoder,
     SchemaRegistry,
     decode,
     encode,
 )
-from stream.codec.registry import FolderRegistry
+from stream.config import load_settings
 from stream.errors import ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine
-from stream.inputs import input_side
 from stream.metrics import StreamMetrics
+from stream.models.demo import EVENT_SCHEMA
 from stream.offsets import OffsetTracker
 from stream.processing import (
     DLQ_ERROR_REASON,
@@ -37,6 +35,7 @@ from stream.processing import (
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
 from stream.records import Records
 from stream.verify import input_source
+from stream.worker import build_codecs
 from tests.handlers import POISON_MARK, PoisonHandler
 
 REGISTRY = SchemaRegistry.from_dir()
@@ -89,15 +88,17 @@ class FakePublisher:
 
 def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
          max_fraction: float = 0.9, provenance_headers: bool = False,
-         registry: SchemaRegistry = REGISTRY, schemas_dir: Path | None = None) -> tuple[BatchProcessor, FakePublisher]:
+         schemas_dir: Path | None = None) -> tuple[BatchProcessor, FakePublisher]:
+    """A processor wired as the worker wires it (its schemas from ``schemas_dir``, the repository's by default)."""
     engine = InferenceEngine(handler or PoisonHandler(model_dir), torch.device("cpu"))
     publisher = FakePublisher()
-    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers)
-    source = FolderRegistry.from_dir(schemas_dir)
-    decoder, binder = input_side(engine.handler, source, source.latest(EVENT_SCHEMA))
-    processor = BatchProcessor(policy, engine, decoder, binder,
-                               PredictionEncoder(registry, [o.name for o in engine.handler.outputs]),
-                               publisher, StreamMetrics(), sleep=lambda s: None)  # type: ignore[arg-type]
+    settings = load_settings({"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "x",
+                              "schemas_dir": schemas_dir}, environ={})
+    decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
+    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
+                              event_time_field=event_time)
+    processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),
+                               sleep=lambda s: None)  # type: ignore[arg-type]
     return processor, publisher
 
 
@@ -143,7 +144,7 @@ def test_provenance_headers_when_asked_for_or_when_the_schema_has_no_input_field
     for name in listing.values():
         shutil.copy(DEFAULT_SCHEMAS_DIR / name, tmp_path / name)
     old = SchemaRegistry.from_dir(tmp_path)
-    processor, pub = make(model_dir, registry=old, schemas_dir=tmp_path)
+    processor, pub = make(model_dir, schemas_dir=tmp_path)
     processor.process(batch_of(events(3), pub)[0])
     assert all("input_offset" not in decode(old, v)[1] for _, v, _, _ in pub.sent)
     assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"0", b"1", b"2"]
