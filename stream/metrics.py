@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -89,6 +89,8 @@ class StreamMetrics:
         self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
                                             registry=r)
         self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
+        self.model_info = Info("stream_model", "The model this worker serves (name, version, device) and the "
+                               "schemas it reads and writes.", registry=r)
         self.registry_retries = Counter(
             "stream_schema_registry_retries",
             "Decodes of a batch retried because the schema registry could not be reached.", registry=r)

@@ -165,6 +165,10 @@ class Worker:
         handler = handler if handler is not None else create_handler(settings.model, settings.model_dir)
         self._engine = InferenceEngine(handler, select_device(settings.device))
         self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(settings, handler)
+        self.metrics.model_info.info({
+            "name": handler.name, "version": handler.version, "device": str(self._engine.device),
+            "input_schema": f"{self._decoder.reader.name}:{self._decoder.reader.schema_id}",
+            "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}"})
         self._consumer_config = settings.consumer_config()
         self._producer_config = settings.producer_config()
         self._batcher: MicroBatcher[Records] = MicroBatcher(settings.max_batch_size, settings.max_wait_ms, clock,

@@ -214,14 +214,24 @@ class FolderRegistry:
                           "use --schema-registry-url")
 
 
-def registry_env_config(environ: Mapping[str, str]) -> dict[str, str]:
+def registry_env_config(environ: Mapping[str, str]) -> dict[str, Any]:
     """The schema registry client's settings from ``SCHEMA_REGISTRY_*`` variables (the ``KAFKA_*`` naming rule:
     ``SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO`` -> ``basic.auth.user.info``); ``SCHEMA_REGISTRY_URL`` is the URL."""
     from stream.config import env_to_librdkafka_key
 
     prefix = "SCHEMA_REGISTRY_"
-    return {env_to_librdkafka_key(k[len(prefix):]): v for k, v in environ.items()
+    return {env_to_librdkafka_key(k[len(prefix):]): _number_or_text(v) for k, v in environ.items()
             if k.startswith(prefix) and k != "SCHEMA_REGISTRY_URL"}
+
+
+def _number_or_text(value: str) -> Any:
+    """The client checks types: ``timeout``, ``max.retries``, ``cache.capacity``, ... are numbers."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def open_source(url: str | None, folder: Path | None, environ: Mapping[str, str] | None = None) -> SchemaSource:

@@ -174,3 +174,26 @@ def _write(tmp_path: Path) -> Path:
     path = tmp_path / "order.avsc"
     path.write_text(json.dumps(ORDER_V2))
     return path
+
+
+def test_a_registry_that_cannot_be_reached_at_start_up_is_one_line_and_exit_2(pipeline: Pipeline) -> None:
+    from stream.broker import free_port
+
+    worker = pipeline.worker("--schema-registry-url", f"http://127.0.0.1:{free_port()}",
+                             env={"SCHEMA_REGISTRY_TIMEOUT": "2", "SCHEMA_REGISTRY_MAX_RETRIES": "1"})
+    assert worker.wait(60) == 2
+    errors = [line for line in worker.output().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "schema registry cannot be reached at start-up" in errors[0], worker.output()
+
+
+def test_inputs_that_do_not_fit_the_schema_fail_at_start_up_naming_each(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    export_model(tmp_path / "orders.pt2")
+    (tmp_path / "order.avsc").write_text(json.dumps(ORDER_V2))
+    worker = pipeline.worker("--input-schema", str(tmp_path / "order.avsc"), "--model",
+                             f"export:{tmp_path / 'orders.pt2'}", "--input-map", "spend=customer.country")
+    assert worker.wait(60) == 2
+    out = worker.output()
+    assert "input spend (float32) <- customer.country (string): string values cannot be read as float32" in out
+    assert ("input items (int64): input schema acme.shop.Order has no field 'items'; bind one with --input-map "
+            "items=FIELD") in out
