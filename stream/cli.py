@@ -228,7 +228,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     cfg = BenchConfig(events=args.events)
     if args.quick:
         cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
-                          latency_seconds=2.0, warmup_seconds=1.0)
+                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000)
     if args.results is not None:
         cfg.results = args.results
     console = Console()

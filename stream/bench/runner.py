@@ -58,6 +58,8 @@ class BenchConfig:
     # Events for the live capacity (the worker consuming while the load generator publishes as fast as it can);
     # at most ``events``. 0: none (the latency loads are then fractions of the default drain alone).
     live_events: int = 2_000_000
+    # Events of the second layout (stream.bench.generic) for its drain beside the demo's; 0: none.
+    generic_events: int = 1_000_000
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
 
 
@@ -179,7 +181,8 @@ class Bench:
         return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
 
     def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
-                     env: dict[str, str] | None = None, cwd: Path | None = None) -> Drain:
+                     env: dict[str, str] | None = None, cwd: Path | None = None, input_topic: str | None = None,
+                     ) -> Drain:
         """Replicas drain the pre-produced topic (``--stop-at-end``); the first one's RSS is sampled against
         its consumed count (from its /metrics) for the growth figure."""
         out = self.topic(f"{name}-out")
@@ -190,9 +193,9 @@ class Bench:
             summary = self.work / f"{name}-{i}.json"
             metrics = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if i == 0 else []
             procs.append((WorkerProcess(
-                ["--bootstrap-servers", self.bootstrap, "--input-topic", self.input, "--output-topic", out,
-                 "--group-id", group, "--model-dir", str(self.model_dir), "--stop-at-end", "--summary-json",
-                 str(summary), "--log-level", "WARNING", *metrics, *extra],
+                ["--bootstrap-servers", self.bootstrap, "--input-topic", input_topic or self.input,
+                 "--output-topic", out, "--group-id", group, "--model-dir", str(self.model_dir), "--stop-at-end",
+                 "--summary-json", str(summary), "--log-level", "WARNING", *metrics, *extra],
                 self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}, cwd),
                 summary))
         peak = 0.0
@@ -216,6 +219,21 @@ class Bench:
         first = min(s["first_consumed_at"] for s in summaries if s["first_consumed_at"])
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples)
+
+    def generic_drain(self, events: int) -> Drain:
+        """The worker at defaults draining ``events`` readings of the benchmark's second layout
+        (`stream.bench.generic`: 12 named scalars, strings, a nullable long; a model over the scalars)."""
+        from stream.bench import generic
+
+        topic = self.topic("generic-in")
+        acked = generic.produce_readings(self.bootstrap, topic, events)
+        if acked != events:
+            raise RuntimeError(f"pre-producing the generic layout: {acked} of {events} acknowledged")
+        folder = generic.write_schemas(self.work / "generic-schemas")
+        return self.worker_drain("worker-generic", ["--model", "stream.bench.generic:ReadingHandler",
+                                                    "--schemas-dir", str(folder), "--input-schema",
+                                                    "bench.generic.Reading", "--copy-fields", generic.COPIES],
+                                 input_topic=topic)
 
     def live_capacity(self, events: int) -> Drain:
         """The worker (defaults) consuming while the load generator publishes ``events`` as fast as it can: the
@@ -475,6 +493,9 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         drains.append(best)
         console_print("bench: worker x2 replicas (best settings) ...")
         drains.append(bench.worker_drain("worker-best-x2", BEST_SETTINGS, replicas=2))
+        if cfg.generic_events > 0:
+            console_print("bench: worker (default settings) on the generic layout ...")
+            drains.append(bench.generic_drain(cfg.generic_events))
         limit = next((d.rate for d in drains if d.name == "passthrough"), None)
         report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None,
                             "rss_growth": d.rss_growth()} for d in drains]

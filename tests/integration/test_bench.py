@@ -15,21 +15,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
     cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, warmup_seconds=0.5,
-                      loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results")
+                      loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results",
+                      generic_events=2_000)
     report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
     assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-best", "worker-best-x2",
-                     "worker-live"]
+                     "worker-generic", "worker-live"]
     # The latency steps' loads are fractions of the smaller of the drain and the live (generator running) rate.
     rates = {d["name"]: d["rate"] for d in report["drain"]}
     assert report["capacity_drain"] == rates["worker-default"] and report["capacity_live"] == rates["worker-live"]
     assert report["capacity"] == min(rates["worker-default"], rates["worker-live"])
     assert {r["offered_rate"] for r in report["latency"]} == {report["capacity"] * 0.1, report["capacity"] * 0.5}
-    expected = {"naive": 100, "faust": 1_000}
+    expected = {"naive": 100, "faust": 1_000, "worker-generic": 2_000}
     for d in report["drain"]:
         assert d["events"] >= expected.get(d["name"], 5_000), d
         assert d["seconds"] > 0 and d["rate"] > 0
-    drains = ("worker-default", "worker-best", "worker-best-x2")
+    drains = ("worker-default", "worker-best", "worker-best-x2", "worker-generic")
     assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"] in drains)
     assert [(r["load"], r["max_wait_ms"], r["settings"]) for r in report["latency"]] == [
         (0.1, 5.0, "defaults"), (0.5, 5.0, "defaults"), (0.1, 5.0, "--batch-policy fixed")]
