@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure bench bench-gpu lint typecheck clean
+.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure bench bench-ab bench-gpu lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -15,6 +15,7 @@ help:
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills and a 20 s freeze of each replica per mode) and a 100,000-example decoder fuzz"
 	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned"
+	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
@@ -58,6 +59,10 @@ chaos: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m stream bench
+
+BASELINE ?= 41686ef
+bench-ab: $(STAMP)
+	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5
 
 bench-gpu: $(STAMP)
 	$(PY) -m stream bench-gpu

@@ -223,7 +223,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from stream.bench.runner import BenchConfig, format_latency, format_table, run_bench
+    from stream.bench.runner import BenchConfig, format_latency, format_methods, format_table, run_bench
 
     cfg = BenchConfig(events=args.events)
     if args.quick:
@@ -242,6 +242,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         for row in rows[1:]:
             table.add_row(*row)
         console.print(table)
+    console.print("how each drain was measured:\n  " + "\n  ".join(format_methods(report)))
     v = report["versions"]
     console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
                   f"broker {v['broker']}; results in {cfg.results}")

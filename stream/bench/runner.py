@@ -532,6 +532,9 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     shutil.rmtree(bench.work, ignore_errors=True)  # logs, summaries, faust's tables
     cfg.results.mkdir(parents=True, exist_ok=True)
     (cfg.results / "bench.json").write_text(json.dumps(report, indent=1))
+    from stream.bench.summarize import summarize
+
+    (cfg.results / "summary.json").write_text(json.dumps(summarize(report), indent=1) + "\n")
     _plots(report, cfg.results)
     return report
 
@@ -579,6 +582,26 @@ def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+DRAIN_METHODS = {
+    "passthrough": "a per-record Python loop: consume, produce the same bytes, commit (no decode, no model)",
+    "naive": "a per-record Python loop with fastavro decode/encode and one forward pass per record",
+    "faust": "faust-streaming, batches of the worker's default size, one forward pass per batch",
+    "handtuned": "a hand-written confluent-kafka loop: consume() batches, numpy decode, one forward pass",
+    "worker-default": "the worker at its defaults (the demo layout: 4 fields, 32 floats)",
+    "worker-best": "the worker with " + " ".join(BEST_SETTINGS),
+    "worker-best-x2": "two worker replicas in one group with " + " ".join(BEST_SETTINGS),
+    "worker-generic": "the worker at its defaults on stream.bench.generic (12 named scalars, two strings, a "
+                      "nullable long; two fields copied)",
+    "worker-live": "the worker at its defaults while the load generator publishes as fast as it can",
+}
+
+
+def format_methods(report: dict[str, Any]) -> list[str]:
+    """How each drain row was measured (every row drains the same pre-produced demo events to the end, except
+    worker-generic's own and worker-live's live ones)."""
+    return [f"{d['name']}: {DRAIN_METHODS.get(d['name'], '')}" for d in report["drain"]]
 
 
 def format_table(report: dict[str, Any]) -> list[list[str]]:

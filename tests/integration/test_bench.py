@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.bench.runner import BenchConfig, format_latency, format_table, run_bench
+from stream.bench.runner import BenchConfig, format_latency, format_methods, format_table, run_bench
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -47,9 +47,10 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
             assert r["p50_ms"] >= 0, "an input record is appended before its prediction"
     warm = report["latency_warmup"]  # run first, kept apart from the table
     assert (warm["load"], warm["max_wait_ms"]) == (0.5, 5.0) and warm["events"] > 0 and "latencies_ms" not in warm
-    for name in ("bench.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
+    for name in ("bench.json", "summary.json", "throughput.png", "latency_cdf.png", "batch_sizes.png"):
         assert (cfg.results / name).stat().st_size > 0
     assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4
+    assert all(line.split(": ", 1)[1] for line in format_methods(report)), "every row says how it was measured"
 
 
 def test_broker_floor_times_every_record_after_the_warm_up(broker: BrokerInfo) -> None:

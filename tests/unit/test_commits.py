@@ -149,3 +149,13 @@ def test_a_rewind_fails_the_worker_on_any_other_seek_error(worker: Worker) -> No
     worker._rewind_after = worker._epoch
     with pytest.raises(KafkaException):
         worker._rewind()
+
+
+def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worker) -> None:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(worker.metrics.registry).decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("stream_model_info{"))
+    for part in ('name="demo-fraud-mlp"', 'device="cpu"', 'input_schema="stream.demo.FraudEvent:1"',
+                 'output_schema="stream.demo.FraudPrediction:3"'):
+        assert part in line, line
