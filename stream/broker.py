@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from stream.errors import BrokerError
 from stream.process import die_with_parent
@@ -115,20 +115,14 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_f
     raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
 
 
-class LocalBroker:
-    """A running single-node broker process; `stop()` terminates it by PID and removes its temp folder."""
+class LocalProcess:
+    """A server process started here: `stop()` terminates it by PID (SIGKILL after ``timeout_s``) and removes its
+    temp folder."""
 
-    def __init__(self, kind: BrokerKind, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
-        self.kind = kind
+    def __init__(self, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
         self.port = port
         self.proc = proc
         self.workdir = workdir
-        self.bootstrap = f"127.0.0.1:{port}"
-
-    @property
-    def gc_log(self) -> Path | None:
-        """The JVM's collection log (``-Xlog:gc``, wall-clock ms decorations) of a Kafka broker; None for Tansu."""
-        return self.workdir / GC_LOG if self.kind == "kafka" else None
 
     @property
     def pid(self) -> int:
@@ -144,11 +138,25 @@ class LocalBroker:
                 self.proc.wait(10)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> LocalBroker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LocalBroker(LocalProcess):
+    """A running single-node broker process."""
+
+    def __init__(self, kind: BrokerKind, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        super().__init__(port, proc, workdir)
+        self.kind = kind
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    @property
+    def gc_log(self) -> Path | None:
+        """The JVM's collection log (``-Xlog:gc``, wall-clock ms decorations) of a Kafka broker; None for Tansu."""
+        return self.workdir / GC_LOG if self.kind == "kafka" else None
 
 
 def kraft_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
@@ -410,34 +418,12 @@ def ensure_registry_jar() -> Path:
     return jar
 
 
-class LocalRegistry:
+class LocalRegistry(LocalProcess):
     """A running Apicurio Registry (in-memory storage); ``url`` is its Confluent-compatible API."""
 
     def __init__(self, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
-        self.port = port
-        self.proc = proc
-        self.workdir = workdir
+        super().__init__(port, proc, workdir)
         self.url = f"http://127.0.0.1:{port}{REGISTRY_API}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> LocalRegistry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def start_registry(port: int | None = None, *, timeout_s: float = 90.0, heap_mib: int = 384) -> LocalRegistry:

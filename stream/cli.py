@@ -146,12 +146,10 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     return summary.exit_code
 
 
-def run_broker(args: argparse.Namespace) -> int:
-    _setup_logging()
-    from stream.broker import start_broker
-
-    broker = start_broker(args.kind, args.port)
-    print(f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}", flush=True)
+def _foreground(server: Any, started: str) -> int:
+    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1);
+    the server is stopped by PID either way."""
+    print(started, flush=True)
     stopping = False
 
     def handle(_signum: int, _frame: Any) -> None:
@@ -161,11 +159,19 @@ def run_broker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     try:
-        while not stopping and broker.proc.poll() is None:
+        while not stopping and server.proc.poll() is None:
             time.sleep(0.2)
     finally:
-        broker.stop()
+        server.stop()
     return 0 if stopping else 1
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    _setup_logging()
+    from stream.broker import start_broker
+
+    broker = start_broker(args.kind, args.port)
+    return _foreground(broker, f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
 
 
 def run_registry(args: argparse.Namespace) -> int:
@@ -173,21 +179,7 @@ def run_registry(args: argparse.Namespace) -> int:
     from stream.broker import start_registry
 
     registry = start_registry(args.port)
-    print(f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}", flush=True)
-    stopping = False
-
-    def handle(_signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    try:
-        while not stopping and registry.proc.poll() is None:
-            time.sleep(0.2)
-    finally:
-        registry.stop()
-    return 0 if stopping else 1
+    return _foreground(registry, f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")
 
 
 def run_topics(args: argparse.Namespace) -> int:

@@ -41,6 +41,17 @@ def _strip_logical_types(schema: Any) -> Any:
     return schema
 
 
+def read_schema_folder(path: Path | None = None) -> tuple[Path, list[tuple[int, Any]]]:
+    """(the folder, [(schema id, schema JSON)]) from a folder's ``registry.json`` (id -> ``.avsc`` file)."""
+    folder = DEFAULT_SCHEMAS_DIR if path is None else Path(path)
+    index = folder / "registry.json"
+    try:
+        listing = json.loads(index.read_text())["schemas"]
+        return folder, [(int(k), json.loads((folder / v).read_text())) for k, v in listing.items()]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ConfigError(f"cannot load the schema registry from {index}: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class RegisteredSchema:
     schema_id: int
@@ -72,14 +83,7 @@ class SchemaRegistry:
 
     @classmethod
     def from_dir(cls, path: Path | None = None) -> SchemaRegistry:
-        folder = DEFAULT_SCHEMAS_DIR if path is None else Path(path)
-        index = folder / "registry.json"
-        try:
-            listing = json.loads(index.read_text())["schemas"]
-            schemas = [(int(k), json.loads((folder / v).read_text())) for k, v in listing.items()]
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(f"cannot load the schema registry from {index}: {exc}") from exc
-        return cls(schemas)
+        return cls(read_schema_folder(path)[1])
 
     def by_id(self, schema_id: int) -> RegisteredSchema | None:
         return self._by_id.get(schema_id)

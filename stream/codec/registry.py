@@ -182,16 +182,10 @@ class FolderRegistry:
 
     @classmethod
     def from_dir(cls, path: Path | None = None) -> FolderRegistry:
-        from stream.codec import DEFAULT_SCHEMAS_DIR
+        from stream.codec import read_schema_folder
 
-        folder = DEFAULT_SCHEMAS_DIR if path is None else Path(path)
-        index = folder / "registry.json"
-        try:
-            listing = json.loads(index.read_text())["schemas"]
-            schemas = {int(k): json.loads((folder / v).read_text()) for k, v in listing.items()}
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(f"cannot load the schema folder {index}: {exc}") from exc
-        return cls(schemas, f"the schema folder {folder}")
+        folder, schemas = read_schema_folder(path)
+        return cls(dict(schemas), f"the schema folder {folder}")
 
     def by_id(self, schema_id: int) -> WriterSchema | None:
         return self._by_id.get(schema_id)
