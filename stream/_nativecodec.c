@@ -641,110 +641,19 @@ done:
  *   BYTES a o            arrays[a]: uint8 data, arrays[o]: int64 offsets (n + 1): length varint, then the bytes
  *   REALS a o width      a block of reals (array<float|double>): count, the raw values, 0 (just 0 when empty)
  *   LONGS a o | INTS a o a block of varints (array<long|int>)
- *   NULLABLE v null idx  arrays[v]: uint8 per row; 0: the union branch `null`, else branch `idx` and the next op
- * ends[i] receives row i's end offset in the result. Two passes: sizes, then bytes. */
+ *   NULLABLE v null idx len   arrays[v]: uint8 per row; 0: the union branch `null` and the next op (len ints) is
+ *                        skipped, else branch `idx`, then the next op
+ * ends[i] receives row i's end offset in the result. The arrays are checked once against the program; the
+ * output is sized from a bound computed per operation (not per row), written in one pass, then cut to size. */
 
 enum { EN_CONST, EN_LONG, EN_INT, EN_FLOAT, EN_DOUBLE, EN_BOOL, EN_BYTES, EN_REALS, EN_LONGS, EN_INTS, EN_NULLABLE };
 
-typedef struct {
-    const int32_t *prog;
-    Py_ssize_t len;
-    PyObject *consts;
-    Buf *arrays;
-    Py_ssize_t narrays;
-} Enc;
-
-static inline Py_ssize_t put_bytes_at(unsigned char *out, const void *src, Py_ssize_t n) {
-    if (out != NULL) memcpy(out, src, n);
-    return n;
-}
-
-static inline Py_ssize_t put_varint_at(unsigned char *out, int64_t v) {
-    if (out != NULL) return put_long(out, v);
-    return long_size(v);
-}
-
-/* One field of row i at pc: its size (out NULL) or its bytes (written at out); *next receives the pc after it.
- * -1 with a Python error for a program that does not fit its arrays. */
-static Py_ssize_t enc_field(const Enc *e, Py_ssize_t pc, Py_ssize_t i, unsigned char *out, Py_ssize_t *next) {
-    if (pc >= e->len) {
-        PyErr_SetString(PyExc_ValueError, "output program ends inside a field");
-        return -1;
-    }
-    const int32_t code = e->prog[pc];
-    const Buf *a = e->arrays;
+static int en_args(int32_t code) {
     switch (code) {
-    case EN_CONST: {
-        PyObject *c = PyList_GET_ITEM(e->consts, e->prog[pc + 1]);
-        *next = pc + 2;
-        return put_bytes_at(out, PyBytes_AS_STRING(c), PyBytes_GET_SIZE(c));
-    }
-    case EN_LONG:
-        *next = pc + 2;
-        return put_varint_at(out, ((const int64_t *)a[e->prog[pc + 1]].view.buf)[i]);
-    case EN_INT:
-        *next = pc + 2;
-        return put_varint_at(out, ((const int32_t *)a[e->prog[pc + 1]].view.buf)[i]);
-    case EN_FLOAT:
-        *next = pc + 2;
-        return put_bytes_at(out, (const char *)a[e->prog[pc + 1]].view.buf + 4 * i, 4);
-    case EN_DOUBLE:
-        *next = pc + 2;
-        return put_bytes_at(out, (const char *)a[e->prog[pc + 1]].view.buf + 8 * i, 8);
-    case EN_BOOL: {
-        const unsigned char b = ((const unsigned char *)a[e->prog[pc + 1]].view.buf)[i] ? 1 : 0;
-        *next = pc + 2;
-        return put_bytes_at(out, &b, 1);
-    }
-    case EN_BYTES:
-    case EN_REALS:
-    case EN_LONGS:
-    case EN_INTS: {
-        const Buf *data = &a[e->prog[pc + 1]], *offs = &a[e->prog[pc + 2]];
-        const int64_t *o = offs->view.buf;
-        const int64_t start = o[i], stop = o[i + 1];
-        const Py_ssize_t width = code == EN_BYTES ? 1 : code == EN_REALS ? e->prog[pc + 3] : code == EN_LONGS ? 8 : 4;
-        *next = pc + (code == EN_REALS ? 4 : 3);
-        if (start < 0 || stop < start || stop * width > data->view.len) {
-            PyErr_Format(PyExc_ValueError, "row %zd: offsets %lld..%lld out of their data", i, (long long)start,
-                         (long long)stop);
-            return -1;
-        }
-        const Py_ssize_t count = (Py_ssize_t)(stop - start);
-        const char *src = (const char *)data->view.buf + start * width;
-        if (code == EN_BYTES) {
-            Py_ssize_t k = put_varint_at(out, count);
-            return k + put_bytes_at(out == NULL ? NULL : out + k, src, count);
-        }
-        if (count == 0) return put_varint_at(out, 0);
-        Py_ssize_t k = put_varint_at(out, count);
-        if (code == EN_REALS)
-            k += put_bytes_at(out == NULL ? NULL : out + k, src, count * width);
-        else
-            for (Py_ssize_t j = 0; j < count; j++)
-                k += put_varint_at(out == NULL ? NULL : out + k,
-                                   code == EN_LONGS ? ((const int64_t *)src)[j] : ((const int32_t *)src)[j]);
-        return k + put_varint_at(out == NULL ? NULL : out + k, 0);
-    }
-    case EN_NULLABLE: {
-        const unsigned char present = ((const unsigned char *)a[e->prog[pc + 1]].view.buf)[i];
-        const int32_t null_branch = e->prog[pc + 2], value_branch = e->prog[pc + 3];
-        Py_ssize_t after;
-        if (!present) {
-            /* skip the value op: size it with row 0 (it is never written) to find where it ends */
-            if (enc_field(e, pc + 4, 0, NULL, &after) < 0) return -1;
-            *next = after;
-            return put_varint_at(out, null_branch);
-        }
-        Py_ssize_t k = put_varint_at(out, value_branch);
-        Py_ssize_t m = enc_field(e, pc + 4, i, out == NULL ? NULL : out + k, &after);
-        if (m < 0) return -1;
-        *next = after;
-        return k + m;
-    }
-    default:
-        PyErr_Format(PyExc_ValueError, "unknown output operation %d", (int)code);
-        return -1;
+    case EN_REALS: return 3;
+    case EN_NULLABLE: return 4;
+    case EN_BYTES: case EN_LONGS: case EN_INTS: return 2;
+    default: return 1;
     }
 }
 
@@ -771,72 +680,124 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
         arrays[k].held = 1;
     }
     if (get_buf(prog_obj, &pb, 4, 0, 0, "program") < 0 || get_buf(ends_obj, &eb, 8, n, 1, "ends") < 0) goto done;
-    Enc e = {.prog = pb.view.buf, .len = pb.view.len / 4, .consts = consts, .arrays = arrays, .narrays = narrays};
-    /* every array an operation names must exist and hold n rows of its kind (checked once, not per row) */
-    for (Py_ssize_t pc = 0; pc < e.len;) {
-        const int32_t code = e.prog[pc];
-        const int nargs = code == EN_CONST ? 1 : code == EN_REALS ? 3 : code == EN_NULLABLE ? 3
-                          : (code == EN_BYTES || code == EN_LONGS || code == EN_INTS) ? 2 : 1;
-        if (code < EN_CONST || code > EN_NULLABLE || pc + nargs >= e.len) {
-            PyErr_SetString(PyExc_ValueError, "output program ends inside an operation");
+    const int32_t *prog = pb.view.buf;
+    const Py_ssize_t len = pb.view.len / 4;
+    const Py_ssize_t header_size = PyBytes_GET_SIZE(header_obj);
+    /* Check every operation against its arrays, and bound the output: per operation, not per row. */
+    Py_ssize_t bound = n * header_size;
+    for (Py_ssize_t pc = 0; pc < len;) {
+        const int32_t code = prog[pc];
+        if (code < EN_CONST || code > EN_NULLABLE || pc + en_args(code) >= len) {
+            PyErr_SetString(PyExc_ValueError, "output program: an unknown operation or one cut short");
             goto done;
         }
-        const int32_t x = e.prog[pc + 1];
+        const int32_t x = prog[pc + 1];
         if (code == EN_CONST) {
             if (x < 0 || x >= PyList_GET_SIZE(consts)) { PyErr_SetString(PyExc_ValueError, "const index"); goto done; }
+            bound += n * PyBytes_GET_SIZE(PyList_GET_ITEM(consts, x));
         } else if (x < 0 || x >= narrays) {
             PyErr_SetString(PyExc_ValueError, "array index");
             goto done;
+        } else if (code == EN_BYTES || code == EN_REALS || code == EN_LONGS || code == EN_INTS) {
+            const int32_t o = prog[pc + 2];
+            if (o < 0 || o >= narrays || arrays[o].view.len < 8 * (n + 1)) {
+                PyErr_SetString(PyExc_ValueError, "offsets: need n + 1 int64");
+                goto done;
+            }
+            const int64_t *off = arrays[o].view.buf;
+            const Py_ssize_t width = code == EN_BYTES ? 1 : code == EN_REALS ? prog[pc + 3] : code == EN_LONGS ? 8 : 4;
+            if ((code == EN_REALS && width != 4 && width != 8) || off[0] < 0 || off[n] < off[0] ||
+                arrays[x].view.len < off[n] * width) {
+                PyErr_SetString(PyExc_ValueError, "offsets out of their data");
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (off[i + 1] < off[i]) {
+                    PyErr_Format(PyExc_ValueError, "row %zd: offsets decrease", i);
+                    goto done;
+                }
+            const Py_ssize_t items = (Py_ssize_t)(off[n] - off[0]);
+            bound += n * 11 + (code == EN_BYTES || code == EN_REALS ? items * width : items * 10);
         } else {
-            const Py_ssize_t need_items = (code == EN_BYTES || code == EN_REALS || code == EN_LONGS || code == EN_INTS)
-                                              ? 0 : n;
             const Py_ssize_t width = code == EN_LONG ? 8 : code == EN_INT ? 4 : code == EN_FLOAT ? 4
                                      : code == EN_DOUBLE ? 8 : 1;
-            if (arrays[x].view.len < need_items * width) {
+            if (arrays[x].view.len < n * width) {
                 PyErr_Format(PyExc_ValueError, "array %d holds fewer than %zd rows", (int)x, n);
                 goto done;
             }
-            if (code == EN_BYTES || code == EN_REALS || code == EN_LONGS || code == EN_INTS) {
-                const int32_t o = e.prog[pc + 2];
-                if (o < 0 || o >= narrays || arrays[o].view.len < 8 * (n + 1)) {
-                    PyErr_SetString(PyExc_ValueError, "offsets: need n + 1 int64");
-                    goto done;
-                }
+            bound += n * (code == EN_LONG || code == EN_INT ? 10 : code == EN_NULLABLE ? 10 : width);
+            if (code == EN_NULLABLE && pc + 5 + prog[pc + 4] > len) {
+                PyErr_SetString(PyExc_ValueError, "output program: a nullable field's value op is cut short");
+                goto done;
             }
         }
-        pc += 1 + nargs;
+        pc += 1 + en_args(code);
     }
-    int64_t *ends = eb.view.buf;
-    const Py_ssize_t header_size = PyBytes_GET_SIZE(header_obj);
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        total += header_size;
-        for (Py_ssize_t pc = 0; pc < e.len;) {
-            Py_ssize_t next, k = enc_field(&e, pc, i, NULL, &next);
-            if (k < 0) goto done;
-            total += k;
-            pc = next;
-        }
-        ends[i] = total;
-    }
-    result = PyBytes_FromStringAndSize(NULL, total);
+    result = PyBytes_FromStringAndSize(NULL, bound);
     if (result == NULL) goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
     const char *header = PyBytes_AS_STRING(header_obj);
+    int64_t *ends = eb.view.buf;
     Py_ssize_t at = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         memcpy(out + at, header, header_size);
         at += header_size;
-        for (Py_ssize_t pc = 0; pc < e.len;) {
-            Py_ssize_t next, k = enc_field(&e, pc, i, out + at, &next);
-            if (k < 0) {
-                Py_CLEAR(result);
-                goto done;
+        for (Py_ssize_t pc = 0; pc < len;) {
+            const int32_t code = prog[pc];
+            const Buf *a = &arrays[prog[pc + 1]];
+            switch (code) {
+            case EN_CONST: {
+                PyObject *c = PyList_GET_ITEM(consts, prog[pc + 1]);
+                memcpy(out + at, PyBytes_AS_STRING(c), PyBytes_GET_SIZE(c));
+                at += PyBytes_GET_SIZE(c);
+                pc += 2;
+                break;
             }
-            at += k;
-            pc = next;
+            case EN_LONG: at += put_long(out + at, ((const int64_t *)a->view.buf)[i]); pc += 2; break;
+            case EN_INT: at += put_long(out + at, ((const int32_t *)a->view.buf)[i]); pc += 2; break;
+            case EN_FLOAT: memcpy(out + at, (const char *)a->view.buf + 4 * i, 4); at += 4; pc += 2; break;
+            case EN_DOUBLE: memcpy(out + at, (const char *)a->view.buf + 8 * i, 8); at += 8; pc += 2; break;
+            case EN_BOOL: out[at++] = ((const unsigned char *)a->view.buf)[i] ? 1 : 0; pc += 2; break;
+            case EN_BYTES:
+            case EN_REALS:
+            case EN_LONGS:
+            case EN_INTS: {
+                const int64_t *o = arrays[prog[pc + 2]].view.buf;
+                const Py_ssize_t count = (Py_ssize_t)(o[i + 1] - o[i]);
+                const Py_ssize_t width = code == EN_BYTES ? 1 : code == EN_REALS ? prog[pc + 3]
+                                         : code == EN_LONGS ? 8 : 4;
+                const char *src = (const char *)a->view.buf + o[i] * width;
+                at += put_long(out + at, count);
+                if (code == EN_BYTES || code == EN_REALS) {
+                    memcpy(out + at, src, count * width);
+                    at += count * width;
+                } else
+                    for (Py_ssize_t j = 0; j < count; j++)
+                        at += put_long(out + at, code == EN_LONGS ? ((const int64_t *)src)[j]
+                                                                  : ((const int32_t *)src)[j]);
+                if (code != EN_BYTES && count > 0) out[at++] = 0; /* the block that ends the array */
+                pc += code == EN_REALS ? 4 : 3;
+                break;
+            }
+            case EN_NULLABLE:
+                if (((const unsigned char *)a->view.buf)[i]) {
+                    at += put_long(out + at, prog[pc + 3]);
+                    pc += 5; /* on to the value's op */
+                } else {
+                    at += put_long(out + at, prog[pc + 2]);
+                    pc += 5 + prog[pc + 4]; /* past the value's op */
+                }
+                break;
+            }
         }
+        ends[i] = at;
     }
+    if (at > bound) { /* cannot happen: the bound holds each operation's largest encoding */
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_SystemError, "encode_rows wrote past its bound");
+        goto done;
+    }
+    _PyBytes_Resize(&result, at);
 done:
     release(&pb, 1);
     release(&eb, 1);

@@ -230,14 +230,17 @@ class OutputEncoder:
                 if valid is None:
                     ones = ones if ones is not None else np.ones(n, dtype=np.uint8)
                     valid = ones
-                program += [EN_NULLABLE, array(valid.view(np.uint8)), f.nullable[0], f.nullable[1]]
+                nullable_valid = array(valid.view(np.uint8))
             if f.source == "lineage":
                 column = source.partitions if f.key == "input_partition" else source.offsets
-                program += [_SCALAR_OP[f.avro], array(np.asarray(column, dtype=_DTYPE[f.avro]))]
+                op = [_SCALAR_OP[f.avro], array(np.asarray(column, dtype=_DTYPE[f.avro]))]
             elif f.source == "copy":
-                program += self._column_op(f, decoded[f.key], array)
+                op = self._column_op(f, decoded[f.key], array)
             else:
-                program += self._output_op(f, outputs[f.key], n, array)
+                op = self._output_op(f, outputs[f.key], n, array)
+            if f.nullable is not None:  # the union's branch, then the value's op (skipped for a null)
+                program += [EN_NULLABLE, nullable_valid, f.nullable[0], f.nullable[1], len(op)]
+            program += op
         ends = np.empty(n, dtype=np.int64)
         joined = self._native.encode_rows(self.header, np.asarray(program, dtype=np.int32), consts, arrays, n, ends)
         return joined, ends
