@@ -12,7 +12,8 @@ raises `RegistryUnavailable` and the batch is tried again later; nothing is dead
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ except ImportError:  # not compiled: the reference decoder does the same work, r
 
 log = logging.getLogger(__name__)
 HEADER_SIZE = 5
+UNKNOWN_ID_TTL_S = 10.0  # how long an id the registry did not know is taken for unknown before it is asked again
 _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
                   -2: ("truncated", "shorter than the 5-byte header"),
                   -3: ("bad-magic", "the first byte is not the magic byte 0")}
@@ -47,10 +49,12 @@ _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
 class _Plan:
     """What one writer id decodes with: a plan (and its C program), or why its records are dead-lettered."""
 
-    __slots__ = ("message", "plan", "program", "reason")
+    __slots__ = ("expires", "message", "plan", "program", "reason")
 
-    def __init__(self, plan: FieldPlan | None, reason: str = "", message: str = "") -> None:
+    def __init__(self, plan: FieldPlan | None, reason: str = "", message: str = "",
+                 expires: float = float("inf")) -> None:
         self.plan = plan
+        self.expires = expires  # an unknown id is asked again after this (monotonic seconds)
         self.program: Program | None = flatten(plan) if plan is not None and _nativecodec is not None else None
         self.reason = reason
         self.message = message
@@ -65,22 +69,24 @@ class ColumnDecoder:
     """
 
     def __init__(self, source: SchemaSource, reader: WriterSchema, columns: Sequence[ColumnSpec],
-                 native: bool = True) -> None:
+                 native: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self.reader = reader
         self.columns = tuple(columns)
         self._plans: dict[int, _Plan] = {}
         self._native = _nativecodec if native else None
+        self._clock = clock
 
     def plan_for(self, schema_id: int) -> _Plan:
         """The plan of a writer id; RegistryUnavailable when the registry must be asked and cannot be."""
         found = self._plans.get(schema_id)
-        if found is not None:
+        if found is not None and found.expires > self._clock():
             return found
         writer = self.source.by_id(schema_id)
         if writer is None:
+            # Not cached for good: a registry of several nodes may not know a schema registered a moment ago.
             found = _Plan(None, "unknown-schema", f"schema id {schema_id} is not registered in "
-                                                  f"{self.source.description}")
+                                                  f"{self.source.description}", self._clock() + UNKNOWN_ID_TTL_S)
         else:
             try:
                 found = _Plan(resolve(writer.normalized, self.reader.normalized, self.columns, schema_id))

@@ -196,3 +196,31 @@ def test_fuzz_valid_header_random_body(body: bytes) -> None:
         assert len(decoded) + len(errors) == 1
         results.append(([e.reason for _, e in errors], inputs["features"].tobytes()))
     assert all(r == results[0] for r in results), "C and the reference agree"
+
+
+def test_an_unknown_id_is_asked_again_after_a_while_a_known_one_never() -> None:
+    asked: list[int] = []
+
+    class Late(OrderSource):
+        """A registry that learns of schema 12 only after the first question."""
+
+        def by_id(self, schema_id: int) -> WriterSchema | None:
+            asked.append(schema_id)
+            return None if asked.count(12) == 1 and schema_id == 12 else super().by_id(schema_id)
+
+    now = [0.0]
+    source = Late()
+    reader = source.latest("orders-value")
+    columns, _ = reader_columns(reader.normalized)
+    decoder = ColumnDecoder(source, reader, [c for c in columns if c.path == "order_id"], clock=lambda: now[0])
+    value = framed(source.v2, {"order_id": "o", "amount": 1.0, "qty": 1,
+                               "customer": {"note": None, "tier": 1, "age": None}})
+    assert [e.reason for _, e in decoder.decode_batch([value])[1]] == ["unknown-schema"]
+    now[0] += 5.0
+    assert [e.reason for _, e in decoder.decode_batch([value])[1]] == ["unknown-schema"], "not asked again yet"
+    now[0] += 6.0
+    decoded, errors = decoder.decode_batch([value, value])
+    assert errors == [] and decoded["order_id"].row(1) == "o"
+    now[0] += 1000.0
+    decoder.decode_batch([value])
+    assert asked == [12, 12], "a known id is never asked again"
