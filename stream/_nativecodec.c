@@ -744,7 +744,7 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
         at += header_size;
         for (Py_ssize_t pc = 0; pc < len;) {
             const int32_t code = prog[pc];
-            const Buf *a = &arrays[prog[pc + 1]];
+            const Buf *a = code == EN_CONST ? NULL : &arrays[prog[pc + 1]]; /* EN_CONST's argument is a const */
             switch (code) {
             case EN_CONST: {
                 PyObject *c = PyList_GET_ITEM(consts, prog[pc + 1]);
