@@ -4,7 +4,7 @@ through confluent-kafka and decodes and encodes with numpy."""
 
 from setuptools import Extension, setup
 
-_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+_FLAGS = ["-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
 setup(ext_modules=[
     Extension("stream._nativeproduce", ["stream/_nativeproduce.c"], libraries=["dl", "pthread"],
               extra_compile_args=_FLAGS, optional=True),
