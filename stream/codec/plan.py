@@ -845,7 +845,7 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
     n = len(rows)
     columns: list[Column] = []
     args = []
-    assert [layout.spec for layout in program.layouts] == list(specs), "a program of another plan"
+    assert len(program.layouts) == len(specs), "a program of another plan"
     for layout in program.layouts:
         spec = layout.spec
         values = np.empty(total_bytes // layout.item_bytes + 1 if layout.variable else n, dtype=layout.dtype)
