@@ -163,6 +163,7 @@ class BatchProcessor:
                     raise Abandoned(f"stopping while the schema registry is unreachable: {exc}") from exc
                 self._metrics.registry_retries.inc()
                 log.warning("%s; retrying in %.1f s", exc, delay_s)
+                self._publisher.serve()  # earlier batches' acknowledgements still come in, and commit
                 self._sleep(delay_s)
                 delay_s = min(delay_s * 2, self.policy.registry_backoff_max_s)
 

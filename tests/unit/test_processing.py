@@ -257,3 +257,34 @@ def test_dead_letters_keep_input_order_across_stages(model_dir: Path) -> None:
     batch, _ = batch_of(values, pub)
     processor.process(batch)
     assert [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "dlq"] == [1, 4]
+
+
+def test_an_unreachable_registry_is_waited_out_and_a_stop_abandons_the_batch(model_dir: Path) -> None:
+    from stream.codec.registry import RegistryUnavailable
+    from stream.processing import Abandoned
+
+    processor, pub = make(model_dir)
+    real = processor._decoder
+    failures = [2]
+
+    class Flaky:
+        def decode_batch(self, values: Any, max_bytes: int | None = None) -> Any:
+            if failures[0]:
+                failures[0] -= 1
+                raise RegistryUnavailable("schema registry http://r: schema id 1: ConnectError")
+            return real.decode_batch(values, max_bytes)
+
+    processor._decoder = Flaky()  # type: ignore[assignment]
+    batch, tracker = batch_of(events(5), pub)
+    processor.process(batch)
+    assert len(pub.sent) == 5 and failures == [0], "published once the registry answered"
+    assert processor._metrics.registry_retries._value.get() == 2
+
+    failures[0] = 1
+    stopping = [True]
+    processor._stopping = lambda: stopping[0]
+    batch, tracker = batch_of(events(3), pub)
+    with pytest.raises(Abandoned):
+        processor.process(batch)
+    assert len(pub.sent) == 5, "nothing of the abandoned batch published"
+    assert tracker.committable() == {}, "nor acknowledged"
