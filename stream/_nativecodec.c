@@ -77,6 +77,44 @@ static inline Py_ssize_t long_size(int64_t value) {
     return k;
 }
 
+/* The records of a batch, as the decoder passes them: a list of bytes (None for a tombstone), or (buffer, starts,
+ * lengths): every value back to back in one buffer, with int64 starts and lengths (-1: None). */
+typedef struct {
+    PyObject *list; /* the list form; NULL for the joined form */
+    Buf b[3];       /* joined: buffer, starts, lengths */
+    Py_ssize_t count;
+} Values;
+
+static int values_open(PyObject *obj, Values *v) {
+    memset(v, 0, sizeof *v);
+    if (PyList_Check(obj)) {
+        v->list = obj;
+        v->count = PyList_GET_SIZE(obj);
+        return 0;
+    }
+    PyObject *buf, *starts, *lengths;
+    if (!PyArg_ParseTuple(obj, "OOO", &buf, &starts, &lengths)) return -1;
+    if (PyObject_GetBuffer(buf, &v->b[0].view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    v->b[0].held = 1;
+    if (get_buf(lengths, &v->b[2], 8, 0, 0, "lengths") < 0) return -1;
+    v->count = v->b[2].view.len / 8;
+    return get_buf(starts, &v->b[1], 8, v->count, 0, "starts");
+}
+
+/* Value i (0 <= i < count): its bytes, and its length in *len; NULL for None or a value outside its buffer. */
+static inline const unsigned char *value_at(const Values *v, Py_ssize_t i, Py_ssize_t *len) {
+    if (v->list != NULL) {
+        PyObject *item = PyList_GET_ITEM(v->list, i);
+        if (!PyBytes_CheckExact(item)) return NULL;
+        *len = PyBytes_GET_SIZE(item);
+        return (const unsigned char *)PyBytes_AS_STRING(item);
+    }
+    const int64_t start = ((const int64_t *)v->b[1].view.buf)[i], n = ((const int64_t *)v->b[2].view.buf)[i];
+    if (n < 0 || start < 0 || start + n > v->b[0].view.len) return NULL;
+    *len = (Py_ssize_t)n;
+    return (const unsigned char *)v->b[0].view.buf + start;
+}
+
 /* ---- field plans: any record layout, decoded into columns -------------------------------------------------
  *
  * run_plan runs the flattened program of a stream.codec.plan.FieldPlan (built by plan.flatten) over the bodies of
@@ -444,29 +482,17 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         }
     }
     PyObject *result = NULL, *errors = NULL;
-    Buf in[5];
+    Buf in[3];
     memset(in, 0, sizeof in);
+    Values v;
+    memset(&v, 0, sizeof v);
     const Py_ssize_t ncols = PyList_GET_SIZE(cols_obj);
     Col *cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(Col));
     if (cols == NULL) return PyErr_NoMemory();
     if (get_buf(prog_obj, &in[0], 4, 0, 0, "program") < 0 || get_buf(rows_obj, &in[1], 8, 0, 0, "rows") < 0)
         goto done;
     const Py_ssize_t n = in[1].view.len / 8;
-    if (get_buf(index_obj, &in[2], 8, n, 1, "index") < 0) goto done;
-    int joined = !PyList_Check(values);
-    PyObject *jbuf_obj = NULL, *jstart_obj = NULL, *jlen_obj = NULL;
-    if (joined) {
-        if (!PyArg_ParseTuple(values, "OOO", &jbuf_obj, &jstart_obj, &jlen_obj)) goto done;
-        if (PyObject_GetBuffer(jbuf_obj, &in[3].view, PyBUF_C_CONTIGUOUS) < 0) goto done;
-        in[3].held = 1;
-        if (get_buf(jlen_obj, &in[4], 8, 0, 0, "lengths") < 0) goto done;
-    }
-    Buf jstarts;
-    memset(&jstarts, 0, sizeof jstarts);
-    if (joined && get_buf(jstart_obj, &jstarts, 8, in[4].view.len / 8, 0, "starts") < 0) {
-        release(&jstarts, 1);
-        goto done;
-    }
+    if (get_buf(index_obj, &in[2], 8, n, 1, "index") < 0 || values_open(values, &v) < 0) goto done;
     for (Py_ssize_t k = 0; k < ncols; k++) {
         PyObject *spec = PyList_GET_ITEM(cols_obj, k), *vo, *valido, *offo, *fino;
         Col *c = &cols[k];
@@ -498,28 +524,13 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     if (errors == NULL) goto cols_done;
     Run r = {.prog = in[0].view.buf, .prog_len = in[0].view.len / 4, .cols = cols, .ncols = ncols,
              .defaults = defaults};
-    const int64_t *rows = in[1].view.buf, *jstart = jstarts.view.buf, *jlen = in[4].view.buf;
+    const int64_t *rows = in[1].view.buf;
     int64_t *index = in[2].view.buf;
-    const Py_ssize_t jcount = joined ? in[4].view.len / 8 : PyList_GET_SIZE(values);
     Py_ssize_t taken = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t raw = rows[i];
-        const unsigned char *p = NULL;
         Py_ssize_t len = -1;
-        if (raw >= 0 && raw < jcount) {
-            if (joined) {
-                if (jlen[raw] >= 0 && jstart[raw] >= 0 && jstart[raw] + jlen[raw] <= in[3].view.len) {
-                    p = (const unsigned char *)in[3].view.buf + jstart[raw];
-                    len = (Py_ssize_t)jlen[raw];
-                }
-            } else {
-                PyObject *v = PyList_GET_ITEM(values, raw);
-                if (PyBytes_CheckExact(v)) {
-                    p = (const unsigned char *)PyBytes_AS_STRING(v);
-                    len = PyBytes_GET_SIZE(v);
-                }
-            }
-        }
+        const unsigned char *p = raw >= 0 && raw < v.count ? value_at(&v, (Py_ssize_t)raw, &len) : NULL;
         if (p == NULL || len < skip) {
             PyErr_Format(PyExc_ValueError, "row %zd: no value of at least %zd bytes at position %lld", i, skip,
                          (long long)raw);
@@ -571,11 +582,11 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     result = Py_BuildValue("(nO)", taken, errors);
 cols_done:
-    release(&jstarts, 1);
     for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 4);
 done:
     Py_XDECREF(errors);
-    release(in, 5);
+    release(v.b, 3);
+    release(in, 3);
     PyMem_Free(cols);
     return result;
 }
@@ -583,40 +594,17 @@ done:
 /* read_ids(values, ids) -> None: ids[i] (int64) = the schema id in value i's 5-byte header (magic byte 0, then a
  * big-endian uint32), -1 for None, -2 for a value shorter than the header, -3 for another magic byte. */
 static PyObject *read_ids(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *values, *ids_obj, *jbuf_obj = NULL, *jstart_obj = NULL, *jlen_obj = NULL;
+    PyObject *values, *ids_obj;
     if (!PyArg_ParseTuple(args, "OO", &values, &ids_obj)) return NULL;
-    Buf in[4];
-    memset(in, 0, sizeof in);
+    Values v;
+    Buf out;
+    memset(&out, 0, sizeof out);
     PyObject *result = NULL;
-    const int joined = !PyList_Check(values);
-    Py_ssize_t n;
-    if (joined) {
-        if (!PyArg_ParseTuple(values, "OOO", &jbuf_obj, &jstart_obj, &jlen_obj)) return NULL;
-        if (PyObject_GetBuffer(jbuf_obj, &in[0].view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-        in[0].held = 1;
-        if (get_buf(jlen_obj, &in[2], 8, 0, 0, "lengths") < 0) goto done;
-        n = in[2].view.len / 8;
-        if (get_buf(jstart_obj, &in[1], 8, n, 0, "starts") < 0) goto done;
-    } else
-        n = PyList_GET_SIZE(values);
-    if (get_buf(ids_obj, &in[3], 8, n, 1, "ids") < 0) goto done;
-    int64_t *ids = in[3].view.buf;
-    const int64_t *jstart = in[1].view.buf, *jlen = in[2].view.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const unsigned char *p = NULL;
+    if (values_open(values, &v) < 0 || get_buf(ids_obj, &out, 8, v.count, 1, "ids") < 0) goto done;
+    int64_t *ids = out.view.buf;
+    for (Py_ssize_t i = 0; i < v.count; i++) {
         Py_ssize_t len = -1;
-        if (joined) {
-            if (jlen[i] >= 0 && jstart[i] >= 0 && jstart[i] + jlen[i] <= in[0].view.len) {
-                p = (const unsigned char *)in[0].view.buf + jstart[i];
-                len = (Py_ssize_t)jlen[i];
-            }
-        } else {
-            PyObject *v = PyList_GET_ITEM(values, i);
-            if (PyBytes_CheckExact(v)) {
-                p = (const unsigned char *)PyBytes_AS_STRING(v);
-                len = PyBytes_GET_SIZE(v);
-            }
-        }
+        const unsigned char *p = value_at(&v, i, &len);
         if (p == NULL) ids[i] = -1;
         else if (len < 5) ids[i] = -2;
         else if (p[0] != 0) ids[i] = -3;
@@ -625,7 +613,8 @@ static PyObject *read_ids(PyObject *Py_UNUSED(module), PyObject *args) {
     result = Py_None;
     Py_INCREF(result);
 done:
-    release(in, 4);
+    release(v.b, 3);
+    release(&out, 1);
     return result;
 }
 
