@@ -225,24 +225,17 @@ def _as_input(spec: InputSpec, column: Column, n: int) -> tuple[Any, list[tuple[
         offsets = column.offsets
         assert offsets is not None
         lengths = np.diff(offsets)
-        wrong = lengths != k
-        if column.valid is not None:
-            wrong &= column.valid
+        fits = lengths == k
+        wrong = ~fits if column.valid is None else ~fits & column.valid  # a null has no values: not a shape error
         if wrong.any():
             rows = np.flatnonzero(wrong)
             rejected.append(("shape", rows, f"{int(lengths[rows[0]])} values, the model needs {k}"))
-            matrix = np.zeros((n, k), dtype=dtype)
-            ok = np.flatnonzero(lengths == k)
-            if len(ok):
-                starts = offsets[:-1][ok]
-                matrix[ok] = column.values[starts[:, None] + np.arange(k)]
-        elif int(offsets[-1]) == n * k:
-            matrix = column.values[: n * k].reshape(n, k).astype(dtype, copy=False)
-        else:  # nulls hold no values: spread the others to their rows
-            matrix = np.zeros((n, k), dtype=dtype)
-            ok = np.flatnonzero(lengths == k)
-            matrix[ok] = column.values[offsets[:-1][ok][:, None] + np.arange(k)]
-        array = matrix
+        if fits.all():  # every row k values, back to back: a view
+            array = column.values[: n * k].reshape(n, k).astype(dtype, copy=False)
+        else:  # the rows of k values to their places, zeros elsewhere (those rows are rejected)
+            array = np.zeros((n, k), dtype=dtype)
+            ok = np.flatnonzero(fits)
+            array[ok] = column.values[offsets[:-1][ok][:, None] + np.arange(k)]
     else:
         array = column.values.astype(dtype, copy=False)
     if dtype.kind == "f":

@@ -188,21 +188,6 @@ def encode_longs(values: np.ndarray) -> list[bytes]:
     return _split(_packed(groups, lengths).tobytes(), lengths)
 
 
-def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
-    """Avro long: zigzag varint. Raises IndexError when the bytes run out."""
-    shift = 0
-    raw = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint too long")
-
-
 _EVENT_LAYOUT = ["string", "string", {"type": "long"}, {"type": "array", "items": "float"}]  # EventFrames
 
 
