@@ -14,7 +14,7 @@ help:
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills and a 20 s freeze of each replica per mode) and a 100,000-example decoder fuzz"
-	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned"
+	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, and its demo-layout drain against 41686ef"
 	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
@@ -60,7 +60,7 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m stream bench
 
-BASELINE ?= 41686ef
+BASELINE ?= 41686ef  # stream.bench.BEFORE_FIELD_PLANS
 bench-ab: $(STAMP)
 	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5
 

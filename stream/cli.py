@@ -215,12 +215,22 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from stream.bench.runner import BenchConfig, format_latency, format_methods, format_table, run_bench
+    from stream.bench.runner import (
+        BenchConfig,
+        format_before,
+        format_latency,
+        format_methods,
+        format_table,
+        run_bench,
+    )
 
     cfg = BenchConfig(events=args.events)
     if args.quick:
         cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
-                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000)
+                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000, before_rounds=1)
+    cfg.before = None if args.before.lower() == "none" else args.before
+    if args.before_rounds is not None:
+        cfg.before_rounds = args.before_rounds
     if args.results is not None:
         cfg.results = args.results
     console = Console()
@@ -235,6 +245,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             table.add_row(*row)
         console.print(table)
     console.print("how each drain was measured:\n  " + "\n  ".join(format_methods(report)))
+    before = format_before(report)
+    if before:
+        console.print(before)
     v = report["versions"]
     console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
                   f"broker {v['broker']}; results in {cfg.results}")
@@ -272,6 +285,7 @@ def run_bench_gpu_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from stream.bench import BEFORE_FIELD_PLANS
     from stream.models.demo import DEFAULT_MODEL_DIR
 
     parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
@@ -304,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--events", type=int, default=1_000_000, help="pre-produced events for the drain runs")
     bench.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     bench.add_argument("--results", type=Path, default=None, help="default: results/bench-<time>")
+    bench.add_argument("--before", default=BEFORE_FIELD_PLANS, metavar="REV",
+                       help=f"compare the demo layout's drain with this git revision's worker, interleaved (default "
+                            f"{BEFORE_FIELD_PLANS}, the last before the field plans; 'none': no comparison)")
+    bench.add_argument("--before-rounds", type=int, default=None, help="drains of each in that comparison (3)")
     gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")
     gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
     gpu.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")

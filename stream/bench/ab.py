@@ -19,23 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stream.bench.runner import Bench, BenchConfig
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def checkout(rev: str, into: Path) -> Path:
-    """A worktree of ``rev`` with its extensions built (the same interpreter and compiler as this one)."""
-    _git("worktree", "add", "--detach", str(into), rev)
-    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=into, capture_output=True,
-                           text=True, check=False)
-    if built.returncode != 0:
-        raise RuntimeError(f"building {rev}'s extensions failed:\n{built.stderr[-2000:]}")
-    return into
+from stream.bench.runner import (
+    ROOT,
+    Bench,
+    BenchConfig,
+    Drain,
+    checkout_revision,
+    compare_drains,
+    remove_checkout,
+    short_rev,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,12 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     from stream.models.train_demo import ensure_trained
 
     work = Path(tempfile.mkdtemp(prefix="stream-ab-"))
-    base_rev = _git("rev-parse", "--short", args.baseline)
-    current_rev = _git("describe", "--always", "--dirty")
+    current_rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                                 text=True, check=True).stdout.strip()
     broker = None
     tree = None
     try:
-        tree = checkout(args.baseline, work / "baseline")
+        tree = checkout_revision(args.baseline, work / "baseline")
+        if tree is None:
+            parser.error(f"this clone has no revision {args.baseline}")
+        base_rev = short_rev(args.baseline)
         model_dir = ensure_trained(work / "model")
         broker = None if args.bootstrap_servers else start_kafka()
         bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
@@ -65,20 +61,22 @@ def main(argv: list[str] | None = None) -> int:
                       broker.pid if broker is not None else None)
         bench.prepare()
         drains: list[dict[str, Any]] = []
-        order = [("baseline", tree), ("current", None)]
-        for r in range(args.rounds):
-            for name, cwd in (order if r % 2 == 0 else order[::-1]):
-                drain = bench.worker_drain(f"{name}-{r}", list(args.worker_args), cwd=cwd)
-                drains.append({"code": name, "rev": base_rev if name == "baseline" else current_rev, "round": r,
-                               "events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
-                               "peak_rss_mib": drain.peak_rss_mib})
-                print(f"round {r} {name} ({drains[-1]['rev']}): {drain.events:,} events in {drain.seconds:.2f} s, "
-                      f"{drain.rate:,.0f} events/s", flush=True)
-        medians = {name: statistics.median(d["rate"] for d in drains if d["code"] == name)
-                   for name in ("baseline", "current")}
-        ratio = medians["current"] / medians["baseline"]
-        spread = {name: (min(d["rate"] for d in drains if d["code"] == name),
-                         max(d["rate"] for d in drains if d["code"] == name)) for name in medians}
+
+        def record(r: int, which: str, drain: Drain) -> None:
+            code = "baseline" if which == "before" else "current"
+            drains.append({"code": code, "rev": base_rev if code == "baseline" else current_rev, "round": r,
+                           "events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
+                           "peak_rss_mib": drain.peak_rss_mib})
+            print(f"round {r} {code} ({drains[-1]['rev']}): {drain.events:,} events in {drain.seconds:.2f} s, "
+                  f"{drain.rate:,.0f} events/s", flush=True)
+
+        current, before = bench.interleaved_drains(tree, args.rounds, list(args.worker_args), on_drain=record)
+        compared = compare_drains(base_rev, current, before)
+        medians = {"baseline": statistics.median(compared["before_rates"]),
+                   "current": statistics.median(compared["current_rates"])}
+        spread = {"baseline": (min(compared["before_rates"]), max(compared["before_rates"])),
+                  "current": (min(compared["current_rates"]), max(compared["current_rates"]))}
+        ratio = compared["ratio"]
         print(f"median drain: baseline {base_rev} {medians['baseline']:,.0f} events/s "
               f"({spread['baseline'][0]:,.0f}-{spread['baseline'][1]:,.0f}), current {current_rev} "
               f"{medians['current']:,.0f} ({spread['current'][0]:,.0f}-{spread['current'][1]:,.0f}): "
@@ -89,17 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                 "method": f"{args.rounds} interleaved rounds of --stop-at-end drains of {args.events:,} pre-produced "
                           "demo events, one worker at defaults (plus the extra flags), a fresh group each",
                 "baseline": base_rev, "current": current_rev, "worker_args": args.worker_args,
-                "medians": medians, "ratio": ratio, "drains": drains, "at": time.strftime("%Y-%m-%dT%H:%M:%S")},
-                indent=2) + "\n")
+                "medians": medians, "ratio": ratio, "pair_ratios": compared["pair_ratios"], "drains": drains,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
         return 0
     finally:
         if broker is not None:
             broker.stop()
         if tree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
-                           capture_output=True)
+            remove_checkout(tree)
         shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
 from producers.load import produce_events
+from stream.bench import BEFORE_FIELD_PLANS
 from stream.broker import BrokerKind, KafkaHeap, free_port, start_broker
 from stream.codec import SchemaRegistry, decode
 from stream.config import WorkerSettings
@@ -33,6 +35,7 @@ from stream.process import WorkerProcess, die_with_parent
 from stream.topics import create_topics, partitions_of
 from stream.verify import headers_of, input_source
 
+ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
 BEST_SETTINGS = ["--max-batch-size", "8192", "--max-inflight-batches", "2"]
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
@@ -60,6 +63,11 @@ class BenchConfig:
     live_events: int = 2_000_000
     # Events of the second layout (stream.bench.generic) for its drain beside the demo's; 0: none.
     generic_events: int = 1_000_000
+    # The demo layout's drain before the field plans (issue 31: within 10 % of it): the worker of this git
+    # revision, built in a worktree, drains the same events in rounds interleaved with this checkout's worker
+    # (``worker-default`` is then the median of this checkout's rounds); None: no comparison.
+    before: str | None = BEFORE_FIELD_PLANS
+    before_rounds: int = 3
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
 
 
@@ -220,6 +228,22 @@ class Bench:
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples)
 
+    def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
+                           on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:
+        """``rounds`` drains each of this checkout's worker and of the one in ``before`` (a built checkout of
+        another revision), interleaved (before, current, current, before, ...) so that the machine's drift
+        between rounds falls on both; ``on_drain(round, which, drain)`` after each. (current, before)."""
+        current: list[Drain] = []
+        baseline: list[Drain] = []
+        for r in range(rounds):
+            order: list[tuple[str, Path | None]] = [("before", before), ("current", None)]
+            for which, cwd in (order if r % 2 == 0 else order[::-1]):
+                drain = self.worker_drain(f"worker-{which}-{r}", list(extra or []), cwd=cwd)
+                (baseline if which == "before" else current).append(drain)
+                if on_drain is not None:
+                    on_drain(r, which, drain)
+        return current, baseline
+
     def generic_drain(self, events: int) -> Drain:
         """The worker at defaults draining ``events`` readings of the benchmark's second layout
         (`stream.bench.generic`: 12 named scalars, strings, a nullable long; a model over the scalars)."""
@@ -339,6 +363,60 @@ class Bench:
 
 
 _PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))
+
+
+def checkout_revision(rev: str, into: Path) -> Path | None:
+    """A git worktree of ``rev`` at ``into`` with its C extensions built in place (this interpreter and
+    compiler), or None when this clone does not have ``rev`` (a shallow clone)."""
+    known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                           capture_output=True, text=True, check=False)
+    if known.returncode != 0:
+        return None
+    subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], cwd=ROOT, capture_output=True, text=True,
+                   check=True)
+    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=into, capture_output=True,
+                           text=True, check=False)
+    if built.returncode != 0:
+        remove_checkout(into)
+        raise RuntimeError(f"building {rev}'s extensions failed:\n{built.stderr[-2000:]}")
+    return into
+
+
+def remove_checkout(tree: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False, capture_output=True)
+
+
+def short_rev(rev: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def median_drain(drains: list[Drain], name: str) -> Drain:
+    """The drain of median rate (the lower of the middle two for an even count), renamed ``name``."""
+    middle = sorted(drains, key=lambda d: d.rate)[(len(drains) - 1) // 2]
+    return Drain(name, middle.events, middle.seconds, middle.peak_rss_mib, middle.rss_samples)
+
+
+def compare_drains(rev: str, current: list[Drain], before: list[Drain]) -> dict[str, Any]:
+    """The ratio of the median rates, and of each round's pair."""
+    return {"revision": rev, "rounds": len(current), "current_rates": [d.rate for d in current],
+            "before_rates": [d.rate for d in before],
+            "pair_ratios": [c.rate / b.rate for c, b in zip(current, before, strict=True)],
+            "ratio": statistics.median(d.rate for d in current) / statistics.median(d.rate for d in before)}
+
+
+def format_before(report: dict[str, Any]) -> str | None:
+    """One line on the demo layout's drain against the revision before the field plans, if compared."""
+    before = report.get("before")
+    if not before:
+        return None
+    if "skipped" in before:
+        return f"demo layout against {before['revision']}: not compared ({before['skipped']})"
+    pairs = before["pair_ratios"]
+    return (f"demo layout, this checkout / {before['revision']} (before the field plans): median drain ratio "
+            f"{before['ratio']:.3f} over {before['rounds']} interleaved round(s) (pairs {min(pairs):.2f}-"
+            f"{max(pairs):.2f})")
 
 
 def _wait_assigned(worker: WorkerProcess, timeout_s: float = 120.0) -> None:
@@ -486,8 +564,22 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         for name in cfg.contenders:
             console_print(f"bench: {name} ...")
             drains.append(bench.contender(name, min(cfg.events, caps.get(name, cfg.events))))
-        console_print("bench: worker (default settings) ...")
-        drains.append(bench.worker_drain("worker-default", []))
+        tree = checkout_revision(cfg.before, bench.work / "before") if cfg.before else None
+        if cfg.before and tree is None:
+            report["before"] = {"revision": cfg.before, "skipped": "this clone does not have that revision"}
+        if tree is not None:
+            rev = short_rev(cfg.before)  # type: ignore[arg-type]
+            console_print(f"bench: worker (default settings), {cfg.before_rounds} round(s) interleaved with {rev}'s "
+                          "...")
+            try:
+                current, before = bench.interleaved_drains(tree, cfg.before_rounds)
+            finally:
+                remove_checkout(tree)
+            drains += [median_drain(current, "worker-default"), median_drain(before, "worker-before")]
+            report["before"] = compare_drains(rev, current, before)
+        else:
+            console_print("bench: worker (default settings) ...")
+            drains.append(bench.worker_drain("worker-default", []))
         console_print("bench: worker (best settings) ...")
         best = bench.worker_drain("worker-best", BEST_SETTINGS)
         drains.append(best)
@@ -589,7 +681,10 @@ DRAIN_METHODS = {
     "naive": "a per-record Python loop with fastavro decode/encode and one forward pass per record",
     "faust": "faust-streaming, batches of the worker's default size, one forward pass per batch",
     "handtuned": "a hand-written confluent-kafka loop: consume() batches, numpy decode, one forward pass",
-    "worker-default": "the worker at its defaults (the demo layout: 4 fields, 32 floats)",
+    "worker-default": "the worker at its defaults (the demo layout: 4 fields, 32 floats); with worker-before, "
+                      "the median of its rounds",
+    "worker-before": "the worker at the revision before the field plans (see the line below the table), built in "
+                     "a worktree, at its defaults: the median of rounds interleaved with worker-default's",
     "worker-best": "the worker with " + " ".join(BEST_SETTINGS),
     "worker-best-x2": "two worker replicas in one group with " + " ".join(BEST_SETTINGS),
     "worker-generic": "the worker at its defaults on stream.bench.generic (12 named scalars, two strings, a "

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from stream.bench.runner import BenchConfig, format_latency, format_methods, format_table, run_bench
+from stream.bench.runner import (
+    ROOT,
+    BenchConfig,
+    checkout_revision,
+    format_before,
+    format_latency,
+    format_methods,
+    format_table,
+    run_bench,
+)
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -16,11 +26,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
     cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, warmup_seconds=0.5,
                       loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results",
-                      generic_events=2_000)
+                      generic_events=2_000, before="HEAD", before_rounds=2)
+    worktrees = _worktrees()
     report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
-    assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-best", "worker-best-x2",
-                     "worker-generic", "worker-live"]
+    assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-before", "worker-best",
+                     "worker-best-x2", "worker-generic", "worker-live"]
+    # The demo layout against a revision's worker (here HEAD's, built in a worktree that is gone afterwards).
+    before = report["before"]
+    assert before["rounds"] == 2 and len(before["current_rates"]) == len(before["before_rates"]) == 2
+    assert report["drain"][4]["rate"] == min(before["current_rates"])  # the lower middle of two
+    assert report["drain"][5]["rate"] == min(before["before_rates"])
+    assert before["pair_ratios"] == [c / b for c, b in zip(before["current_rates"], before["before_rates"],
+                                                                   strict=True)]
+    assert "median drain ratio" in (format_before(report) or "")
+    assert _worktrees() == worktrees
     # The latency steps' loads are fractions of the smaller of the drain and the live (generator running) rate.
     rates = {d["name"]: d["rate"] for d in report["drain"]}
     assert report["capacity_drain"] == rates["worker-default"] and report["capacity_live"] == rates["worker-live"]
@@ -30,7 +50,7 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     for d in report["drain"]:
         assert d["events"] >= expected.get(d["name"], 5_000), d
         assert d["seconds"] > 0 and d["rate"] > 0
-    drains = ("worker-default", "worker-best", "worker-best-x2", "worker-generic")
+    drains = ("worker-default", "worker-before", "worker-best", "worker-best-x2", "worker-generic")
     assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"] in drains)
     assert [(r["load"], r["max_wait_ms"], r["settings"]) for r in report["latency"]] == [
         (0.1, 5.0, "defaults"), (0.5, 5.0, "defaults"), (0.1, 5.0, "--batch-policy fixed")]
@@ -51,6 +71,17 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         assert (cfg.results / name).stat().st_size > 0
     assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4
     assert all(line.split(": ", 1)[1] for line in format_methods(report)), "every row says how it was measured"
+
+
+def _worktrees() -> str:
+    return subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_revision_this_clone_lacks_is_not_compared(tmp_path: Path) -> None:
+    assert checkout_revision("0" * 40, tmp_path / "tree") is None
+    assert not (tmp_path / "tree").exists()
+    line = format_before({"before": {"revision": "abc1234", "skipped": "this clone does not have that revision"}})
+    assert line == "demo layout against abc1234: not compared (this clone does not have that revision)"
 
 
 def test_broker_floor_times_every_record_after_the_warm_up(broker: BrokerInfo) -> None:
