@@ -69,10 +69,10 @@ def _worker_parser(sub: Any) -> None:
                         "prediction schema carries them; always on with a schema that does not)")
     p.add_argument("--native-producer", action=argparse.BooleanOptionalAction, default=None,
                    help="publish predictions through the C extension where it is built (on; at-least-once without "
-                        "provenance headers; see README)")
+                        "provenance headers; see docs/internals.md)")
     p.add_argument("--native-consumer", action=argparse.BooleanOptionalAction, default=None,
                    help="take input records through the C extension where it is built (on; at-least-once; see "
-                        "README)")
+                        "docs/internals.md)")
     p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
     p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
     p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
@@ -233,7 +233,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         cfg.before_rounds = args.before_rounds
     if args.results is not None:
         cfg.results = args.results
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # logs keep whole table rows
     report = run_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
     for title, rows in (("drain throughput", format_table(report)),
                         (f"worker end-to-end latency under load (% of {report['capacity']:,.0f} events/s: the smaller "
@@ -264,7 +264,7 @@ def run_bench_gpu_command(args: argparse.Namespace) -> int:
     cfg = GpuBenchConfig(width=args.width, depth=args.depth, batch=args.batch, events=args.events)
     if args.results is not None:
         cfg.results = args.results
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     report = run_gpu_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
     rows = format_gpu_table(report)
     table = Table(title=f"model-bound: {cfg.width}x{cfg.depth} MLP, batches of {cfg.batch}")

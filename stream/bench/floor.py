@@ -8,7 +8,7 @@ Nothing is batched, run or published. Read the worker's *from event* latency aga
 worker's batching, model and publishing (and the output topic's append, which this does not include).
 
 Used to tell a slow broker from a slow worker: the embedded Tansu broker answers fetches far later than
-Kafka does (see the README's benchmark section)."""
+Kafka does (see docs/performance.md)."""
 
 from __future__ import annotations
 

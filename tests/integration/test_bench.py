@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from stream.bench.runner import (
     format_table,
     run_bench,
 )
+from stream.bench.summarize import markdown
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -71,6 +73,11 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         assert (cfg.results / name).stat().st_size > 0
     assert len(format_table(report)) == 1 + len(names) and len(format_latency(report)) == 4
     assert all(line.split(": ", 1)[1] for line in format_methods(report)), "every row says how it was measured"
+    # The committed summary prints as the Markdown that docs/performance.md quotes.
+    text = markdown(json.loads((cfg.results / "summary.json").read_text()))
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| worker")] == [
+        f"| {name}" for name in names if name.startswith("worker")]
+    assert "median drain ratio" in text and sum(line.startswith("| --- |") for line in text.splitlines()) == 2
 
 
 def _worktrees() -> str:
