@@ -48,7 +48,7 @@ class Span:
 
 
 class PartitionState:
-    __slots__ = ("acked", "active", "committed", "confirmed", "dispatched", "spans", "tp")
+    __slots__ = ("acked", "committed", "confirmed", "dispatched", "spans", "tp")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -57,7 +57,6 @@ class PartitionState:
         self.committed: int | None = None  # last position handed out by `committable`
         self.confirmed: int | None = None  # highest position the broker accepted (`confirm`)
         self.dispatched: int | None = None  # position after the last dispatched span
-        self.active = True
 
     def watermark(self) -> int | None:
         """Commit position after the longest completed prefix of spans (pops them), or None."""
@@ -77,17 +76,12 @@ class OffsetTracker:
 
     def assign(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
-            old = self._partitions.get(tp)
-            if old is not None:
-                old.active = False
             self._partitions[tp] = PartitionState(tp)
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Revoked or lost partitions: drop their state; late acks for them are ignored."""
         for tp in tps:
-            state = self._partitions.pop(tp, None)
-            if state is not None:
-                state.active = False
+            self._partitions.pop(tp, None)
             self._pending.pop(tp, None)
 
     def assigned(self) -> list[TopicPartition]:
@@ -164,3 +158,10 @@ class OffsetTracker:
             if state.committed is not None and position < state.committed:
                 continue  # a newer position was handed out since: never regress
             self._pending[tp] = position
+
+
+def fmt_partitions(tps: list[TopicPartition]) -> str:
+    """``topic[0, 3, 5]`` for log lines (the partitions of one topic)."""
+    if not tps:
+        return "nothing"
+    return f"{tps[0][0]}{sorted(p for _, p in tps)}"

@@ -309,7 +309,7 @@ class BatchProcessor:
             keys.append(records.keys[d.index])
             headers.append(hdrs)
             delivery = batch.deliveries[p]
-            delivery.dead += 1
+            delivery.dead_letter()
             callbacks.append(delivery)
             self._metrics.dead_letters.labels(d.stage, d.reason).inc()
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from stream import native
+from stream.config import WorkerSettings
 from stream.errors import PublishError, StreamError, TransactionError
 from stream.native import NativeProducer
 from stream.offsets import Span
@@ -34,8 +36,27 @@ HEADER_PARTITION = "stream.input.partition"
 HEADER_OFFSET = "stream.input.offset"
 
 
+def native_topic(settings: WorkerSettings, carries_source: bool) -> str | None:
+    """The output topic, when its predictions can go through the C producer (stream.native); logs the choice.
+    ``carries_source``: the prediction schema has the input_* fields (else provenance goes in headers)."""
+    if not settings.native_producer:
+        why_not: str | None = "--no-native-producer"
+    elif settings.exactly_once:
+        why_not = "exactly-once (transactions need confluent-kafka's producer)"
+    elif settings.provenance_headers or not carries_source:
+        why_not = "provenance headers"
+    else:
+        why_not = native.unavailable()
+    if why_not is not None:
+        log.info("predictions published through confluent-kafka (native producer off: %s)", why_not)
+        return None
+    log.info("predictions published through the native producer (stream._nativeproduce)")
+    return settings.output_topic
+
+
 class SpanDelivery:
-    """Delivery callback for the predictions of one span; calls ``on_done`` once all are acknowledged."""
+    """The delivery state of one span, and its only writer: the delivery callback for its predictions (and dead
+    letters), counting them down; the publisher's ``on_span_done`` is called once all are acknowledged."""
 
     __slots__ = ("_publisher", "dead", "span", "ts_ms")
 
@@ -54,10 +75,23 @@ class SpanDelivery:
         if err is not None:
             self._publisher.record_failure(PublishError("deliver prediction", err), msg)
             return
+        self.acknowledge(1)
+
+    def acknowledge(self, n: int) -> None:
+        """``n`` of the span's records are durably delivered (acknowledging more than it holds raises)."""
         span = self.span
-        span.outstanding -= 1
-        if span.outstanding == 0:
+        span.ack(n)
+        if span.done:
             self._publisher.span_done(self)
+
+    def acknowledge_all(self) -> None:
+        """Exactly-once: the batch's transaction committed, delivering every record of the span at once."""
+        if not self.span.done:
+            self.acknowledge(self.span.outstanding)
+
+    def dead_letter(self) -> None:
+        """One of the span's records goes to the dead-letter topic instead of becoming a prediction."""
+        self.dead += 1
 
 
 class Publisher:
@@ -167,10 +201,7 @@ class Publisher:
         for slot in done.tolist():
             delivery, count = self._native_spans.pop(slot)
             self._free_slots.append(slot)
-            span = delivery.span
-            span.outstanding -= count
-            if span.outstanding == 0:
-                self.span_done(delivery)
+            delivery.acknowledge(count)
         failed, total, fatal = native.failures()
         for _, code, text in failed:
             self.record_failure(PublishError("deliver prediction", KafkaError(code, text)), None)

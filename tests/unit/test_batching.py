@@ -106,11 +106,17 @@ def test_property_batches_respect_size_and_wait(max_size: int, max_wait: int,
     first_at: float | None = None
     for advance, count in steps:
         clock.advance_ms(advance)
-        # The worker takes at a deadline it computed, so check readiness at the deadline first.
+        # The worker takes at a deadline it computed, so check readiness at the deadline first: ready once the
+        # first item waited max_wait (never later), and before that only when full.
+        if first_at is not None:
+            waited, bound = clock() - first_at, max_wait / 1000.0
+            if waited >= bound + 1e-9:
+                assert b.ready(), f"waited {waited * 1000:.1f} ms of {max_wait} and not ready"
+            elif waited < bound - 1e-9 and len(b) < max_size:
+                assert not b.ready(), f"ready after {waited * 1000:.1f} ms of {max_wait}, not full"
         if first_at is not None and b.ready():
             taken = b.take()
             assert 0 < len(taken) <= max_size
-            assert clock() - first_at >= 0
             seen.extend(taken)
             first_at = None
         items = list(range(counter, counter + min(count, b.room)))

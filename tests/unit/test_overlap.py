@@ -1,9 +1,8 @@
-"""Keeping one batch ahead on the device: the processor's begin/complete split, the worker's processor loop
-that interleaves them, and (on a machine with CUDA only) the engine's asynchronous CUDA path."""
+"""Keeping one batch ahead on the device: the processor's begin/complete split (the stage that interleaves them
+is tested in test_stage.py), and (on a machine with CUDA only) the engine's asynchronous CUDA path."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +13,10 @@ from producers.events import generate_events
 from stream.bench.gpu import build_model
 from stream.cli import main
 from stream.codec import decode
-from stream.config import WorkerSettings
-from stream.errors import ModelError, StreamError
+from stream.errors import ModelError
 from stream.inference import InferenceEngine
 from stream.models.demo import DemoFraudHandler
-from stream.processing import BatchProcessor, Begun, Dispatched
 from stream.publish import HEADER_OFFSET
-from stream.worker import Worker
 from tests.handlers import POISON_MARK, PoisonHandler
 from tests.unit.test_processing import REGISTRY, FakePublisher, batch_of, events, make
 
@@ -43,121 +39,6 @@ def test_batches_begun_ahead_complete_in_order_with_poison_isolated(model_dir: P
     assert predicted_offsets(pub) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
     assert [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "dlq"] == [3]
     assert t1.committable() == {("in", 0): 10} and t2.committable() == {("in", 0): 6}
-
-
-class Spy:
-    """Wraps a BatchProcessor and records begin/complete/process calls by batch length."""
-
-    def __init__(self, processor: BatchProcessor, fail_on: int | None = None) -> None:
-        self.processor, self.fail_on, self.calls = processor, fail_on, []  # type: ignore[var-annotated]
-
-    def begin(self, batch: Dispatched) -> Begun:
-        self.calls.append(("begin", len(batch.records)))
-        return self.processor.begin(batch)
-
-    def complete(self, begun: Begun) -> None:
-        self.calls.append(("complete", len(begun.batch.records)))
-        if len(begun.batch.records) == self.fail_on:
-            raise StreamError("publish failed")
-        self.processor.complete(begun)
-
-    def process(self, batch: Dispatched) -> None:
-        self.calls.append(("process", len(batch.records)))
-        self.processor.process(batch)
-
-
-def run_loop(model_dir: Path, sizes: list[int], *, asynchronous: bool, overlap: bool = True,
-             fail_on: int | None = None) -> tuple[Worker, Spy, FakePublisher]:
-    """Queue batches of ``sizes`` then the stop sentinel, run the worker's processor loop to its end."""
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir, gpu_overlap=overlap, max_inflight_batches=len(sizes))
-    worker = Worker(settings, handler=PoisonHandler(model_dir))
-    worker._engine.asynchronous = asynchronous  # as on CUDA; the CPU engine computes in submit, which is fine here
-    processor, pub = make(model_dir)
-    spy = Spy(processor, fail_on)
-    worker._processor = spy  # type: ignore[assignment]
-    worker._publisher = pub  # type: ignore[assignment]
-    for n in sizes:
-        assert worker._slots.acquire(blocking=False)
-        worker._queue.put(batch_of(events(n), pub)[0])
-    worker._queue.put(None)
-    worker._process_loop()
-    return worker, spy, pub
-
-
-def test_worker_keeps_one_batch_ahead_on_an_asynchronous_device(model_dir: Path) -> None:
-    _, spy, pub = run_loop(model_dir, [3, 4, 5], asynchronous=True)
-    assert spy.calls == [("begin", 3), ("begin", 4), ("complete", 3), ("begin", 5), ("complete", 4),
-                         ("complete", 5)]
-    assert predicted_offsets(pub) == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]
-
-
-@pytest.mark.parametrize(("asynchronous", "overlap"), [(False, True), (True, False)])
-def test_worker_processes_one_batch_at_a_time_on_cpu_or_when_overlap_is_off(model_dir: Path, asynchronous: bool,
-                                                                            overlap: bool) -> None:
-    _, spy, pub = run_loop(model_dir, [3, 4], asynchronous=asynchronous, overlap=overlap)
-    assert spy.calls == [("process", 3), ("process", 4)]
-    assert len(predicted_offsets(pub)) == 7
-
-
-def test_a_batch_ahead_is_never_published_after_a_failure(model_dir: Path) -> None:
-    worker, spy, pub = run_loop(model_dir, [3, 4, 5], asynchronous=True, fail_on=3)
-    assert isinstance(worker._failure, StreamError)
-    assert ("complete", 4) not in spy.calls and ("complete", 5) not in spy.calls
-    assert pub.sent == []
-
-
-def test_worker_completes_the_batch_ahead_when_nothing_else_is_queued(model_dir: Path) -> None:
-    """With an empty queue the loop finishes the batch on the device at once instead of waiting for the next."""
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir)
-    worker = Worker(settings, handler=PoisonHandler(model_dir))
-    worker._engine.asynchronous = True
-    processor, pub = make(model_dir)
-    worker._processor = processor
-    worker._publisher = pub  # type: ignore[assignment]
-    loop = threading.Thread(target=worker._process_loop, daemon=True)
-    loop.start()
-    try:
-        assert worker._slots.acquire(blocking=False)
-        worker._queue.put(batch_of(events(5), pub)[0])
-        for _ in range(200):
-            if len(predicted_offsets(pub)) == 5:
-                break
-            loop.join(0.01)
-        assert predicted_offsets(pub) == [0, 1, 2, 3, 4], "the only batch was held back waiting for a next one"
-    finally:
-        worker._queue.put(None)
-        loop.join(5)
-    assert not loop.is_alive()
-
-
-def test_a_delivery_callback_raising_while_idle_fails_the_worker_and_the_loop_goes_on(model_dir: Path) -> None:
-    """The idle processor serves delivery reports; an exception from a callback there must fail the worker
-    (which then stops), not end the processing thread silently."""
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir)
-    worker = Worker(settings, handler=PoisonHandler(model_dir))
-    worker._processor, pub = make(model_dir)
-
-    def serve() -> None:
-        raise RuntimeError("a delivery callback failed")
-
-    pub.serve = serve  # type: ignore[method-assign]
-    worker._publisher = pub  # type: ignore[assignment]
-    loop = threading.Thread(target=worker._process_loop, daemon=True)
-    loop.start()
-    try:
-        for _ in range(200):
-            if worker._failure is not None:
-                break
-            loop.join(0.01)
-        assert isinstance(worker._failure, RuntimeError) and worker._stop.is_set()
-        assert loop.is_alive()
-    finally:
-        worker._queue.put(None)
-        loop.join(5)
-    assert not loop.is_alive()
 
 
 # ---------------------------------------------------------------------------- CUDA only

@@ -34,8 +34,8 @@ from stream.processing import (
 )
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
 from stream.records import Records
+from stream.schemas import build_codecs
 from stream.verify import input_source
-from stream.worker import build_codecs
 from tests.handlers import POISON_MARK, PoisonHandler
 
 REGISTRY = SchemaRegistry.from_dir()

@@ -1,19 +1,11 @@
-"""StallDetector (pure, fake clock) and the worker's stall check against a fake consumer."""
+"""StallDetector: pure, on a fake clock."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from stream.config import WorkerSettings
 from stream.errors import ConfigError
-from stream.records import Records
 from stream.stalls import StallDetector
-from stream.worker import Worker
-from tests.handlers import PoisonHandler
 
 A, B = ("in", 0), ("in", 1)
 
@@ -118,106 +110,3 @@ def test_checks_are_due_every_quarter_of_the_timeout() -> None:
 def test_a_non_positive_timeout_is_refused() -> None:
     with pytest.raises(ConfigError, match="stall timeout"):
         StallDetector(0.0)
-
-
-# ---------------------------------------------------------------------------- the worker's check
-
-class OffsetsConsumer:
-    """Answers end offsets, application positions and committed offsets from dicts (absent: not known)."""
-
-    def __init__(self, ends: dict[int, int], positions: dict[int, int], committed: dict[int, int] | None = None,
-                 committed_error: bool = False) -> None:
-        self.ends, self.positions, self.committed_offsets = ends, positions, committed or {}
-        self.committed_error = committed_error
-        self.fetched: dict[int, int] = {}  # end offsets from the last fetch responses
-        self.committed_asked: list[int] = []
-
-    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        assert all(tp.offset == -1 for tp in partitions), "latest offsets are asked with timestamp -1"
-        return [TopicPartition(tp.topic, tp.partition, self.ends.get(tp.partition, -1)) for tp in partitions]
-
-    def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
-        assert cached, "no round trip per partition"
-        return -1001, self.fetched.get(tp.partition, -1001)
-
-    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, -1001)) for tp in partitions]
-
-    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        self.committed_asked += [tp.partition for tp in partitions]
-        if self.committed_error:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
-        return [TopicPartition(tp.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001))
-                for tp in partitions]
-
-
-@pytest.fixture
-def worker(model_dir: Path) -> Worker:
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir, stall_timeout_s=8.0)
-    return Worker(settings, handler=PoisonHandler(model_dir))
-
-
-def waiting(worker: Worker, consumer: Any, tps: list[tuple[str, int]]) -> dict[tuple[str, int], bool]:
-    worker._consumer = consumer
-    worker._tracker.assign(tps)
-    return worker._records_waiting(tps)
-
-
-def test_records_waiting_beyond_what_was_taken_or_committed(worker: Worker) -> None:
-    consumer = OffsetsConsumer(ends={0: 50, 1: 50, 2: 50}, positions={0: 50, 1: 40})
-    worker._committed_positions[("in", 2)] = 50  # committed all, nothing taken since (position unknown)
-    assert waiting(worker, consumer, [("in", 0), ("in", 1), ("in", 2)]) == {
-        ("in", 0): False, ("in", 1): True, ("in", 2): False}
-    assert consumer.committed_asked == [], "positions known locally: no committed offsets asked"
-
-
-def test_a_transaction_marker_after_the_last_record_is_not_taken_for_a_waiting_record(worker: Worker) -> None:
-    # Transactional input: the last data record is offset 48, its commit marker 49; the end offset is 50. The
-    # worker committed 49 (last record + 1); the consumer's position is past the marker.
-    worker._committed_positions[A] = 49
-    assert waiting(worker, OffsetsConsumer(ends={0: 50}, positions={0: 50}), [A]) == {A: False}
-
-
-def test_records_taken_and_not_committed_are_waiting_even_at_the_end_offset(worker: Worker) -> None:
-    consumer = OffsetsConsumer(ends={0: 50, 1: 50}, positions={0: 50, 1: 50})
-    worker._consumer = consumer  # type: ignore[assignment]
-    worker._tracker.assign([A, B])
-    worker._tracker.dispatch(A, 40, 49, 10)  # dispatched, never acknowledged (a stuck processor)
-    worker._batcher.add([Records.build([b"x"], [None], [1], [49])])  # taken, never dispatched
-    assert worker._records_waiting([A, B]) == {A: True, B: True}
-    worker._tracker.confirm({A: 50})
-    worker._batcher.take()
-    assert worker._records_waiting([A, B]) == {A: False, B: False}
-
-
-def test_a_partition_never_taken_from_is_judged_by_the_groups_committed_offset(worker: Worker) -> None:
-    consumer = OffsetsConsumer(ends={0: 50, 1: 50, 2: 0}, positions={}, committed={0: 50, 1: 20})
-    assert waiting(worker, consumer, [A, B, ("in", 2)]) == {A: False, B: True, ("in", 2): False}
-    assert consumer.committed_asked == [0, 1, 2]
-
-
-def test_committed_offsets_held_by_an_open_transaction_count_as_records_waiting(worker: Worker) -> None:
-    consumer = OffsetsConsumer(ends={0: 50, 1: 0}, positions={}, committed_error=True)
-    assert waiting(worker, consumer, [A, B]) == {A: True, B: False}
-
-
-def test_with_auto_offset_reset_latest_an_uncommitted_partition_is_not_judged(model_dir: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KAFKA_AUTO_OFFSET_RESET", "latest")
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir)
-    w = Worker(settings, handler=PoisonHandler(model_dir))
-    assert waiting(w, OffsetsConsumer(ends={0: 50}, positions={}), [A]) == {}
-
-
-def test_end_offsets_that_cannot_be_read_leave_the_partitions_unjudged(worker: Worker) -> None:
-    consumer = OffsetsConsumer(ends={1: 50}, positions={1: 10})
-    assert waiting(worker, consumer, [A, B]) == {B: True}
-
-
-def test_the_end_offset_of_the_last_fetch_counts_when_listoffsets_answers_less(worker: Worker) -> None:
-    # Tansu answers ListOffsets(latest) wrongly (1 for a 1,449-record partition); its fetches carry the truth.
-    consumer = OffsetsConsumer(ends={0: 1, 1: 1}, positions={0: 700, 1: 1449})
-    consumer.fetched = {0: 1449, 1: 1449}
-    assert waiting(worker, consumer, [A, B]) == {A: True, B: False}

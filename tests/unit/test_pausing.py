@@ -1,6 +1,6 @@
-"""The poll loop's pause and resume (backpressure) against a fake consumer and a fake clock: input is paused
-only while a closed batch waits for the processor, and resumed as soon as no batch waits, however the batch
-went (dispatched, or dropped by a lost assignment, a revoke or an exactly-once rewind)."""
+"""Backpressure: the poll loop's pause and resume (`stream.pausing`) against a fake consumer and a fake clock:
+input is paused only while a closed batch waits for the processor, and resumed as soon as no batch waits, however
+the batch went (dispatched, or dropped by a lost assignment, a revoke or an exactly-once rewind)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from confluent_kafka import TopicPartition
 
 from stream.config import WorkerSettings
 from stream.records import Records
+from stream.stage import ProcessingStage
 from stream.worker import Worker
 from tests.handlers import PoisonHandler
 
@@ -77,20 +78,24 @@ class IdlePublisher:
 def worker(model_dir: Path) -> Worker:
     settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic=TOPIC, output_topic="out", group_id="g",
                               model_dir=model_dir, max_batch_size=2, max_wait_ms=0, max_inflight_batches=1,
-                              stall_timeout_s=3600)
+                              stall_timeout_s=3600, native_consumer=False)
     return Worker(settings, handler=PoisonHandler(model_dir), clock=StepClock(0.05))
 
 
 def fill_and_block(worker: Worker, partitions: list[int]) -> PausingConsumer:
     """A closed batch waits for a processor that does not take it (its one queue slot is held)."""
     consumer = PausingConsumer(worker, partitions)
-    worker._consumer = consumer  # type: ignore[assignment]
-    worker._publisher = IdlePublisher()  # type: ignore[assignment]
-    worker._on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
+    worker._connect(consumer, IdlePublisher())  # type: ignore[arg-type]  # (the stage's thread is not started)
+    worker._rebalancer.on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
     consumer.calls.clear()  # (on_assign sets the new partitions' pause state either way)
-    assert worker._slots.acquire(blocking=False)  # the processor's queue is full
+    assert stage(worker)._slots.acquire(blocking=False)  # the processor's queue is full
     worker._batcher.add([Records.build([b"a", b"b"], [None, None], partitions[:1] * 2, [0, 1])])
     return consumer
+
+
+def stage(worker: Worker) -> ProcessingStage:
+    assert worker._stage is not None
+    return worker._stage
 
 
 def until_paused_then(action: Callable[[PausingConsumer], None]) -> Callable[[PausingConsumer], None]:
@@ -114,22 +119,22 @@ def test_input_resumes_when_the_waiting_batch_is_dropped(worker: Worker, how: st
 
     def drop(c: PausingConsumer) -> None:
         if how == "lost":
-            worker._on_lost(c, c.partitions)  # type: ignore[arg-type]
+            worker._rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
             c.partitions = [TopicPartition(TOPIC, 2)]
-            worker._on_assign(c, c.partitions)  # type: ignore[arg-type]
+            worker._rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
         elif how == "revoked":
-            worker._on_revoke(c, c.partitions[:1])  # type: ignore[arg-type]
+            worker._rebalancer.on_revoke(c, c.partitions[:1])  # type: ignore[arg-type]
             c.partitions = c.partitions[1:]
         else:
-            worker._batcher.take()  # what Worker._rewind does to the open batch
+            worker._batcher.take()  # what Transactions.rewind does to the open batch
 
     consumer.on_consume = until_paused_then(drop)
     worker._poll_loop()
     assert consumer.calls[:1] == ["pause"], "a stalled batch pauses input first"
     assigned = {tp.partition for tp in consumer.partitions}
     assert "resume" in consumer.calls and not consumer.paused & assigned, consumer.calls
-    assert not worker._paused and worker.metrics.paused_partitions._value.get() == 0
-    assert len(worker._batcher) == 0 and worker._queue.qsize() == 0, "nothing was dispatched"
+    assert not worker._pause.paused and worker.metrics.paused_partitions._value.get() == 0
+    assert len(worker._batcher) == 0 and stage(worker)._queue.qsize() == 0, "nothing was dispatched"
 
 
 def test_input_stays_paused_while_the_batch_still_waits(worker: Worker) -> None:
@@ -141,9 +146,9 @@ def test_input_stays_paused_while_the_batch_still_waits(worker: Worker) -> None:
 
 def test_input_resumes_when_the_processor_takes_the_batch(worker: Worker) -> None:
     consumer = fill_and_block(worker, [0])
-    consumer.on_consume = until_paused_then(lambda c: worker._slots.release())  # the processor took one
+    consumer.on_consume = until_paused_then(lambda c: stage(worker)._slots.release())  # the processor took one
     worker._poll_loop()
-    assert consumer.calls == ["pause", "resume"] and worker._queue.qsize() == 1
+    assert consumer.calls == ["pause", "resume"] and stage(worker)._queue.qsize() == 1
 
 
 def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paused(worker: Worker) -> None:
@@ -156,12 +161,12 @@ def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paus
     def step(c: PausingConsumer) -> None:
         if c.paused and not steps:
             steps.append("lost")
-            worker._on_lost(c, c.partitions)  # type: ignore[arg-type]
+            worker._rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
             c.partitions = []
-        elif steps == ["lost"] and not worker._paused:
+        elif steps == ["lost"] and not worker._pause.paused:
             steps.append("assigned again")
             c.partitions = [TopicPartition(TOPIC, p) for p in (3, 4, 5)]
-            worker._on_assign(c, c.partitions)  # type: ignore[arg-type]
+            worker._rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
         elif len(steps) == 2:
             worker.request_stop()
 

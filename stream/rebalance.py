@@ -1,0 +1,94 @@
+"""The consumer's rebalance callbacks (cooperative-sticky: partitions come and go a few at a time).
+
+- assigned: the C consumer routes them (before confluent-kafka assigns them), the tracker and the stall detector
+  start them afresh, they take the input's pause state;
+- revoked: records of them not yet in a batch are dropped for the next owner; their in-flight records are
+  finished (or abandoned after the revoke's budget, or at once when a transaction was aborted), committed
+  synchronously, and forgotten;
+- lost (ownership already gone): nothing committed, their state dropped (in-flight records may be repeated).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from stream.batching import MicroBatcher
+from stream.committer import Committer
+from stream.deadline import Deadline
+from stream.errors import KafkaClientError
+from stream.intake import Intake
+from stream.metrics import StreamMetrics
+from stream.offsets import OffsetTracker, fmt_partitions
+from stream.pausing import InputPause
+from stream.records import Records
+from stream.stalls import StallDetector
+
+log = logging.getLogger(__name__)
+
+
+class Rebalancer:
+    def __init__(self, batcher: MicroBatcher[Records], tracker: OffsetTracker, stalls: StallDetector,
+                 committer: Committer, pause: InputPause, metrics: StreamMetrics, *, revoke_budget_s: float,
+                 failed: Callable[[], bool], rewinding: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.intake: Intake | None = None  # set once the consumer exists
+        self._batcher = batcher
+        self._tracker = tracker
+        self._stalls = stalls
+        self._committer = committer
+        self._pause = pause
+        self._metrics = metrics
+        self._revoke_budget_s = revoke_budget_s
+        self._failed = failed
+        self._rewinding = rewinding
+        self._clock = clock
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        if self.intake is not None:
+            self.intake.route(tps)
+        self._tracker.assign(tps)
+        self._stalls.assign(tps)
+        self._committer.reassigned(tps)
+        self._pause.assigned(consumer, partitions)
+        self._metrics.assigned_partitions.set(len(self._tracker.assigned()))
+        log.info("assigned %s", fmt_partitions(tps))
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        revoked = {p for _, p in tps}
+        dropped = self._batcher.discard(lambda r: r.without_partitions(revoked))
+        started = self._clock()
+        deadline = Deadline(self._revoke_budget_s, self._clock)
+        live = [tp for tp in tps if self._tracker.is_assigned(tp)]
+        while (any(self._tracker.in_flight(tp) for tp in live) and not deadline.passed()
+               and not self._failed() and not self._rewinding()):
+            time.sleep(0.002)
+        try:
+            self._committer.commit(asynchronous=False, tps=live)
+        except KafkaClientError as exc:
+            log.error("commit on revoke failed (the next owner re-processes from the last commit): %s", exc)
+        unfinished = sum(self._tracker.in_flight(tp) for tp in live)
+        if unfinished:
+            why = "a transaction was aborted" if self._rewinding() else "the revoke's time was up"
+            log.warning("revoke: %d records still unacknowledged after %.1fs (%s); not committed",
+                        unfinished, self._clock() - started, why)
+        self._forget(partitions)
+        log.info("revoked %s (dropped %d unstarted records)", fmt_partitions(tps), dropped)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {tp.partition for tp in partitions}
+        self._batcher.discard(lambda r: r.without_partitions(lost))
+        self._forget(partitions)
+        log.warning("lost %s", fmt_partitions([(tp.topic, tp.partition) for tp in partitions]))
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        self._tracker.forget(tps)
+        self._stalls.forget(tps)
+        self._pause.gone(partitions)
+        self._metrics.assigned_partitions.set(len(self._tracker.assigned()))

@@ -1,0 +1,50 @@
+"""``--stop-at-end``: drain the input to the end offsets that existed at start (for the whole group), then stop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
+
+from stream.committer import Committer
+from stream.topics import end_offsets
+
+log = logging.getLogger(__name__)
+_CHECK_EVERY_S = 0.25
+
+
+class StopAtEnd:
+    def __init__(self, consumer: Consumer, bootstrap_servers: str, topic: str, committer: Committer,
+                 busy: Callable[[], bool], clock: Callable[[], float]) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self._committer = committer
+        self._busy = busy  # records in flight or batched: not done yet
+        self._clock = clock
+        self._next_check = 0.0
+        self._ends = end_offsets(bootstrap_servers, topic)
+        log.info("stop-at-end: end offsets at start %s", self._ends)
+
+    def reached(self) -> bool:
+        """True once the group's committed offsets reach the end offsets seen at start, for every partition
+        (looked at every 0.25 s)."""
+        now = self._clock()
+        if now < self._next_check:
+            return False
+        self._next_check = now + _CHECK_EVERY_S
+        pending = {p: end for p, end in self._ends.items() if end > 0}
+        for (t, p), pos in self._committer.positions().items():  # own partitions first: no round trip
+            if t == self._topic and p in pending and pos >= pending[p]:
+                del pending[p]
+        if pending:
+            if self._busy():
+                return False
+            self._committer.commit(asynchronous=False)
+            for tp in self._consumer.committed([TopicPartition(self._topic, p) for p in pending], timeout=10):
+                if tp.offset != OFFSET_INVALID and tp.offset >= pending[tp.partition]:
+                    del pending[tp.partition]
+        if pending:
+            return False
+        log.info("stop-at-end: every partition is committed up to its end offset at start")
+        return True

@@ -1,0 +1,29 @@
+"""What a worker did, for its shutdown line and ``--summary-json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class WorkerSummary:
+    consumed: int = 0
+    predicted: int = 0
+    dead_lettered: int = 0
+    committed: int = 0
+    batches: int = 0
+    batched_records: int = 0
+    error: str | None = None
+    exit_code: int = 0
+    first_consumed_at: float | None = None  # wall-clock seconds
+    last_committed_at: float | None = None  # wall-clock seconds, last commit that advanced a position
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.batched_records / self.batches if self.batches else 0.0
+
+    def line(self) -> str:
+        return (f"consumed={self.consumed} predicted={self.predicted} dead_lettered={self.dead_lettered} "
+                f"committed={self.committed} "
+                f"batches={self.batches} mean_batch_size={self.mean_batch_size:.1f}"
+                + (f" error={self.error!r}" if self.error else ""))

@@ -1,0 +1,139 @@
+"""Exactly-once: one Kafka transaction per micro-batch, and the rewind after an aborted one.
+
+On the processor thread (`process`):
+1. begin a transaction; 2. decode, run the model, produce the batch's predictions and dead letters in it;
+3. add the batch's input offsets (``send_offsets_to_transaction`` with the group metadata captured when the batch
+   was consumed) and commit; 4. the spans are acknowledged at once, the commit having delivered them all.
+An abortable error aborts the transaction and marks the epoch the batch was consumed in as rewound: the
+processor drops every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
+seeks every assigned partition back to its committed offset, starting the next epoch. A fatal error (fenced: a
+zombie) stops the worker. A transaction aborted after outliving ``transaction.timeout.ms`` stops it too:
+rewinding would replay the same batch into the same timeout forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from stream import faults
+from stream.batching import MicroBatcher
+from stream.errors import StreamError, TransactionError
+from stream.metrics import StreamMetrics
+from stream.offsets import OffsetTracker, fmt_partitions
+from stream.processing import BatchProcessor, Dispatched
+from stream.publish import Publisher
+from stream.records import Records
+
+log = logging.getLogger(__name__)
+_NOT_FETCHING = frozenset({KafkaError._STATE, KafkaError._PREV_IN_PROGRESS})  # what seek() says of such a partition
+_REWIND_QUERY_TIMEOUT_S = 2.0  # longest wait for committed offsets before trying again
+
+
+class Transactions:
+    """The epoch batches are consumed in, and the batch transactions. Without exactly-once the epoch stays 0 and
+    nothing is ever rewound."""
+
+    def __init__(self, metrics: StreamMetrics, input_topic: str, timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s  # transaction.timeout.ms
+        self.epoch = 0  # bumped by each rewind
+        self.rewind_after: int | None = None  # the epoch whose batches the processor abandoned
+        self._rewind_warned: int | None = None  # the pending rewind whose slow offset read was logged
+        self._metrics = metrics
+        self._input_topic = input_topic
+        self._clock = clock
+
+    def pending(self) -> bool:
+        """An aborted transaction's batches are abandoned: nothing of theirs will be acknowledged."""
+        return self.rewind_after is not None and self.rewind_after >= self.epoch
+
+    def stale(self, epoch: int) -> bool:
+        """A batch consumed before a rewind: it will be consumed again."""
+        return self.rewind_after is not None and epoch <= self.rewind_after
+
+    # -- processor thread -----------------------------------------------------------------------------------
+    def process(self, batch: Dispatched, processor: BatchProcessor, publisher: Publisher) -> None:
+        timeout_s = self.timeout_s
+        started = self._clock()
+        publisher.begin_transaction()
+        try:
+            processor.process(batch)
+            faults.reach("after-produce")
+            offsets = [TopicPartition(self._input_topic, p, d.span.last + 1) for p, d in batch.deliveries.items()]
+            faults.reach("in-transaction")
+            publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
+        except TransactionError as exc:
+            elapsed = self._clock() - started
+            if elapsed >= timeout_s:
+                raise StreamError(
+                    f"a batch's transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "
+                    f"({timeout_s:.0f}s), and was aborted ({exc}); raise KAFKA_PRODUCER_TRANSACTION_TIMEOUT_MS "
+                    "or lower --max-batch-size") from exc
+            if exc.fatal or not exc.requires_abort:
+                raise
+            log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)
+            publisher.abort_transaction(timeout_s)
+            self._metrics.transactions_aborted.inc()
+            self.rewind_after = batch.epoch
+            return
+        except BaseException:
+            with contextlib.suppress(TransactionError):
+                publisher.abort_transaction(timeout_s)
+            raise
+        elapsed = self._clock() - started
+        if elapsed > timeout_s / 2:
+            log.warning("a batch transaction took %.1fs, over half of transaction.timeout.ms (%.0fs): "
+                        "raise it or lower --max-batch-size", elapsed, timeout_s)
+        for delivery in batch.deliveries.values():
+            delivery.acknowledge_all()
+
+    # -- poll thread ----------------------------------------------------------------------------------------
+    def rewind(self, consumer: Consumer, batcher: MicroBatcher[Records], tracker: OffsetTracker) -> None:
+        """Drop everything consumed since the last commit and seek every assigned partition back to its
+        committed offset. Stays pending, to be tried again by the next loop, while those offsets cannot be read."""
+        assert self.rewind_after is not None
+        assignment = consumer.assignment()
+        try:
+            committed = consumer.committed(assignment, timeout=_REWIND_QUERY_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() != KafkaError._TIMED_OUT:
+                raise
+            # The coordinator did not answer in time (a stalled process, a slow broker): what is consumed
+            # meanwhile belongs to the aborted epoch and is dropped by the processor.
+            if self._rewind_warned != self.rewind_after:
+                self._rewind_warned = self.rewind_after
+                log.warning("rewind: committed offsets not read yet (%s); trying again (an open transaction of "
+                            "the partitions' previous owner holds them until it ends or times out)", error)
+            return
+        unread = [tp for tp in committed if tp.error is not None]
+        if unread:
+            log.warning("rewind: committed offsets of %s not read (%s); trying again",
+                        fmt_partitions([(tp.topic, tp.partition) for tp in unread]), unread[0].error)
+            return
+        self.epoch = self.rewind_after + 1
+        batcher.take()
+        tps = [(tp.topic, tp.partition) for tp in assignment]
+        tracker.forget(tps)
+        tracker.assign(tps)
+        idle = []
+        for tp in committed:
+            try:
+                consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                             tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError) or error.code() not in _NOT_FETCHING:
+                    raise
+                # Assigned, and not fetching yet: librdkafka is still reading its committed offset (an open
+                # transaction of its previous owner can hold that read for a while), or it is being revoked.
+                # Nothing was taken from it, and it will start at its committed offset: nothing to rewind.
+                idle.append((tp.topic, tp.partition))
+        log.info("rewound %s to the committed offsets (epoch %d)%s", fmt_partitions(tps), self.epoch,
+                 f"; not fetching yet, left to start there: {fmt_partitions(idle)}" if idle else "")
+

@@ -1,0 +1,71 @@
+"""The worker as a whole, without a broker: what it says about itself at start-up, and how the poll thread
+turns taken records into dispatched batches (the poll loop's pausing is in test_pausing.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from stream.config import WorkerSettings
+from stream.records import Records
+from stream.worker import Worker
+from tests.handlers import PoisonHandler
+
+
+class NoConsumer:
+    """Nothing is consumed here; the worker only needs the object."""
+
+    def assignment(self) -> list[Any]:
+        return []
+
+
+class NoPublisher:
+    def failure(self) -> None:
+        return None
+
+
+@pytest.fixture
+def worker(model_dir: Path) -> Worker:
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out",
+                              group_id="g", model_dir=model_dir, max_batch_size=4, native_consumer=False)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    return w
+
+
+def records(partitions: list[int], offsets: list[int]) -> Records:
+    return Records.build([b"v"] * len(partitions), [None] * len(partitions), partitions, offsets)
+
+
+def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worker) -> None:
+    text = generate_latest(worker.metrics.registry).decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("stream_model_info{"))
+    for part in ('name="demo-fraud-mlp"', 'device="cpu"', 'input_schema="stream.demo.FraudEvent:1"',
+                 'output_schema="stream.demo.FraudPrediction:3"'):
+        assert part in line, line
+
+
+def test_records_of_partitions_no_longer_assigned_are_dropped_when_taken(worker: Worker) -> None:
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0, 1, 0], [5, 9, 6]))
+    assert worker._summary.consumed == 2 and len(worker._batcher) == 2
+
+
+def test_a_closed_batch_is_one_span_per_partition_and_sets_the_commit_base(worker: Worker) -> None:
+    worker._tracker.assign([("in", 0), ("in", 1)])
+    worker._accept(records([0, 1, 0], [5, 9, 6]))
+    batch = worker._close_batch()
+    spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
+    assert spans == {0: (5, 6, 2), 1: (9, 9, 1)} and worker._tracker.in_flight() == 3
+    assert worker._committer.position(("in", 0)) == 5 and worker._committer.position(("in", 1)) == 9
+    assert len(worker._batcher) == 0 and worker._summary.batches == 1
+
+
+def test_a_batch_over_its_size_is_cut_and_the_rest_stays_open(worker: Worker) -> None:
+    """Records taken while paused can overfill the open batch: only max_batch_size of them go."""
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0] * 6, list(range(6))))
+    assert len(worker._close_batch().records) == 4 and len(worker._batcher) == 2
