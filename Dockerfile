@@ -8,7 +8,7 @@ COPY stream ./stream
 COPY producers ./producers
 COPY schemas ./schemas
 COPY setup.py ./
-# gcc only to build the optional C extension (stream/_nativeproduce.c); without it the worker would publish
+# gcc only to build the optional C extension (stream/_native*.c); without it the worker would publish
 # through confluent-kafka alone.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install -e . \

@@ -19,7 +19,7 @@ help:
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
-$(STAMP): pyproject.toml setup.py stream/_nativeproduce.c stream/_nativecodec.c
+$(STAMP): pyproject.toml setup.py stream/_rdkafka.h stream/_nativeproduce.c stream/_nativeconsume.c stream/_nativecodec.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -133,7 +133,7 @@ class WorkerSettings(BaseSettings):
                     "headers only: transactions, dead letters and headers use confluent-kafka")
     native_consumer: bool = Field(
         default=True,
-        description="take input records through the C extension stream._nativeproduce (whole batches from "
+        description="take input records through the C extension stream._nativeconsume (whole batches from "
                     "librdkafka into one buffer, no Message object per record) where it is built; the "
                     "confluent-kafka consumer keeps the group, commits and callbacks; at-least-once only")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"

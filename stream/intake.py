@@ -42,7 +42,7 @@ class Intake:
             except (RuntimeError, TypeError, ValueError) as exc:
                 why_not = str(exc)
             else:
-                log.info("input records taken through the native consumer (stream._nativeproduce)")
+                log.info("input records taken through the native consumer (stream._nativeconsume)")
                 return cls(consumer, source, clock)
         log.info("input records taken through confluent-kafka (native consumer off: %s)", why_not)
         return cls(consumer, None, clock)

@@ -1,5 +1,6 @@
-"""Predictions produced and acknowledged in C, and input records consumed in C: the optional
-``stream._nativeproduce`` extension (``NativeProducer``; ``NativeInput`` at the end of this module).
+"""Predictions produced and acknowledged in C, and input records consumed in C: the optional extensions
+``stream._nativeproduce`` (``NativeProducer``) and ``stream._nativeconsume`` (``NativeInput``, at the end of this
+module), both binding to librdkafka through ``stream/_rdkafka.h``.
 
 Why: through confluent-kafka every prediction costs a ``produce()`` call and, when the broker acknowledges it, a
 ``Message`` object and a Python callback, each with the GIL held on the processing thread (measured: 3.8-3.9 µs
@@ -27,10 +28,10 @@ import numpy as np
 from stream.records import Records
 
 try:
-    from stream import _nativeproduce
-except ImportError as exc:  # not compiled (optional extension)
-    _nativeproduce = None  # type: ignore[assignment]
-    _IMPORT_ERROR: str | None = f"the C extension is not built ({exc})"
+    from stream import _nativeconsume, _nativeproduce
+except ImportError as exc:  # not compiled (optional extensions)
+    _nativeproduce = _nativeconsume = None  # type: ignore[assignment]
+    _IMPORT_ERROR: str | None = f"the C extensions are not built ({exc})"
 else:
     _IMPORT_ERROR = None
 
@@ -64,8 +65,9 @@ def unavailable() -> str | None:
             _load_error = "librdkafka not found"
         else:
             try:
-                assert _nativeproduce is not None
+                assert _nativeproduce is not None and _nativeconsume is not None
                 _nativeproduce.load(path)
+                _nativeconsume.load(path)
                 _loaded = True
             except ImportError as exc:
                 _load_error = str(exc)
@@ -150,9 +152,9 @@ class NativeInput:
             raise RuntimeError(f"native consumer unavailable: {reason}")
         if not isinstance(consumer, confluent_kafka.Consumer):
             raise TypeError(f"a confluent_kafka.Consumer is needed, got {type(consumer).__name__}")
-        assert _nativeproduce is not None
+        assert _nativeconsume is not None
         self.topic = topic
-        self._queue = _nativeproduce.Queue(consumer, topic)
+        self._queue = _nativeconsume.Queue(consumer, topic)
         self._closed = False
 
     def route(self, partitions: list[int]) -> None:
