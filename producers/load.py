@@ -14,7 +14,8 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
 from producers.events import generate_events
-from stream.codec import EventFrames, RegisteredSchema, SchemaRegistry, avro_long
+from producers.frames import EventFrames
+from stream.codec import RegisteredSchema, SchemaRegistry, avro_long
 from stream.models.demo import EVENT_SCHEMA
 from stream.native import NativeProducer
 from stream.native import unavailable as native_unavailable

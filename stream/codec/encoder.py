@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from fastavro import parse_schema, schemaless_writer
 
-from stream.codec import HEADER_SIZE, InputSource, _utf8_column, avro_long, avro_string
+from stream.codec import HEADER_SIZE, InputSource, avro_long, avro_string, utf8_column
 from stream.codec.plan import Column, Columns, ColumnSpec, type_name
 from stream.codec.registry import WriterSchema
 from stream.errors import ConfigError
@@ -270,7 +270,7 @@ class OutputEncoder:
                 lengths = np.fromiter(map(len, parts), dtype=np.int64, count=n)
                 data = np.frombuffer(b"".join(parts), dtype=np.uint8)  # type: ignore[arg-type]
             else:
-                data, lengths = _utf8_column(parts)  # type: ignore[arg-type]
+                data, lengths = utf8_column(parts)  # type: ignore[arg-type]
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             return [EN_BYTES, array(data), array(offsets)]

@@ -12,7 +12,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.codec import _nativecodec
+from stream.codec.decoder import _nativecodec
 from stream.codec.plan import (
     Columns,
     ColumnSpec,
