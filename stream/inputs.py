@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from stream.codec.columns import Column, Columns, ColumnSpec, reader_columns
 from stream.codec.decoder import ColumnDecoder
-from stream.codec.plan import Column, Columns, ColumnSpec, reader_columns
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import ConfigError, DecodeError
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from stream import faults
 from stream.codec import InputSource
+from stream.codec.columns import Columns
 from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder
-from stream.codec.plan import Columns
 from stream.codec.registry import RegistryUnavailable
 from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine, InFlight

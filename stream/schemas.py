@@ -7,9 +7,9 @@ import json
 import logging
 from pathlib import Path
 
+from stream.codec.columns import ColumnSpec
 from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder, derive_schema, parse_copy_fields
-from stream.codec.plan import ColumnSpec
 from stream.codec.registry import (
     FolderRegistry,
     RegistryUnavailable,

@@ -20,8 +20,8 @@ import torch
 from confluent_kafka import Producer
 from fastavro import parse_schema, schemaless_writer
 
+from stream.codec.columns import normalize, reader_columns
 from stream.codec.encoder import derive_schema
-from stream.codec.plan import normalize, reader_columns
 from stream.inputs import InputSpec, OutputSpec
 
 SCALARS = [("temp", "double"), ("humidity", "double"), ("pressure", "double"), ("wind", "double"),

@@ -18,17 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from stream.codec.plan import (
-    Columns,
-    ColumnSpec,
-    FieldPlan,
-    Program,
-    SchemaMismatch,
-    decode_columns,
-    flatten,
-    resolve,
-    run_native,
-)
+from stream.codec.columns import Columns, ColumnSpec
+from stream.codec.plan import FieldPlan, SchemaMismatch, resolve
+from stream.codec.program import Program, flatten, run_native
+from stream.codec.reference import decode_columns
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import DecodeError
 from stream.records import Records

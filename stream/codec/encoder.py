@@ -26,7 +26,7 @@ import numpy as np
 from fastavro import parse_schema, schemaless_writer
 
 from stream.codec import HEADER_SIZE, InputSource, avro_long, avro_string, utf8_column
-from stream.codec.plan import Column, Columns, ColumnSpec, type_name
+from stream.codec.columns import Column, Columns, ColumnSpec, type_name
 from stream.codec.registry import WriterSchema
 from stream.errors import ConfigError
 from stream.inputs import OutputSpec

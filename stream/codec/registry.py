@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from stream.codec.plan import normalize
+from stream.codec.columns import normalize
 from stream.errors import ConfigError, StreamError
 
 log = logging.getLogger(__name__)

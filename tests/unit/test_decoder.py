@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from producers.events import generate_events
 from stream.codec import decoder as decoder_module
+from stream.codec.columns import reader_columns
 from stream.codec.decoder import ColumnDecoder
-from stream.codec.plan import reader_columns
 from stream.codec.registry import FolderRegistry, WriterSchema
 from stream.errors import ConfigError
 from stream.inputs import InputBinder, InputSpec, input_side, parse_input_map
@@ -112,7 +112,7 @@ class OrderSource:
     description = "two versions of acme.Order"
 
     def __init__(self) -> None:
-        from stream.codec.plan import normalize
+        from stream.codec.columns import normalize
 
         self.v1 = WriterSchema(11, ORDER_V1, normalize(ORDER_V1))
         self.v2 = WriterSchema(12, ORDER_V2, normalize(ORDER_V2))

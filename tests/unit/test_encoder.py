@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from stream.codec import InputSource
 from stream.codec import encoder as encoder_module
+from stream.codec.columns import normalize, reader_columns
 from stream.codec.encoder import LINEAGE, OutputEncoder, derive_schema, parse_copy_fields
-from stream.codec.plan import decode_columns, normalize, reader_columns, resolve
+from stream.codec.plan import resolve
+from stream.codec.reference import decode_columns
 from stream.codec.registry import WriterSchema
 from stream.errors import ConfigError
 from stream.inputs import OutputSpec

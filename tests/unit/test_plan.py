@@ -12,19 +12,11 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream.codec.columns import Columns, ColumnSpec, normalize, reader_columns
 from stream.codec.decoder import _nativecodec
-from stream.codec.plan import (
-    Columns,
-    ColumnSpec,
-    FieldPlan,
-    SchemaMismatch,
-    decode_columns,
-    flatten,
-    normalize,
-    reader_columns,
-    resolve,
-    run_native,
-)
+from stream.codec.plan import FieldPlan, SchemaMismatch, resolve
+from stream.codec.program import flatten, run_native
+from stream.codec.reference import decode_columns
 from stream.errors import ConfigError
 
 EXAMPLES = int(os.environ.get("STREAM_TEST_PLAN_EXAMPLES", "150"))
