@@ -215,14 +215,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from stream.bench.runner import (
-        BenchConfig,
-        format_before,
-        format_latency,
-        format_methods,
-        format_table,
-        run_bench,
-    )
+    from stream.bench.report import format_before, format_latency, format_methods, format_table
+    from stream.bench.runner import BenchConfig, run_bench
 
     cfg = BenchConfig(events=args.events)
     if args.quick:

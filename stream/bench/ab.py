@@ -19,16 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stream.bench.runner import (
-    ROOT,
-    Bench,
-    BenchConfig,
-    Drain,
-    checkout_revision,
-    compare_drains,
-    remove_checkout,
-    short_rev,
-)
+from stream.bench.report import Drain, compare_drains
+from stream.bench.revisions import ROOT, checkout_revision, remove_checkout, short_rev
+from stream.bench.runner import Bench, BenchConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from producers.events import N_FEATURES, generate_events
-from stream.bench.runner import Bench, BenchConfig, _versions
+from stream.bench.runner import Bench, BenchConfig, versions
 from stream.broker import BrokerKind, KafkaHeap, start_broker
 from stream.errors import ConfigError
 from stream.inference import InferenceEngine
@@ -157,7 +157,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, broker_kind: BrokerKind = "kafka", bootst
     broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
                               "broker": broker_name,
-                              "versions": {**_versions(broker_name), "gpu": torch.cuda.get_device_name(device),
+                              "versions": {**versions(broker_name), "gpu": torch.cuda.get_device_name(device),
                                            "cuda": str(torch.version.cuda)}}
     model_dir = build_model(Path(tempfile.mkdtemp(prefix="stream-bench-gpu-")) / "model", cfg.width, cfg.depth)
     console_print(f"bench-gpu: model {cfg.width}x{cfg.depth} alone, copies, engine ...")

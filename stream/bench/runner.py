@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -22,22 +19,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
 from producers.load import produce_events
 from stream.bench import BEFORE_FIELD_PLANS
+from stream.bench.probes import (
+    PERCENTILES,
+    CpuSampler,
+    gc_pauses,
+    generator_rate,
+    metric,
+    read_latencies,
+    rss_mib,
+    scrape,
+    wait_assigned,
+)
+from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
+from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
 from stream.broker import BrokerKind, KafkaHeap, free_port, start_broker
-from stream.codec import SchemaRegistry, decode
 from stream.config import WorkerSettings
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
 from stream.process import WorkerProcess, die_with_parent
-from stream.topics import create_topics, partitions_of
-from stream.verify import headers_of, input_source
+from stream.topics import create_topics
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
-BEST_SETTINGS = ["--max-batch-size", "8192", "--max-inflight-batches", "2"]
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
 PEER_BATCH = WorkerSettings.model_fields["max_batch_size"].default
 PEER_WAIT_MS = WorkerSettings.model_fields["max_wait_ms"].default
@@ -69,83 +74,6 @@ class BenchConfig:
     before: str | None = BEFORE_FIELD_PLANS
     before_rounds: int = 3
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
-
-
-@dataclass
-class Drain:
-    name: str
-    events: int
-    seconds: float
-    peak_rss_mib: float | None = None
-    rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
-
-    @property
-    def rate(self) -> float:
-        return self.events / self.seconds if self.seconds > 0 else 0.0
-
-    def rss_growth(self, since: float = 1_000_000) -> tuple[float, float, float] | None:
-        """(consumed, RSS) at the first sample at or past ``since`` events (1/5 of the run when shorter) and at
-        the last sample: (from MiB, to MiB, growth fraction)."""
-        if len(self.rss_samples) < 2:
-            return None
-        mark = since if self.rss_samples[-1][0] >= 2 * since else self.rss_samples[-1][0] / 5
-        start = next(rss for consumed, rss in self.rss_samples if consumed >= mark)
-        end = self.rss_samples[-1][1]
-        return start, end, end / start - 1.0
-
-
-class CpuSampler:
-    """CPU seconds (user + system, from ``/proc/<pid>/stat``) of named processes, sampled on a thread every
-    ``every_s``, so that the cores each used over a window of wall-clock time can be read afterwards. Where
-    ``/proc`` is missing, or a process is gone, it simply has no samples."""
-
-    def __init__(self, every_s: float = 0.25) -> None:
-        self.every_s = every_s
-        self.samples: list[tuple[float, dict[str, float]]] = []  # (time.time(), {name: CPU seconds})
-        self._pids: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-
-    def watch(self, name: str, pid: int | None) -> None:
-        if pid is not None:
-            self._pids = {**self._pids, name: pid}
-
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            now = time.time()
-            cpu = {name: c for name, pid in self._pids.items() if (c := cpu_seconds(pid)) is not None}
-            self.samples.append((now, cpu))
-            if self._stop.wait(self.every_s):
-                return
-
-    def cores(self, start: float, end: float) -> dict[str, float]:
-        """Mean cores each process used between wall-clock times ``start`` and ``end`` (epoch seconds), from
-        its first and last sample inside that window; a process with fewer than two there is left out."""
-        inside = [(t, cpu) for t, cpu in self.samples if start <= t <= end]
-        out = {}
-        for name in self._pids:
-            mine = [(t, cpu[name]) for t, cpu in inside if name in cpu]
-            if len(mine) >= 2 and mine[-1][0] > mine[0][0]:
-                out[name] = (mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0])
-        return out
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far, or None (no ``/proc``, or no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class Bench:
@@ -211,10 +139,10 @@ class Bench:
         next_sample = time.monotonic()
         while any(p.proc.poll() is None for p, _ in procs):
             for p, _ in procs:
-                peak = max(peak, _rss_mib(p.pid, "VmHWM") or 0.0)
+                peak = max(peak, rss_mib(p.pid, "VmHWM") or 0.0)
             if time.monotonic() >= next_sample:
                 next_sample += 0.5
-                consumed, rss = _scrape(port, "stream_records_consumed_total"), _rss_mib(procs[0][0].pid)
+                consumed, rss = scrape(port, "stream_records_consumed_total"), rss_mib(procs[0][0].pid)
                 if consumed and rss:
                     samples.append((consumed, rss))
             time.sleep(0.1)
@@ -273,7 +201,7 @@ class Bench:
              "--summary-json", str(summary), "--log-level", "INFO"],
             self.work / "live.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
         try:
-            _wait_assigned(worker)
+            wait_assigned(worker)
             generator = subprocess.run(
                 [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
                  "--count", str(events), "--seed", "11", "--pregenerate"],
@@ -281,7 +209,7 @@ class Bench:
             if generator.returncode != 0:
                 raise RuntimeError(f"load generator failed: {generator.stdout[-1000:]}{generator.stderr[-2000:]}")
             deadline = time.monotonic() + 300
-            while (_scrape(port, "stream_offsets_committed_total") or 0) < events:
+            while (scrape(port, "stream_offsets_committed_total") or 0) < events:
                 if worker.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"live capacity: the worker did not commit {events:,} records: "
                                        f"{worker.output()[-3000:]}")
@@ -317,7 +245,7 @@ class Bench:
         warmup = self.cfg.warmup_seconds
         count = max(int(rate * (self.cfg.latency_seconds + warmup)), 1)
         try:
-            _wait_assigned(worker)
+            wait_assigned(worker)
             with CpuSampler() as sampler:
                 sampler.watch("worker", worker.pid)
                 sampler.watch("broker", self.broker_pid)
@@ -334,7 +262,7 @@ class Bench:
                     raise RuntimeError(f"load generator did not finish: {gen_out[-1000:]}{gen_err[-2000:]}") from None
             if generator.returncode != 0:
                 raise RuntimeError(f"load generator failed: {gen_out[-1000:]}{gen_err[-2000:]}")
-            rows, log_append = _read_latencies(self.bootstrap, inp, out, count)
+            rows, log_append = read_latencies(self.bootstrap, inp, out, count)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         finally:
             worker.terminate()
@@ -347,14 +275,14 @@ class Bench:
         pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
         return {
             "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
-            "offered_rate": rate, "achieved_rate": _generator_rate(gen_out), "events": len(steady),
+            "offered_rate": rate, "achieved_rate": generator_rate(gen_out), "events": len(steady),
             "warmup_events": count - len(steady),
-            **{f"{name}_ms": float(np.percentile(pipeline, q)) for name, q in _PERCENTILES},
-            **{f"from_event_{name}_ms": float(np.percentile(from_event, q)) for name, q in _PERCENTILES},
+            **{f"{name}_ms": float(np.percentile(pipeline, q)) for name, q in PERCENTILES},
+            **{f"from_event_{name}_ms": float(np.percentile(from_event, q)) for name, q in PERCENTILES},
             "mean_batch_size": float(len(sizes) / np.sum(1.0 / sizes)) if len(sizes) else 0.0,
             "timestamps": "LogAppendTime" if log_append else "CreateTime (the broker ignores LogAppendTime)",
             "latencies_ms": pipeline.tolist(), "batch_sizes": sizes.tolist(),
-            "worker_inference_seconds_sum": _metric(metrics, "stream_inference_seconds_sum"),
+            "worker_inference_seconds_sum": metric(metrics, "stream_inference_seconds_sum"),
             # Mean cores over the counted window: worker, local broker (absent for a given cluster), generator.
             "cpu_cores": cpu,
             # The broker's stop-the-world collections in the same window (None: no log of a broker of our own).
@@ -362,165 +290,7 @@ class Bench:
         }
 
 
-_PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))
-
-
-def checkout_revision(rev: str, into: Path) -> Path | None:
-    """A git worktree of ``rev`` at ``into`` with its C extensions built in place (this interpreter and
-    compiler), or None when this clone does not have ``rev`` (a shallow clone)."""
-    known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
-                           capture_output=True, text=True, check=False)
-    if known.returncode != 0:
-        return None
-    subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], cwd=ROOT, capture_output=True, text=True,
-                   check=True)
-    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=into, capture_output=True,
-                           text=True, check=False)
-    if built.returncode != 0:
-        remove_checkout(into)
-        raise RuntimeError(f"building {rev}'s extensions failed:\n{built.stderr[-2000:]}")
-    return into
-
-
-def remove_checkout(tree: Path) -> None:
-    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
-    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False, capture_output=True)
-
-
-def short_rev(rev: str) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def median_drain(drains: list[Drain], name: str) -> Drain:
-    """The drain of median rate (the lower of the middle two for an even count), renamed ``name``."""
-    middle = sorted(drains, key=lambda d: d.rate)[(len(drains) - 1) // 2]
-    return Drain(name, middle.events, middle.seconds, middle.peak_rss_mib, middle.rss_samples)
-
-
-def compare_drains(rev: str, current: list[Drain], before: list[Drain]) -> dict[str, Any]:
-    """The ratio of the median rates, and of each round's pair."""
-    return {"revision": rev, "rounds": len(current), "current_rates": [d.rate for d in current],
-            "before_rates": [d.rate for d in before],
-            "pair_ratios": [c.rate / b.rate for c, b in zip(current, before, strict=True)],
-            "ratio": statistics.median(d.rate for d in current) / statistics.median(d.rate for d in before)}
-
-
-def format_before(report: dict[str, Any]) -> str | None:
-    """One line on the demo layout's drain against the revision before the field plans, if compared."""
-    before = report.get("before")
-    if not before:
-        return None
-    if "skipped" in before:
-        return f"demo layout against {before['revision']}: not compared ({before['skipped']})"
-    pairs = before["pair_ratios"]
-    return (f"demo layout, this checkout / {before['revision']} (before the field plans): median drain ratio "
-            f"{before['ratio']:.3f} over {before['rounds']} interleaved round(s) (pairs {min(pairs):.2f}-"
-            f"{max(pairs):.2f})")
-
-
-def _wait_assigned(worker: WorkerProcess, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while " assigned " not in worker.output():
-        if worker.proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the worker was never assigned its partitions: {worker.output()[-3000:]}")
-        time.sleep(0.05)
-
-
-def _generator_rate(line: str) -> float | None:
-    found = re.search(r"rate=([\d,]+) rec/s", line)
-    return float(found.group(1).replace(",", "")) if found else None
-
-
-def _rss_mib(pid: int, field: str = "VmRSS") -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
-def _scrape(port: int, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
-            return _metric(response.read().decode(), name)
-    except OSError:
-        return None
-
-
-def _metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
-def _read_all(bootstrap: str, topic: str, count: int, deadline: float) -> list[Message]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(bootstrap, topic)])
-    found: list[Message] = []
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            found += [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
-    finally:
-        consumer.close()
-    if len(found) < count:
-        raise RuntimeError(f"only {len(found)} of {count} records arrived on {topic}")
-    return found
-
-
-def _read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: int,
-                    timeout_s: float = 180.0) -> tuple[np.ndarray, bool]:
-    """Rows of (event ts_ms, pipeline ms, from-event ms, batch size), one per prediction, and whether every
-    timestamp was the broker's append time (a broker that ignores LogAppendTime gives producers' CreateTime).
-
-    Pipeline latency joins each prediction to its input record through the input partition and offset that
-    the prediction carries."""
-    deadline = time.monotonic() + timeout_s
-    appended = {}
-    log_append = True
-    for m in _read_all(bootstrap, input_topic, count, deadline):
-        ts_type, ts = m.timestamp()
-        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
-        appended[(m.partition(), m.offset())] = ts
-    registry = SchemaRegistry.from_dir()
-    rows = np.empty((count, 4), dtype=np.float64)
-    for i, m in enumerate(_read_all(bootstrap, output_topic, count, deadline)):
-        ts_type, ts = m.timestamp()
-        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
-        record = decode(registry, m.value())[1]
-        source = input_source(record, headers_of(m))[1:]
-        rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"])
-    return rows, log_append
-
-
-_GC_PAUSE = re.compile(r"^\[(\d+)ms\].*\bGC\(\d+\) Pause .* (\d+(?:\.\d+)?)ms$")
-
-
-def gc_pauses(log: Path, start: float, end: float) -> dict[str, Any]:
-    """The JVM's stop-the-world pauses (``-Xlog:gc`` lines decorated with wall-clock ms first) that overlap the
-    wall-clock window [``start``, ``end``] (epoch seconds): how many, their total and the longest, ms. A line is
-    written as its pause ends; rotated files (``gc.log.0``, ...) are read too; no log reads as no pause."""
-    durations: list[float] = []
-    for path in sorted(log.parent.glob(log.name + "*")):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            found = _GC_PAUSE.match(line.rstrip())
-            if found:
-                ended_s, ms = int(found.group(1)) / 1000.0, float(found.group(2))
-                if ended_s >= start and ended_s - ms / 1000.0 <= end:
-                    durations.append(ms)
-    return {"pauses": len(durations), "total_ms": float(sum(durations)), "max_ms": max(durations, default=0.0)}
-
-
-def _versions(broker: str) -> dict[str, str]:
+def versions(broker: str) -> dict[str, str]:
     """Versions for a report; ``broker`` is ``kafka``, ``tansu`` or ``given cluster``."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -551,7 +321,7 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
     broker_name = "given cluster" if bootstrap else broker_kind
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-                              "broker": broker_name, "versions": _versions(broker_name)}
+                              "broker": broker_name, "versions": versions(broker_name)}
     if heap is not None:
         report["broker_heap"] = " ".join(heap.jvm_args())
     bench: Bench | None = None
@@ -627,107 +397,7 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     from stream.bench.summarize import summarize
 
     (cfg.results / "summary.json").write_text(json.dumps(summarize(report), indent=1) + "\n")
-    _plots(report, cfg.results)
+    write_plots(report, cfg.results)
     return report
 
 
-def _plots(report: dict[str, Any], folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    drains = report["drain"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.bar([d["name"] for d in drains], [d["rate"] for d in drains], color="#4878a8")
-    ax.set_ylabel("events/s (drain)")
-    ax.set_yscale("log")
-    ax.set_title(f"drain throughput ({report['versions']['cpu_cores']} cores, {report['broker']})")
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(folder / "throughput.png", dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for run in report["latency"]:
-        if run["latencies_ms"]:  # 2,001 quantiles, minimum to maximum: the curve of every point, drawn fast
-            fractions = np.linspace(0.0, 1.0, 2001)
-            ax.plot(np.quantile(np.asarray(run["latencies_ms"]), fractions), fractions, label=_label(run))
-    ax.set_xlabel("pipeline latency (ms, input record's append -> its prediction's append)")
-    ax.set_ylabel("fraction of events")
-    ax.set_xscale("log")
-    _save(plt, fig, ax, folder / "latency_cdf.png")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for run in report["latency"]:
-        ax.hist(run["batch_sizes"], bins=40, histtype="step", label=_label(run))
-    ax.set_xlabel("batch size of each prediction's batch")
-    ax.set_ylabel("predictions")
-    _save(plt, fig, ax, folder / "batch_sizes.png")
-
-
-def _label(run: dict[str, Any]) -> str:
-    policy = "fixed" if "fixed" in run["settings"] else "adaptive"
-    return f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms, {policy}"
-
-
-def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-DRAIN_METHODS = {
-    "passthrough": "a per-record Python loop: consume, produce the same bytes, commit (no decode, no model)",
-    "naive": "a per-record Python loop with fastavro decode/encode and one forward pass per record",
-    "faust": "faust-streaming, batches of the worker's default size, one forward pass per batch",
-    "handtuned": "a hand-written confluent-kafka loop: consume() batches, numpy decode, one forward pass",
-    "worker-default": "the worker at its defaults (the demo layout: 4 fields, 32 floats); with worker-before, "
-                      "the median of its rounds",
-    "worker-before": "the worker at the revision before the field plans (see the line below the table), built in "
-                     "a worktree, at its defaults: the median of rounds interleaved with worker-default's",
-    "worker-best": "the worker with " + " ".join(BEST_SETTINGS),
-    "worker-best-x2": "two worker replicas in one group with " + " ".join(BEST_SETTINGS),
-    "worker-generic": "the worker at its defaults on stream.bench.generic (12 named scalars, two strings, a "
-                      "nullable long; two fields copied)",
-    "worker-live": "the worker at its defaults while the load generator publishes as fast as it can",
-}
-
-
-def format_methods(report: dict[str, Any]) -> list[str]:
-    """How each drain row was measured (every row drains the same pre-produced demo events to the end, except
-    worker-generic's own and worker-live's live ones)."""
-    return [f"{d['name']}: {DRAIN_METHODS.get(d['name'], '')}" for d in report["drain"]]
-
-
-def format_table(report: dict[str, Any]) -> list[list[str]]:
-    rates = {d["name"]: d["rate"] for d in report["drain"]}
-    rows = [["contender", "events", "seconds", "events/s", "x limit", "x hand-tuned", "x faust", "peak RSS MiB",
-             "RSS growth"]]
-    for d in report["drain"]:
-        growth = d.get("rss_growth")
-        rows.append([d["name"], f"{d['events']:,}", f"{d['seconds']:.2f}", f"{d['rate']:,.0f}",
-                     f"{d['ratio_to_limit']:.2f}" if d["ratio_to_limit"] else "-",
-                     *(f"{d['rate'] / rates[peer]:.2f}" if rates.get(peer) else "-" for peer in ("handtuned", "faust")),
-                     f"{d['peak_rss_mib']:.0f}" if d["peak_rss_mib"] else "-",
-                     f"{growth[0]:.0f}->{growth[1]:.0f} MiB ({growth[2]:+.1%})" if growth else "-"])
-    return rows
-
-
-def _format_gc(gc: dict[str, Any] | None) -> str:
-    if gc is None:
-        return "-"
-    return f"{gc['pauses']} (max {gc['max_ms']:.0f} ms)" if gc["pauses"] else "0"
-
-
-def format_latency(report: dict[str, Any]) -> list[list[str]]:
-    rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
-             "from event p99", "mean batch", "CPU worker/broker/generator", "broker GC pauses"]]
-    for r in report["latency"]:
-        policy = "fixed" if "fixed" in r["settings"] else "adaptive"
-        cpu = r.get("cpu_cores") or {}
-        rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
-                     f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
-                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}",
-                     " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator")),
-                     _format_gc(r.get("broker_gc"))])
-    return rows

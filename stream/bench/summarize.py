@@ -26,7 +26,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from stream.bench.runner import format_before, format_latency, format_methods, format_table
+    from stream.bench.report import format_before, format_latency, format_methods, format_table
 
     def table(rows: list[list[str]]) -> list[str]:
         return ["| " + " | ".join(row) + " |" for row in [rows[0], ["---"] * len(rows[0]), *rows[1:]]]

@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.bench.runner import (
-    ROOT,
-    BenchConfig,
-    checkout_revision,
-    format_before,
-    format_latency,
-    format_methods,
-    format_table,
-    run_bench,
-)
+from stream.bench.report import format_before, format_latency, format_methods, format_table
+from stream.bench.revisions import ROOT, checkout_revision
+from stream.bench.runner import BenchConfig, run_bench
 from stream.bench.summarize import markdown
 from tests.conftest import BrokerInfo
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stream.bench.runner import CpuSampler, cpu_seconds
+from stream.bench.probes import CpuSampler, cpu_seconds
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.bench.runner import _format_gc, gc_pauses
+from stream.bench.probes import gc_pauses
+from stream.bench.report import format_gc
 
 # As JDK 17's G1 writes them with -Xlog:gc:...:timemillis,uptimemillis (a line when the pause or cycle ends).
 _LINES = """\
@@ -38,6 +39,6 @@ def test_rotated_files_are_read_and_a_missing_log_is_no_pause(tmp_path: Path) ->
 
 
 def test_the_table_cell() -> None:
-    assert _format_gc(None) == "-"  # no log: a given cluster, or Tansu
-    assert _format_gc({"pauses": 0, "total_ms": 0.0, "max_ms": 0.0}) == "0"
-    assert _format_gc({"pauses": 2, "total_ms": 40.2, "max_ms": 31.5}) == "2 (max 32 ms)"
+    assert format_gc(None) == "-"  # no log: a given cluster, or Tansu
+    assert format_gc({"pauses": 0, "total_ms": 0.0, "max_ms": 0.0}) == "0"
+    assert format_gc({"pauses": 2, "total_ms": 40.2, "max_ms": 31.5}) == "2 (max 32 ms)"

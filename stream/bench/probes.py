@@ -1,0 +1,179 @@
+"""What the benchmark measures with: CPU and RSS of processes from /proc, metrics scraped from a worker, the
+broker's collection log, and latencies read back from the output topic."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
+
+from stream.codec import SchemaRegistry, decode
+from stream.process import WorkerProcess
+from stream.topics import partitions_of
+from stream.verify import headers_of, input_source
+
+
+class CpuSampler:
+    """CPU seconds (user + system, from ``/proc/<pid>/stat``) of named processes, sampled on a thread every
+    ``every_s``, so that the cores each used over a window of wall-clock time can be read afterwards. Where
+    ``/proc`` is missing, or a process is gone, it simply has no samples."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (time.time(), {name: CPU seconds})
+        self._pids: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def watch(self, name: str, pid: int | None) -> None:
+        if pid is not None:
+            self._pids = {**self._pids, name: pid}
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            now = time.time()
+            cpu = {name: c for name, pid in self._pids.items() if (c := cpu_seconds(pid)) is not None}
+            self.samples.append((now, cpu))
+            if self._stop.wait(self.every_s):
+                return
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Mean cores each process used between wall-clock times ``start`` and ``end`` (epoch seconds), from
+        its first and last sample inside that window; a process with fewer than two there is left out."""
+        inside = [(t, cpu) for t, cpu in self.samples if start <= t <= end]
+        out = {}
+        for name in self._pids:
+            mine = [(t, cpu[name]) for t, cpu in inside if name in cpu]
+            if len(mine) >= 2 and mine[-1][0] > mine[0][0]:
+                out[name] = (mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0])
+        return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far, or None (no ``/proc``, or no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_assigned(worker: WorkerProcess, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while " assigned " not in worker.output():
+        if worker.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the worker was never assigned its partitions: {worker.output()[-3000:]}")
+        time.sleep(0.05)
+
+
+def generator_rate(line: str) -> float | None:
+    found = re.search(r"rate=([\d,]+) rec/s", line)
+    return float(found.group(1).replace(",", "")) if found else None
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def scrape(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            return metric(response.read().decode(), name)
+    except OSError:
+        return None
+
+
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def read_all(bootstrap: str, topic: str, count: int, deadline: float) -> list[Message]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(bootstrap, topic)])
+    found: list[Message] = []
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            found += [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
+    finally:
+        consumer.close()
+    if len(found) < count:
+        raise RuntimeError(f"only {len(found)} of {count} records arrived on {topic}")
+    return found
+
+
+def read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: int,
+                    timeout_s: float = 180.0) -> tuple[np.ndarray, bool]:
+    """Rows of (event ts_ms, pipeline ms, from-event ms, batch size), one per prediction, and whether every
+    timestamp was the broker's append time (a broker that ignores LogAppendTime gives producers' CreateTime).
+
+    Pipeline latency joins each prediction to its input record through the input partition and offset that
+    the prediction carries."""
+    deadline = time.monotonic() + timeout_s
+    appended = {}
+    log_append = True
+    for m in read_all(bootstrap, input_topic, count, deadline):
+        ts_type, ts = m.timestamp()
+        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
+        appended[(m.partition(), m.offset())] = ts
+    registry = SchemaRegistry.from_dir()
+    rows = np.empty((count, 4), dtype=np.float64)
+    for i, m in enumerate(read_all(bootstrap, output_topic, count, deadline)):
+        ts_type, ts = m.timestamp()
+        log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
+        record = decode(registry, m.value())[1]
+        source = input_source(record, headers_of(m))[1:]
+        rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"])
+    return rows, log_append
+
+
+_GC_PAUSE = re.compile(r"^\[(\d+)ms\].*\bGC\(\d+\) Pause .* (\d+(?:\.\d+)?)ms$")
+
+
+def gc_pauses(log: Path, start: float, end: float) -> dict[str, Any]:
+    """The JVM's stop-the-world pauses (``-Xlog:gc`` lines decorated with wall-clock ms first) that overlap the
+    wall-clock window [``start``, ``end``] (epoch seconds): how many, their total and the longest, ms. A line is
+    written as its pause ends; rotated files (``gc.log.0``, ...) are read too; no log reads as no pause."""
+    durations: list[float] = []
+    for path in sorted(log.parent.glob(log.name + "*")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            found = _GC_PAUSE.match(line.rstrip())
+            if found:
+                ended_s, ms = int(found.group(1)) / 1000.0, float(found.group(2))
+                if ended_s >= start and ended_s - ms / 1000.0 <= end:
+                    durations.append(ms)
+    return {"pauses": len(durations), "total_ms": float(sum(durations)), "max_ms": max(durations, default=0.0)}
+
+
+PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))

@@ -1,0 +1,164 @@
+"""The benchmark's results: drains, how each row was measured, the printed tables and the plots."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BEST_SETTINGS = ["--max-batch-size", "8192", "--max-inflight-batches", "2"]
+
+
+@dataclass
+class Drain:
+    name: str
+    events: int
+    seconds: float
+    peak_rss_mib: float | None = None
+    rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def rss_growth(self, since: float = 1_000_000) -> tuple[float, float, float] | None:
+        """(consumed, RSS) at the first sample at or past ``since`` events (1/5 of the run when shorter) and at
+        the last sample: (from MiB, to MiB, growth fraction)."""
+        if len(self.rss_samples) < 2:
+            return None
+        mark = since if self.rss_samples[-1][0] >= 2 * since else self.rss_samples[-1][0] / 5
+        start = next(rss for consumed, rss in self.rss_samples if consumed >= mark)
+        end = self.rss_samples[-1][1]
+        return start, end, end / start - 1.0
+
+
+def median_drain(drains: list[Drain], name: str) -> Drain:
+    """The drain of median rate (the lower of the middle two for an even count), renamed ``name``."""
+    middle = sorted(drains, key=lambda d: d.rate)[(len(drains) - 1) // 2]
+    return Drain(name, middle.events, middle.seconds, middle.peak_rss_mib, middle.rss_samples)
+
+
+def compare_drains(rev: str, current: list[Drain], before: list[Drain]) -> dict[str, Any]:
+    """The ratio of the median rates, and of each round's pair."""
+    return {"revision": rev, "rounds": len(current), "current_rates": [d.rate for d in current],
+            "before_rates": [d.rate for d in before],
+            "pair_ratios": [c.rate / b.rate for c, b in zip(current, before, strict=True)],
+            "ratio": statistics.median(d.rate for d in current) / statistics.median(d.rate for d in before)}
+
+
+def format_before(report: dict[str, Any]) -> str | None:
+    """One line on the demo layout's drain against the revision before the field plans, if compared."""
+    before = report.get("before")
+    if not before:
+        return None
+    if "skipped" in before:
+        return f"demo layout against {before['revision']}: not compared ({before['skipped']})"
+    pairs = before["pair_ratios"]
+    return (f"demo layout, this checkout / {before['revision']} (before the field plans): median drain ratio "
+            f"{before['ratio']:.3f} over {before['rounds']} interleaved round(s) (pairs {min(pairs):.2f}-"
+            f"{max(pairs):.2f})")
+
+
+def write_plots(report: dict[str, Any], folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drains = report["drain"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([d["name"] for d in drains], [d["rate"] for d in drains], color="#4878a8")
+    ax.set_ylabel("events/s (drain)")
+    ax.set_yscale("log")
+    ax.set_title(f"drain throughput ({report['versions']['cpu_cores']} cores, {report['broker']})")
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(folder / "throughput.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run in report["latency"]:
+        if run["latencies_ms"]:  # 2,001 quantiles, minimum to maximum: the curve of every point, drawn fast
+            fractions = np.linspace(0.0, 1.0, 2001)
+            ax.plot(np.quantile(np.asarray(run["latencies_ms"]), fractions), fractions, label=_label(run))
+    ax.set_xlabel("pipeline latency (ms, input record's append -> its prediction's append)")
+    ax.set_ylabel("fraction of events")
+    ax.set_xscale("log")
+    _save(plt, fig, ax, folder / "latency_cdf.png")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run in report["latency"]:
+        ax.hist(run["batch_sizes"], bins=40, histtype="step", label=_label(run))
+    ax.set_xlabel("batch size of each prediction's batch")
+    ax.set_ylabel("predictions")
+    _save(plt, fig, ax, folder / "batch_sizes.png")
+
+
+def _label(run: dict[str, Any]) -> str:
+    policy = "fixed" if "fixed" in run["settings"] else "adaptive"
+    return f"{run['load']:.0%} load, max_wait {run['max_wait_ms']:g} ms, {policy}"
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+DRAIN_METHODS = {
+    "passthrough": "a per-record Python loop: consume, produce the same bytes, commit (no decode, no model)",
+    "naive": "a per-record Python loop with fastavro decode/encode and one forward pass per record",
+    "faust": "faust-streaming, batches of the worker's default size, one forward pass per batch",
+    "handtuned": "a hand-written confluent-kafka loop: consume() batches, numpy decode, one forward pass",
+    "worker-default": "the worker at its defaults (the demo layout: 4 fields, 32 floats); with worker-before, "
+                      "the median of its rounds",
+    "worker-before": "the worker at the revision before the field plans (see the line below the table), built in "
+                     "a worktree, at its defaults: the median of rounds interleaved with worker-default's",
+    "worker-best": "the worker with " + " ".join(BEST_SETTINGS),
+    "worker-best-x2": "two worker replicas in one group with " + " ".join(BEST_SETTINGS),
+    "worker-generic": "the worker at its defaults on stream.bench.generic (12 named scalars, two strings, a "
+                      "nullable long; two fields copied)",
+    "worker-live": "the worker at its defaults while the load generator publishes as fast as it can",
+}
+
+
+def format_methods(report: dict[str, Any]) -> list[str]:
+    """How each drain row was measured (every row drains the same pre-produced demo events to the end, except
+    worker-generic's own and worker-live's live ones)."""
+    return [f"{d['name']}: {DRAIN_METHODS.get(d['name'], '')}" for d in report["drain"]]
+
+
+def format_table(report: dict[str, Any]) -> list[list[str]]:
+    rates = {d["name"]: d["rate"] for d in report["drain"]}
+    rows = [["contender", "events", "seconds", "events/s", "x limit", "x hand-tuned", "x faust", "peak RSS MiB",
+             "RSS growth"]]
+    for d in report["drain"]:
+        growth = d.get("rss_growth")
+        rows.append([d["name"], f"{d['events']:,}", f"{d['seconds']:.2f}", f"{d['rate']:,.0f}",
+                     f"{d['ratio_to_limit']:.2f}" if d["ratio_to_limit"] else "-",
+                     *(f"{d['rate'] / rates[peer]:.2f}" if rates.get(peer) else "-" for peer in ("handtuned", "faust")),
+                     f"{d['peak_rss_mib']:.0f}" if d["peak_rss_mib"] else "-",
+                     f"{growth[0]:.0f}->{growth[1]:.0f} MiB ({growth[2]:+.1%})" if growth else "-"])
+    return rows
+
+
+def format_gc(gc: dict[str, Any] | None) -> str:
+    if gc is None:
+        return "-"
+    return f"{gc['pauses']} (max {gc['max_ms']:.0f} ms)" if gc["pauses"] else "0"
+
+
+def format_latency(report: dict[str, Any]) -> list[list[str]]:
+    rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
+             "from event p99", "mean batch", "CPU worker/broker/generator", "broker GC pauses"]]
+    for r in report["latency"]:
+        policy = "fixed" if "fixed" in r["settings"] else "adaptive"
+        cpu = r.get("cpu_cores") or {}
+        rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
+                     f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
+                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}",
+                     " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator")),
+                     format_gc(r.get("broker_gc"))])
+    return rows
