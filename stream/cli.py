@@ -176,7 +176,7 @@ def run_broker(args: argparse.Namespace) -> int:
 
 def run_registry(args: argparse.Namespace) -> int:
     _setup_logging()
-    from stream.broker import start_registry
+    from stream.registry_server import start_registry
 
     registry = start_registry(args.port)
     return _foreground(registry, f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")

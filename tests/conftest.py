@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import kafka_available, start_kafka, start_registry, start_tansu
+from stream.broker import kafka_available, start_kafka, start_tansu
 from stream.models.train_demo import train
+from stream.registry_server import start_registry
 
 
 @dataclass(frozen=True)

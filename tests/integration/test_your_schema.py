@@ -118,7 +118,7 @@ def test_two_versions_of_a_new_schema_through_an_exported_model_are_read_back_by
 
 def test_a_registry_lost_mid_run_stops_nothing_it_knows_and_commits_nothing_it_cannot_read(
         pipeline: Pipeline, unique_name: Callable[[str], str], tmp_path: Path) -> None:
-    from stream.broker import start_registry
+    from stream.registry_server import start_registry
     from stream.topics import committed_offsets, end_offsets
     from tests.integration.harness import wait_for_assignment
 
