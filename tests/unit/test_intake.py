@@ -1,0 +1,57 @@
+"""Taking input records through confluent-kafka's consume() (the C consumer is tested against a broker in
+tests/integration/test_native.py): error events are not records; which errors stop the worker."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from stream.errors import KafkaClientError
+from stream.intake import Intake, consume_error
+
+
+class Msg:
+    def __init__(self, partition: int, offset: int, err: KafkaError | None = None) -> None:
+        self._p, self._o, self._err = partition, offset, err
+
+    def error(self) -> KafkaError | None:
+        return self._err
+
+    def value(self) -> bytes:
+        return b"v%d" % self._o
+
+    def key(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+class Consumer:
+    def __init__(self, messages: list[Msg]) -> None:
+        self.messages = messages
+        self.asked: list[tuple[int, float]] = []
+
+    def consume(self, n: int, timeout: float) -> list[Msg]:
+        self.asked.append((n, timeout))
+        return self.messages
+
+
+def test_error_events_are_left_out_of_the_records() -> None:
+    consumer = Consumer([Msg(0, 5), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)), Msg(1, 7)])
+    records = Intake(consumer, None, lambda: 0.0).take(10, 0.5)  # type: ignore[arg-type]
+    assert records.partitions.tolist() == [0, 1] and records.offsets.tolist() == [5, 7]
+    assert consumer.asked == [(10, 0.5)]
+    assert len(Intake(Consumer([]), None, lambda: 0.0).take(1, 0.0)) == 0  # type: ignore[arg-type]
+
+
+def test_end_of_partition_and_retriable_errors_go_on_others_stop_the_worker() -> None:
+    consume_error(KafkaError(KafkaError._PARTITION_EOF))
+    consume_error(KafkaError(KafkaError._TRANSPORT, retriable=True))
+    with pytest.raises(KafkaClientError):
+        consume_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaClientError):
+        consume_error(KafkaError(KafkaError._FATAL, fatal=True))
