@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from stream import native
 from stream.config import WorkerSettings
+from stream.deadline import Deadline
 from stream.errors import PublishError, StreamError, TransactionError
 from stream.native import NativeProducer
 from stream.offsets import Span
@@ -271,7 +271,7 @@ class Publisher:
     def close(self, timeout_s: float) -> int:
         """Flush what is queued, serving its delivery reports; returns how many records are still undelivered."""
         self._closing = True
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         if self._native is not None:
             self._native.abort()  # a produce_joined waiting for queue space returns now
         with self._serving:
@@ -281,4 +281,4 @@ class Publisher:
                 self._native_open = False
                 undelivered += self._native.close(timeout_s)
                 self._settle(self._native.take_done())
-            return undelivered + int(self._producer.flush(max(deadline - time.monotonic(), 0.0)))
+            return undelivered + int(self._producer.flush(deadline.left()))
