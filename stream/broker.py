@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
 
+from stream.children import die_with_parent
 from stream.errors import BrokerError
-from stream.process import die_with_parent
 
 log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"

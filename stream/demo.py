@@ -17,9 +17,9 @@ from rich.table import Table
 from producers.events import generate_events
 from producers.load import produce_events
 from stream.broker import BrokerKind, LocalBroker, start_broker
+from stream.children import WorkerProcess
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
-from stream.process import WorkerProcess
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import OutputReader, check_committed
 

@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 from stream.broker import LocalProcess, cache_dir, free_port
+from stream.children import die_with_parent
 from stream.errors import BrokerError
-from stream.process import die_with_parent
 
 log = logging.getLogger(__name__)
 REGISTRY_VERSION = "2.6.13.Final"  # Apicurio Registry, Apache-2.0; its 2.x runner needs Java 11+

@@ -26,8 +26,8 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stream.broker import BrokerKind, KafkaHeap, start_broker
+from stream.children import die_with_parent
 from stream.config import WorkerSettings
-from stream.process import die_with_parent
 from stream.topics import create_topics, partitions_of
 
 PARTITIONS = 8  # as the benchmark's topics

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
+from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode
-from stream.process import WorkerProcess
 from stream.topics import partitions_of
 from stream.verify import headers_of, input_source
 

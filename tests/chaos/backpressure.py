@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producers.load import produce_events
-from stream.process import WorkerProcess
+from stream.children import WorkerProcess
 from stream.topics import create_topics
 
 

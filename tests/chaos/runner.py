@@ -28,8 +28,8 @@ from confluent_kafka.admin import OffsetSpec
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
+from stream.children import WorkerProcess
 from stream.faults import PHASES
-from stream.process import WorkerProcess
 from stream.topics import admin, committed_offsets, create_topics, end_offsets, partitions_of
 from stream.verify import check_committed, headers_of, input_source
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from producers.events import generate_events
 from producers.load import produce_events
-from stream.process import WorkerProcess
+from stream.children import WorkerProcess
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import OutputReader, check_committed
 from tests.conftest import BrokerInfo

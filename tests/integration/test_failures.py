@@ -14,9 +14,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
 from stream.broker import free_port
+from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode, encode
 from stream.models.demo import EVENT_SCHEMA
-from stream.process import WorkerProcess
 from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.topics import committed_offsets, end_offsets
@@ -234,7 +234,7 @@ def test_an_unreachable_broker_stops_the_worker_within_a_bound(model_dir: Path, 
     exit 1 on its own, within a bound, naming the failure; it must neither hang nor skip."""
     from producers.load import produce_events
     from stream.broker import start_tansu
-    from stream.process import WorkerProcess
+    from stream.children import WorkerProcess
     from stream.topics import create_topics
 
     private = start_tansu()

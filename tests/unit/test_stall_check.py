@@ -18,16 +18,9 @@ from stream.records import Records
 from stream.stall_check import StallCheck
 from stream.stalls import StallDetector
 from stream.summary import WorkerSummary
+from tests.unit.test_stalls import FakeClock
 
 A, B = ("in", 0), ("in", 1)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class OffsetsConsumer:

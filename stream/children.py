@@ -1,4 +1,5 @@
-"""Worker child processes for the demo, the tests and the chaos suite: started, signalled and reaped by PID."""
+"""Child processes (worker processes for the demo, the tests, the chaos suite and the benchmark; brokers):
+started, signalled and reaped by PID; they die with their parent (`die_with_parent`)."""
 
 from __future__ import annotations
 
