@@ -154,18 +154,17 @@ class Worker:
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 
-    def _connect(self, consumer: Consumer, publisher: Publisher, processor: BatchProcessor | None = None) -> None:
+    def _connect(self, consumer: Consumer, publisher: Publisher) -> None:
         """Wire the parts that need the clients (the stage's thread is started by `_run`)."""
         s = self.settings
         self._consumer, self._publisher = consumer, publisher
         self._committer.consumer = consumer
         self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
-        if processor is None:
-            policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes,
-                                      s.model_retries, s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window,
-                                      s.provenance_headers, event_time_field=self._event_time_field)
-            processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
-                                       self.metrics, stopping=self._stop.is_set)
+        policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
+                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
+                                  event_time_field=self._event_time_field)
+        processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
+                                   self.metrics, stopping=self._stop.is_set)
         self._stage = ProcessingStage(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             torch_threads=s.torch_threads, pipelined=self._engine.asynchronous and s.gpu_overlap,
