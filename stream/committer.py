@@ -26,6 +26,7 @@ from stream.deadline import Deadline
 from stream.errors import KafkaClientError
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
+from stream.offsets import TopicPartition as Tp
 from stream.stalls import StallDetector
 from stream.summary import WorkerSummary
 
@@ -34,7 +35,6 @@ REBALANCE_ERRORS = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANC
                               KafkaError.UNKNOWN_MEMBER_ID})
 _ASYNC_COMMIT_PATIENCE_S = 30.0  # then send the next asynchronous commit even if the last one got no answer
 
-Tp = tuple[str, int]
 
 
 class Committer:

@@ -18,6 +18,7 @@ from stream.batching import MicroBatcher
 from stream.committer import Committer
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker, fmt_partitions
+from stream.offsets import TopicPartition as Tp
 from stream.pausing import InputPause
 from stream.records import Records
 from stream.stalls import StallDetector
@@ -25,7 +26,6 @@ from stream.stalls import StallDetector
 log = logging.getLogger(__name__)
 _STALL_QUERY_TIMEOUT_S = 2.0  # longest wait for the end and committed offsets of idle partitions
 
-Tp = tuple[str, int]
 
 
 class StallCheck:
