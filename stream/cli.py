@@ -39,9 +39,15 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--batch-policy", choices=["adaptive", "fixed"],
                    help="adaptive (default): also close a batch as soon as the model is idle and no more records "
                         "are waiting; fixed: only by count or time")
-    p.add_argument("--model", help="demo, or package.module:HandlerClass (default demo)")
+    p.add_argument("--model", help="demo, minilm (text -> sentence embedding; needs the text extra), "
+                   "export:PATH.pt2, torchscript:PATH.pt, or package.module:HandlerClass (default demo)")
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="--model minilm on CUDA: the encoder's precision (float32)")
+    p.add_argument("--malloc-mmap-threshold-kib", type=int,
+                   help="glibc: allocations this large are mmap'd (default 128; 32768 for --model minilm)")
     p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
     p.add_argument("--gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="on CUDA, keep one batch ahead on the device so copies and compute overlap host work (on)")
@@ -99,16 +105,28 @@ def _worker_parser(sub: Any) -> None:
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
 MALLOC_ARENA_MAX = 2
 MALLOC_MMAP_THRESHOLD = 128 * 1024
+# A transformer's activations are megabytes to tens of megabytes a pass, allocated and freed at the same sizes pass
+# after pass: mmap'd, each pass pays for faulting them in again (--model minilm drained 20 % slower on the CPU).
+MODEL_BOUND_MMAP_THRESHOLD = 32 * 1024 * 1024
 
 
-def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
+def mmap_threshold(model: str, kib: int | None) -> int:
+    """The worker's glibc mmap threshold in bytes: ``--malloc-mmap-threshold-kib`` when given, else 32 MiB for
+    the built-in transformer (``minilm``) and 128 KiB for every other model."""
+    if kib is not None:
+        return kib * 1024
+    return MODEL_BOUND_MMAP_THRESHOLD if model == "minilm" else MALLOC_MMAP_THRESHOLD
+
+
+def tune_malloc(environ: Mapping[str, str] | None = None, threshold: int = MALLOC_MMAP_THRESHOLD) -> bool:
     """Keep a long-running worker's native heap from creeping (glibc only; call before threads start).
 
     Two glibc defaults make RSS grow for millions of records while the Python heap stays flat: up to
     8 arenas per core, each keeping its own freed pages (librdkafka's and torch's threads), and an mmap
     threshold that rises after each large free, so batch-sized buffers end up in the heap instead of being
-    returned. Fixed values: 2 arenas, and buffers of 128 KiB or more always mmap'd. Skipped (False) when the
-    operator set their own (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, or malloc in GLIBC_TUNABLES)."""
+    returned. Fixed values: 2 arenas, and buffers of ``threshold`` bytes or more (128 KiB by default; see
+    `mmap_threshold`) always mmap'd. Skipped (False) when the operator set their own (MALLOC_ARENA_MAX,
+    MALLOC_MMAP_THRESHOLD_, or malloc in GLIBC_TUNABLES)."""
     env = os.environ if environ is None else environ
     if (sys.platform != "linux" or "MALLOC_ARENA_MAX" in env or "MALLOC_MMAP_THRESHOLD_" in env
             or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")):
@@ -118,7 +136,7 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, MALLOC_ARENA_MAX)) and bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD))
+    return bool(mallopt(_M_ARENA_MAX, MALLOC_ARENA_MAX)) and bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
@@ -131,7 +149,8 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     # Every setting has a flag of the same name; flags left out (None) fall back to STREAM_* env, then defaults.
     settings = load_settings({f: getattr(args, f, None) for f in WorkerSettings.model_fields})
     _setup_logging(settings.log_level)
-    log.debug("glibc malloc tuned: %s", tune_malloc())
+    threshold = mmap_threshold(settings.model, settings.malloc_mmap_threshold_kib)
+    log.debug("glibc malloc tuned (mmap threshold %d bytes): %s", threshold, tune_malloc(threshold=threshold))
     from stream.worker import Worker
 
     worker = Worker(settings)
@@ -194,10 +213,12 @@ def run_topics(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     _setup_logging()
+    from stream.models.demo import DEFAULT_MODEL_DIR
     from stream.models.train_demo import train
 
-    result = train(args.out)
-    print(f"demo model saved to {args.out}: held-out ROC AUC {result['auc']:.4f}, "
+    out = args.out or DEFAULT_MODEL_DIR
+    result = train(out)
+    print(f"demo model saved to {out}: held-out ROC AUC {result['auc']:.4f}, "
           f"fraud rate {result['positive_rate']:.3f}")
     return 0
 
@@ -207,7 +228,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from stream.demo import run_demo as demo
 
     return demo(broker_kind=args.broker, events=args.events, workers=args.workers, partitions=args.partitions,
-                bootstrap=args.bootstrap_servers)
+                bootstrap=args.bootstrap_servers, model=args.model)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -217,11 +238,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     from stream.bench.report import format_before, format_latency, format_methods, format_table
     from stream.bench.runner import BenchConfig, run_bench
+    from stream.bench.text import quick_text_config
 
     cfg = BenchConfig(events=args.events)
     if args.quick:
         cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
-                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000, before_rounds=1)
+                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000, before_rounds=1,
+                          text=quick_text_config())
+    if not args.text:
+        cfg.text = None
     cfg.before = None if args.before.lower() == "none" else args.before
     if args.before_rounds is not None:
         cfg.before_rounds = args.before_rounds
@@ -238,6 +263,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         for row in rows[1:]:
             table.add_row(*row)
         console.print(table)
+    if "text" in report:
+        _print_text_section(console, report["text"])
     console.print("how each drain was measured:\n  " + "\n  ".join(format_methods(report)))
     before = format_before(report)
     if before:
@@ -245,6 +272,54 @@ def run_bench_command(args: argparse.Namespace) -> int:
     v = report["versions"]
     console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
                   f"broker {v['broker']}; results in {cfg.results}")
+    return 0
+
+
+def _print_text_section(console: Any, section: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from stream.bench.text import format_text_table
+
+    rows = format_text_table(section)
+    table = Table(title="model-bound: --model minilm (all-MiniLM-L6-v2) against the model alone, same texts and "
+                        "batch size")
+    for col in rows[0]:
+        table.add_column(col, justify="right")
+    for row in rows[1:]:
+        table.add_row(*row)
+    console.print(table)
+    for entry in section["devices"]:
+        t = entry["tokens"]
+        console.print(f"{entry['device']}: {entry['texts']:,} texts, tokens median {t['median']:.0f}, p90 "
+                      f"{t['p90']:.0f}, p99 {t['p99']:.0f}, max {t['max']} ({t['truncated']} cut), "
+                      f"{entry['torch_threads']} torch threads")
+        for b in entry["batches"]:
+            if "worker_mmap_128k" in b:
+                console.print(f"{entry['device']}, batch {b['batch']}: worker with --malloc-mmap-threshold-kib 128 "
+                              f"{b['worker_mmap_128k']['rate']:,.1f} texts/s (with the model's 32 MiB: "
+                              f"{b['worker']['rate']:,.1f})")
+    console.print(f"CUDA: {section['cuda']}")
+
+
+def run_bench_text_command(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    from rich.console import Console
+
+    from stream.bench.runner import run_text_only
+    from stream.bench.text import TextBenchConfig, quick_text_config
+
+    cfg = quick_text_config() if args.quick else TextBenchConfig()
+    if args.texts is not None:
+        cfg.texts = args.texts
+    if args.batches is not None:
+        cfg.batches = tuple(int(b) for b in args.batches.split(","))
+    if args.torch_threads is not None:
+        cfg.torch_threads = tuple(int(t) for t in args.torch_threads.split(","))
+    results = args.results or Path("results") / time.strftime("bench-text-%Y%m%d-%H%M%S")
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    report = run_text_only(cfg, results, args.broker, args.bootstrap_servers, console_print=console.print)
+    _print_text_section(console, report["text"])
+    console.print(f"results in {results}")
     return 0
 
 
@@ -280,8 +355,8 @@ def run_bench_gpu_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from stream.bench import BEFORE_FIELD_PLANS
-    from stream.models.demo import DEFAULT_MODEL_DIR
 
+    # Nothing here imports torch: `python -m stream --help` and the broker commands start without it.
     parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_parser(sub)
@@ -299,11 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--replication-factor", type=int, default=1)
     tc.add_argument("topics", nargs="+")
     m = sub.add_parser("train-model", help="train the demo fraud model (safetensors + config.json)")
-    m.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
+    m.add_argument("--out", type=Path, default=None, help="default: artifacts/demo-fraud")
     d = sub.add_parser("demo", help="the whole pipeline end to end on a local broker, verified")
     d.add_argument("--broker", choices=["kafka", "tansu"], default="tansu")
     d.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
-    d.add_argument("--events", type=int, default=100_000)
+    d.add_argument("--events", type=int, default=None, help="default 100,000 (--model minilm: 2,000)")
+    d.add_argument("--model", choices=["demo", "minilm"], default="demo",
+                   help="minilm: seeded synthetic texts to sentence embeddings (needs the text extra)")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--partitions", type=int, default=8)
     bench = sub.add_parser("bench", help="benchmark the worker against its limit and its peers")
@@ -316,6 +393,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"compare the demo layout's drain with this git revision's worker, interleaved (default "
                             f"{BEFORE_FIELD_PLANS}, the last before the field plans; 'none': no comparison)")
     bench.add_argument("--before-rounds", type=int, default=None, help="drains of each in that comparison (3)")
+    bench.add_argument("--text", action=argparse.BooleanOptionalAction, default=True,
+                       help="the model-bound section (--model minilm against the model alone; needs the text extra)")
+    text = sub.add_parser("bench-text", help="the benchmark's model-bound section alone: --model minilm against the "
+                                             "model alone, CPU (and CUDA when present)")
+    text.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    text.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
+    text.add_argument("--texts", type=int, default=None, help="texts per CPU drain (3,000)")
+    text.add_argument("--batches", default=None, help="CPU batch sizes, comma-separated (32,128)")
+    text.add_argument("--torch-threads", default=None,
+                      help="intra-op thread counts, comma-separated, each for the model alone and the worker (1,2)")
+    text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
+    text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")
     gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")
     gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
     gpu.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
@@ -337,7 +426,7 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "registry": run_registry,
                "topics": run_topics, "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
-               "bench-gpu": run_bench_gpu_command}
+               "bench-text": run_bench_text_command, "bench-gpu": run_bench_gpu_command}
     try:
         return runners[args.command](args)
     except StreamError as exc:

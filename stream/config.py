@@ -73,7 +73,17 @@ class WorkerSettings(BaseSettings):
     model: str = Field(default="demo", min_length=1)
     model_dir: Path | None = None
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    max_tokens: int | None = Field(
+        default=None, ge=3, le=512,
+        description="--model minilm: texts are cut to this many tokens (default 256; the model's limit is 512)")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="--model minilm on CUDA: the encoder's weights and activations (default float32)")
     torch_threads: int = Field(default=1, ge=1, le=1024)
+    malloc_mmap_threshold_kib: int | None = Field(
+        default=None, ge=4, le=1_048_576,
+        description="glibc only: allocations of this many KiB or more are mmap'd and returned on free (default "
+                    "128, which keeps a long run's heap from creeping; 32768 for --model minilm, whose activations "
+                    "are reallocated every pass); ignored when MALLOC_MMAP_THRESHOLD_ is set")
     gpu_overlap: bool = Field(
         default=True,
         description="on CUDA, submit the next batch to the device before waiting for the one before, so its copy "

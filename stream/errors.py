@@ -44,6 +44,10 @@ class ModelError(StreamError):
     """The model failed on a batch."""
 
 
+class DeviceMemoryError(ModelError):
+    """The device ran out of memory on a batch: the batch is split and its halves run, not retried as it was."""
+
+
 class UnrecoverableModelError(ModelError):
     """The model cannot serve at all (cannot load, device lost): the worker must stop without committing."""
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from stream.errors import ConfigError, ModelError, UnrecoverableModelError
+from stream.errors import ConfigError, DeviceMemoryError, ModelError, UnrecoverableModelError
 from stream.inputs import NUMERIC_DTYPES, InputSpec, OutputSpec, input_rows
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ class ModelHandler(Protocol):
 
     def load(self, device: torch.device) -> None:
         """Load weights onto ``device``; raise UnrecoverableModelError if that is impossible."""
+
+    # Optional: ``prepare(inputs) -> dict`` runs first, on the host (tokenizing, say); its numeric numpy arrays
+    # are what the engine stages in page-locked memory for ``collate`` on CUDA. Optional too: ``truncated``, a
+    # running count of inputs the model cut to fit (exported as stream_inputs_truncated_total).
 
     def collate(self, inputs: Mapping[str, Any], device: torch.device) -> Any:
         """The batch's inputs by name (numeric ones as numpy arrays of ``(n, *shape)``, strings and bytes as lists)
@@ -61,9 +65,26 @@ def select_device(spec: str) -> torch.device:
     return device
 
 
-def create_handler(name: str, model_dir: Path | None) -> ModelHandler:
-    """A built-in handler by name (``demo``), a model file (``export:PATH.pt2``, ``torchscript:PATH.pt``), or
-    ``package.module:ClassName`` taking ``model_dir``."""
+@dataclass(frozen=True)
+class TextOptions:
+    """Settings of the built-in text model (``--max-tokens``, ``--dtype``); None: not given."""
+
+    max_tokens: int | None = None
+    dtype: str | None = None
+
+
+def create_handler(name: str, model_dir: Path | None, text: TextOptions | None = None) -> ModelHandler:
+    """A built-in handler by name (``demo``, ``minilm``), a model file (``export:PATH.pt2``,
+    ``torchscript:PATH.pt``), or ``package.module:ClassName`` taking ``model_dir``."""
+    text = text or TextOptions()
+    if name == "minilm":
+        from stream.models.minilm import DEFAULT_MAX_TOKENS, MiniLMHandler
+
+        return MiniLMHandler(model_dir, max_tokens=text.max_tokens or DEFAULT_MAX_TOKENS,
+                             dtype=text.dtype or "float32")
+    given = [flag for flag, value in (("--max-tokens", text.max_tokens), ("--dtype", text.dtype)) if value]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} apply to --model minilm only")
     if name == "demo":
         from stream.models.demo import DemoFraudHandler
 
@@ -83,8 +104,8 @@ def create_handler(name: str, model_dir: Path | None) -> ModelHandler:
         if not isinstance(handler, ModelHandler):
             raise ConfigError(f"--model {name}: {cls_name} does not implement the ModelHandler protocol")
         return handler
-    raise ConfigError(f"--model {name!r}: unknown model (built-in: demo; export:PATH.pt2, torchscript:PATH.pt, or "
-                      "package.module:ClassName)")
+    raise ConfigError(f"--model {name!r}: unknown model (built-in: demo, minilm; export:PATH.pt2, "
+                      "torchscript:PATH.pt, or package.module:ClassName)")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -172,6 +193,7 @@ class InferenceEngine:
             raise
         except Exception as exc:
             raise UnrecoverableModelError(f"model {handler.name} cannot load on {device}: {exc}") from exc
+        self._prepare = getattr(handler, "prepare", None)
         self.asynchronous = device.type == "cuda"
         if self.asynchronous:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -192,11 +214,12 @@ class InferenceEngine:
             inputs = {self.handler.inputs[0].name: inputs}
         flight = InFlight(input_rows(inputs), time.perf_counter())
         try:
+            prepared: Mapping[str, Any] = inputs if self._prepare is None else self._prepare(inputs)
             with torch.inference_mode():
                 if self.asynchronous:
-                    self._submit_cuda(inputs, flight)
+                    self._submit_cuda(prepared, flight)
                 else:
-                    flight.raw = self.handler.predict(self.handler.collate(inputs, self.device))
+                    flight.raw = self.handler.predict(self.handler.collate(prepared, self.device))
         except Exception as exc:
             flight.error = self._classify(exc, flight.n)
         return flight
@@ -249,7 +272,7 @@ class InferenceEngine:
         if isinstance(exc, ModelError):  # UnrecoverableModelError included
             return exc
         if isinstance(exc, torch.cuda.OutOfMemoryError):
-            return ModelError(f"out of device memory on a batch of {n}: {exc}")
+            return DeviceMemoryError(f"out of device memory on a batch of {n}: {exc}")
         if isinstance(exc, RuntimeError) and ("CUDA error" in str(exc) or "device-side assert" in str(exc)):
             # The CUDA context is unusable after these: no retry can succeed in this process.
             return UnrecoverableModelError(f"device failure on {self.device}: {exc}")

@@ -5,7 +5,8 @@ input is bound to a column of the reader schema: the column of the same name, or
 name=field.path`` names. `InputBinder` checks the bindings once at start-up (one line per mismatch) and then turns
 every decoded batch into the handler's arrays, sending the rows it cannot take to the dead-letter topic: a null
 where the model needs a value (``null-input``), a vector of the wrong length (``shape``), NaN or infinity in a
-float input (``non-finite``).
+float input (``non-finite``), an empty or blank string where the input is declared ``nonempty`` (``empty-input``).
+A string that is not UTF-8 never gets here: the decoder dead-letters its record (``corrupt-avro``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class InputSpec:
     name: str
     dtype: str = "float32"
     shape: tuple[int, ...] = ()
+    nonempty: bool = False  # strings and bytes: an empty value (a string of whitespace only, too) is refused
 
     def __post_init__(self) -> None:
         if self.dtype not in INPUT_DTYPES:
@@ -55,6 +57,8 @@ class InputSpec:
             raise ConfigError(f"input {self.name}: shape {self.shape} must be () or (k,) with k >= 1")
         if self.shape and self.dtype not in NUMERIC_DTYPES:
             raise ConfigError(f"input {self.name}: a vector of {self.dtype} is not supported")
+        if self.nonempty and self.dtype not in ("string", "bytes"):
+            raise ConfigError(f"input {self.name}: nonempty applies to string and bytes inputs")
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.shape[0]}]" if self.shape else self.dtype
@@ -215,10 +219,14 @@ def _as_input(spec: InputSpec, column: Column, n: int) -> tuple[Any, list[tuple[
         raw = column.values.tobytes()
         offsets = column.offsets
         assert offsets is not None
-        bounds = offsets.tolist()
-        if spec.dtype == "string":
-            return [raw[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)], rejected
-        return [raw[a:b] for a, b in itertools.pairwise(bounds)], rejected
+        values: list[Any] = [raw[a:b] for a, b in itertools.pairwise(offsets.tolist())]
+        if spec.dtype == "string":  # the decoder sent a string that is not UTF-8 to the dead letters already
+            values = [v.decode("utf-8") for v in values]
+        if spec.nonempty:
+            empty = [i for i, v in enumerate(values) if not (v.strip() if spec.dtype == "string" else v)]
+            if empty:
+                rejected.append(("empty-input", np.asarray(empty), "an empty value where the model needs one"))
+        return values, rejected
     dtype = np.dtype(spec.dtype if spec.dtype != "bool" else np.bool_)
     if spec.shape:
         k = spec.shape[0]

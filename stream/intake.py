@@ -75,6 +75,18 @@ class Intake:
             self._serve_consumer_at = 0.0  # at the next call
         return records
 
+    @property
+    def wakeable(self) -> bool:
+        """Whether `wake` can cut a waiting `take` short (the C consumer's queue can; confluent-kafka's cannot)."""
+        return self._source is not None
+
+    def wake(self) -> None:
+        """Make a `take` waiting now (or the next one) return at once; from any thread. A no-op unless
+        `wakeable`."""
+        source = self._source
+        if source is not None:
+            source.wake()
+
     def close(self) -> None:
         """Before the consumer's close, which destroys the client the C consumer uses."""
         if self._source is not None:

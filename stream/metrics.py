@@ -89,6 +89,10 @@ class StreamMetrics:
         self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
                                             registry=r)
         self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
+        self.oom_splits = Counter("stream_model_oom_splits",
+                                  "Batches split in two after the device ran out of memory on them.", registry=r)
+        self.inputs_truncated = Counter("stream_inputs_truncated",
+                                        "Inputs the model cut to fit (texts over --max-tokens).", registry=r)
         self.model_info = Info("stream_model", "The model this worker serves (name, version, device) and the "
                                "schemas it reads and writes.", registry=r)
         self.registry_retries = Counter(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from stream import faults
 from stream.codec import InputSource
@@ -23,7 +24,7 @@ from stream.codec.columns import Columns
 from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder
 from stream.codec.registry import RegistryUnavailable
-from stream.errors import DecodeError, ModelError, StreamError, UnrecoverableModelError
+from stream.errors import DecodeError, DeviceMemoryError, ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine, InFlight
 from stream.inputs import InputBinder, input_rows, take_inputs
 from stream.metrics import StreamMetrics
@@ -115,6 +116,12 @@ class DeadRecord:
     error: BaseException
 
 
+def _release_cached_memory() -> None:
+    """Give the CUDA caching allocator's free blocks back before the halves of a batch that did not fit run."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class BatchProcessor:
     def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: ColumnDecoder,
                  binder: InputBinder, encoder: OutputEncoder, publisher: Publisher, metrics: StreamMetrics,
@@ -129,6 +136,7 @@ class BatchProcessor:
         self._metrics = metrics
         self._sleep = sleep
         self._breaker = DeadLetterBreaker(policy.dlq_max_fraction, policy.dlq_window)
+        self._truncated_seen = 0
         self._topic_header = policy.input_topic.encode()
         # The input record's topic/partition/offset travel in the prediction's value when its schema has the
         # fields for them (version 2 on), as headers when asked for or when it has not.
@@ -149,6 +157,10 @@ class BatchProcessor:
         if len(decoded):
             faults.reach("during-inference")
             flight = self._engine.submit(inputs)
+            truncated = self._truncated()
+            if truncated > self._truncated_seen:
+                self._metrics.inputs_truncated.inc(truncated - self._truncated_seen)
+            self._truncated_seen = truncated
         return Begun(batch, decoded, inputs, dead, flight)
 
     def _decode(self, batch: Dispatched) -> tuple[Columns, list[tuple[int, DecodeError]]]:
@@ -173,7 +185,10 @@ class BatchProcessor:
         batch, decoded, dead = begun.batch, begun.decoded, begun.dead
         if begun.flight is not None:
             ok_rows, outputs, poison = self._infer_isolating(begun.inputs, begun.flight)
-            dead += [DeadRecord(int(decoded.index[row]), "model", "model-error", err) for row, err in poison]
+            dead += [DeadRecord(int(decoded.index[row]), "model",
+                                "out-of-memory" if isinstance(err, DeviceMemoryError) else "model-error", err)
+                     for row, err in poison]
+            self._truncated_seen = self._truncated()  # retries and bisection tokenize again: not counted twice
             if poison:
                 decoded = decoded.take(ok_rows)
             self._publish_predictions(batch, decoded, outputs)
@@ -209,7 +224,13 @@ class BatchProcessor:
                     log.warning("poison record isolated at row %d: %s", start, exc)
                 else:
                     mid = (start + stop) // 2
-                    pending += [(mid, stop, False), (start, mid, False)]  # left half first
+                    # Out of device memory: the halves are not suspects, they get the whole batch's retries.
+                    whole = isinstance(exc, DeviceMemoryError)
+                    if whole:
+                        self._metrics.oom_splits.inc()
+                        log.warning("%s; splitting it in two", exc)
+                        _release_cached_memory()
+                    pending += [(mid, stop, whole), (start, mid, whole)]  # left half first
                 continue
             finally:
                 flight = None  # only the whole batch's first attempt was submitted ahead
@@ -227,8 +248,8 @@ class BatchProcessor:
                 result = self._engine.result(flight if flight is not None else self._engine.submit(inputs))
                 self._metrics.inference_seconds.observe(result.seconds)
                 return result.outputs
-            except UnrecoverableModelError:
-                raise
+            except (UnrecoverableModelError, DeviceMemoryError):
+                raise  # the same batch would not fit again: its caller splits it
             except ModelError as exc:
                 if attempt >= retries:
                     raise
@@ -239,6 +260,11 @@ class BatchProcessor:
                 self._sleep(delay_s)
             finally:
                 flight = None
+
+    def _truncated(self) -> int:
+        """The handler's running count of inputs it cut to fit (0 for a handler that keeps none)."""
+        truncated = getattr(self._engine.handler, "truncated", 0)
+        return truncated if isinstance(truncated, int) else 0
 
     # ------------------------------------------------------------------ publishing
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray]) -> None:

@@ -30,7 +30,8 @@ _SEND_WINDOW_S = 0.001  # how long a processor that runs out of work flushes the
 class ProcessingStage:
     def __init__(self, processor: BatchProcessor, publisher: Publisher, transactions: Transactions, *,
                  max_inflight_batches: int, torch_threads: int, pipelined: bool, exactly_once: bool,
-                 fail: Callable[[BaseException], None], failed: Callable[[], bool]) -> None:
+                 fail: Callable[[BaseException], None], failed: Callable[[], bool],
+                 on_idle: Callable[[], None] | None = None) -> None:
         self._processor = processor
         self._publisher = publisher
         self._transactions = transactions
@@ -42,6 +43,7 @@ class ProcessingStage:
         self._slots = threading.BoundedSemaphore(max_inflight_batches)
         self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=max_inflight_batches + 1)
         self._busy = False  # written by the stage's thread only
+        self._on_idle = on_idle  # called by the stage's thread as it runs out of work (wakes the poll thread)
         self._thread = threading.Thread(target=self._loop, name="processor", daemon=True)
 
     def start(self) -> None:
@@ -87,7 +89,10 @@ class ProcessingStage:
                         sent = False
                         self._serve(lambda: publisher.send_now(_SEND_WINDOW_S))
                         continue
-                    self._busy = False
+                    if self._busy:
+                        self._busy = False
+                        if self._on_idle is not None:
+                            self._on_idle()  # an adaptive batch waiting for the model to go idle closes now
                     try:
                         item = self._queue.get(timeout=_SERVE_EVERY_S)
                     except queue.Empty:  # idle: acknowledge what was delivered meanwhile

@@ -27,7 +27,7 @@ from stream.committer import Committer
 from stream.config import WorkerSettings
 from stream.deadline import Deadline
 from stream.errors import KafkaClientError, StreamError
-from stream.inference import InferenceEngine, ModelHandler, create_handler, select_device
+from stream.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
 from stream.intake import Intake
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker, fmt_partitions
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.1
 _STALL_STEP_S = 0.05
 _GAUGE_EVERY_S = 0.1
-_IDLE_CHECK_S = 0.001  # adaptive batching: how often a waiting poll thread checks whether the model went idle
+_IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
+# whether the model went idle (the C consumer's take is woken instead)
 
 
 class Worker:
@@ -62,7 +63,8 @@ class Worker:
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
         set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
-        handler = handler if handler is not None else create_handler(s.model, s.model_dir)
+        handler = handler if handler is not None else create_handler(
+            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype))
         self._engine = InferenceEngine(handler, select_device(s.device))
         self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(s, handler)
         self.metrics.model_info.info({
@@ -168,7 +170,7 @@ class Worker:
         self._stage = ProcessingStage(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             torch_threads=s.torch_threads, pipelined=self._engine.asynchronous and s.gpu_overlap,
-            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed)
+            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, on_idle=self._intake.wake)
         self._stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
                                        self._pause, self.metrics, self._consumer_config)
 
@@ -216,8 +218,10 @@ class Worker:
                 close_early = len(records) < room
             else:
                 wait_s = batcher.time_left() or 0.0
-                if adaptive:
+                if adaptive and not intake.wakeable:
                     wait_s = min(wait_s, _IDLE_CHECK_S)  # look again soon: the model may be idle by then
+                # else the stage wakes this take as it goes idle: no polling, which took the GIL from a
+                # model-bound processor a thousand times a second
                 records = intake.take(max(batcher.room, 1), wait_s)
             if records is not None and len(records):
                 faults.reach("after-poll")

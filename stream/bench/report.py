@@ -19,6 +19,7 @@ class Drain:
     seconds: float
     peak_rss_mib: float | None = None
     rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
+    mean_batch_size: float | None = None  # the worker's, from its summaries
 
     @property
     def rate(self) -> float:
@@ -38,7 +39,7 @@ class Drain:
 def median_drain(drains: list[Drain], name: str) -> Drain:
     """The drain of median rate (the lower of the middle two for an even count), renamed ``name``."""
     middle = sorted(drains, key=lambda d: d.rate)[(len(drains) - 1) // 2]
-    return Drain(name, middle.events, middle.seconds, middle.peak_rss_mib, middle.rss_samples)
+    return Drain(name, middle.events, middle.seconds, middle.peak_rss_mib, middle.rss_samples, middle.mean_batch_size)
 
 
 def compare_drains(rev: str, current: list[Drain], before: list[Drain]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from stream.bench.probes import (
 )
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
 from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
+from stream.bench.text import TextBenchConfig, run_text_bench
 from stream.broker import BrokerKind, KafkaHeap, free_port, start_broker
 from stream.children import WorkerProcess, die_with_parent
 from stream.config import WorkerSettings
@@ -73,6 +74,8 @@ class BenchConfig:
     # (``worker-default`` is then the median of this checkout's rounds); None: no comparison.
     before: str | None = BEFORE_FIELD_PLANS
     before_rounds: int = 3
+    # The model-bound section (stream.bench.text: --model minilm against the model alone); None: none.
+    text: TextBenchConfig | None = field(default_factory=TextBenchConfig)
     results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
 
 
@@ -118,9 +121,9 @@ class Bench:
 
     def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
                      env: dict[str, str] | None = None, cwd: Path | None = None, input_topic: str | None = None,
-                     ) -> Drain:
+                     model_dir: bool = True) -> Drain:
         """Replicas drain the pre-produced topic (``--stop-at-end``); the first one's RSS is sampled against
-        its consumed count (from its /metrics) for the growth figure."""
+        its consumed count (from its /metrics) for the growth figure. ``model_dir``: pass the demo model's."""
         out = self.topic(f"{name}-out")
         group = f"bench-{name}-{self.run}"
         port = free_port()
@@ -130,7 +133,8 @@ class Bench:
             metrics = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if i == 0 else []
             procs.append((WorkerProcess(
                 ["--bootstrap-servers", self.bootstrap, "--input-topic", input_topic or self.input,
-                 "--output-topic", out, "--group-id", group, "--model-dir", str(self.model_dir), "--stop-at-end",
+                 "--output-topic", out, "--group-id", group,
+                 *(["--model-dir", str(self.model_dir)] if model_dir else []), "--stop-at-end",
                  "--summary-json", str(summary), "--log-level", "WARNING", *metrics, *extra],
                 self.work / f"{name}-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}, cwd),
                 summary))
@@ -154,7 +158,9 @@ class Bench:
             summaries.append(json.loads(path.read_text()))
         first = min(s["first_consumed_at"] for s in summaries if s["first_consumed_at"])
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
-        return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples)
+        batches = sum(s["batches"] for s in summaries)
+        return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
+                     sum(s["batched_records"] for s in summaries) / batches if batches else None)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:
@@ -358,6 +364,8 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
         if cfg.generic_events > 0:
             console_print("bench: worker (default settings) on the generic layout ...")
             drains.append(bench.generic_drain(cfg.generic_events))
+        if cfg.text is not None:
+            report["text"] = run_text_bench(bench, cfg.text, console_print)
         limit = next((d.rate for d in drains if d.name == "passthrough"), None)
         report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None,
                             "rss_growth": d.rss_growth()} for d in drains]
@@ -401,3 +409,26 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
     return report
 
 
+
+
+def run_text_only(cfg: TextBenchConfig, results: Path, broker_kind: BrokerKind = "kafka",
+                  bootstrap: str | None = None, console_print: Any = print) -> dict[str, Any]:
+    """``python -m stream bench-text``: the model-bound section alone, on its own broker; writes
+    ``bench-text.json`` under ``results``."""
+    broker = None if bootstrap else start_broker(broker_kind)
+    servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
+    broker_name = "given cluster" if bootstrap else broker_kind
+    bench = Bench(servers, BenchConfig(events=0), DEFAULT_MODEL_DIR)
+    try:
+        report = {"broker": broker_name, "versions": versions(broker_name),
+                  "text": run_text_bench(bench, cfg, console_print)}
+    except BaseException:
+        console_print(f"bench-text: worker logs kept in {bench.work}")
+        raise
+    finally:
+        if broker is not None:
+            broker.stop()
+    shutil.rmtree(bench.work, ignore_errors=True)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "bench-text.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report

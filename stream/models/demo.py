@@ -21,6 +21,10 @@ from stream.inputs import InputSpec, OutputSpec
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
 EVENT_SCHEMA = "stream.demo.FraudEvent"  # the demo's schemas, in the repository's schemas/ folder
 PREDICTION_SCHEMA = "stream.demo.FraudPrediction"
+# the text demo's (--model minilm) input and output, in the schemas folder too
+TEXT_EVENT_SCHEMA = "stream.demo.TextEvent"
+TEXT_EMBEDDING_SCHEMA = "stream.demo.TextEmbedding"
+TEXT_COPY_FIELDS = "event_id,event_ts_ms=ts_ms"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 

@@ -13,6 +13,7 @@ from stream.bench.report import format_before, format_latency, format_methods, f
 from stream.bench.revisions import ROOT, checkout_revision
 from stream.bench.runner import BenchConfig, run_bench
 from stream.bench.summarize import markdown
+from stream.bench.text import format_text_table, quick_text_config
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
     cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, warmup_seconds=0.5,
                       loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results",
-                      generic_events=2_000, before="HEAD", before_rounds=2)
+                      generic_events=2_000, before="HEAD", before_rounds=2, text=quick_text_config())
     worktrees = _worktrees()
     report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
@@ -45,6 +46,17 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     for d in report["drain"]:
         assert d["events"] >= expected.get(d["name"], 5_000), d
         assert d["seconds"] > 0 and d["rate"] > 0
+    # The model-bound section: the worker and the model alone on the same texts and batch size, bucketing's gain.
+    text = report["text"]
+    cpu = text["devices"][0]
+    assert cpu["device"] == "cpu" and text["cuda"]
+    assert cpu["texts"] == 160 and [b["batch"] for b in cpu["batches"]] == [32]
+    row = cpu["batches"][0]
+    assert row["worker"]["events"] == 160 and row["worker"]["rate"] > 0 and row["model_alone"]["rate"] > 0
+    assert row["worker"]["mean_batch_size"] == 32.0, "a backlog: every batch full"
+    assert row["worker_over_model"] == row["worker"]["rate"] / row["model_alone"]["rate"]
+    assert row["plain_padding"]["padding_ratio"] > row["bucketed_same_texts_as_plain"]["padding_ratio"] >= 1.0
+    assert len(format_text_table(text)) == 1 + len(text["devices"])
     drains = ("worker-default", "worker-before", "worker-best", "worker-best-x2", "worker-generic")
     assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"] in drains)
     assert [(r["load"], r["max_wait_ms"], r["settings"]) for r in report["latency"]] == [

@@ -24,6 +24,7 @@ from stream.metrics import StreamMetrics
 from stream.models.demo import EVENT_SCHEMA
 from stream.offsets import OffsetTracker
 from stream.processing import (
+    DLQ_ERROR_MESSAGE,
     DLQ_ERROR_REASON,
     DLQ_MODEL,
     DLQ_STAGE,
@@ -88,12 +89,13 @@ class FakePublisher:
 
 def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
          max_fraction: float = 0.9, provenance_headers: bool = False,
-         schemas_dir: Path | None = None) -> tuple[BatchProcessor, FakePublisher]:
-    """A processor wired as the worker wires it (its schemas from ``schemas_dir``, the repository's by default)."""
+         schemas_dir: Path | None = None, **given: Any) -> tuple[BatchProcessor, FakePublisher]:
+    """A processor wired as the worker wires it (its schemas from ``schemas_dir``, the repository's by default;
+    ``given``: more worker settings)."""
     engine = InferenceEngine(handler or PoisonHandler(model_dir), torch.device("cpu"))
     publisher = FakePublisher()
     settings = load_settings({"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "x",
-                              "schemas_dir": schemas_dir}, environ={})
+                              "schemas_dir": schemas_dir, **given}, environ={})
     decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
     policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
                               event_time_field=event_time)
@@ -288,3 +290,65 @@ def test_an_unreachable_registry_is_waited_out_and_a_stop_abandons_the_batch(mod
         processor.process(batch)
     assert len(pub.sent) == 5, "nothing of the abandoned batch published"
     assert tracker.committable() == {}, "nor acknowledged"
+
+
+class OutOfMemoryOver(PoisonHandler):
+    """Runs out of device memory on any batch of more than ``rows`` rows (a CUDA allocator's error, on the CPU)."""
+
+    def __init__(self, model_dir: Path, rows: int) -> None:
+        super().__init__(model_dir)
+        self.rows = rows
+        self.sizes: list[int] = []
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(len(inputs))
+        if len(inputs) > self.rows:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().predict(inputs)
+
+
+def test_out_of_device_memory_splits_the_batch_without_retrying_it_or_losing_a_row(model_dir: Path) -> None:
+    handler = OutOfMemoryOver(model_dir, rows=4)
+    processor, pub = make(model_dir, handler=handler, retries=3)
+    batch, tracker = batch_of(events(16), pub)
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 16 and tracker.committable() == {("in", 0): 16}
+    assert handler.sizes == [16, 8, 4, 4, 8, 4, 4], "split at once, never the same size twice"
+    assert processor._metrics.oom_splits._value.get() == 3
+    assert processor._metrics.model_retries._value.get() == 0
+    # a single row that does not fit is dead-lettered as such, the rest published
+    handler = OutOfMemoryOver(model_dir, rows=0)
+    processor, pub = make(model_dir, handler=handler, retries=3)
+    batch, tracker = batch_of(events(2), pub)
+    processor.process(batch)
+    assert [h[DLQ_ERROR_REASON] for t, _, _, h in pub.sent] == [b"out-of-memory"] * 2
+    assert tracker.committable() == {("in", 0): 2}
+
+
+def test_text_model_dead_letters_null_empty_and_non_utf8_texts_and_counts_cut_ones(model_dir: Path) -> None:
+    from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+    from stream.models.minilm import MiniLMHandler
+
+    text_event = REGISTRY.by_name(TEXT_EVENT_SCHEMA)
+    texts: list[str | None] = ["A normal sentence.", None, "", "   \t\n", "XXXX", "word " * 1500, "Another one."]
+    values = [encode(text_event, {"event_id": f"e{i}", "key": "k", "ts_ms": i, "text": t})
+              for i, t in enumerate(texts)]
+    values[4] = values[4].replace(b"XXXX", b"\xff\xfe\xc3\x28")  # not UTF-8
+    handler = MiniLMHandler()
+    processor, pub = make(model_dir, handler=handler, input_schema=TEXT_EVENT_SCHEMA,
+                          output_schema=TEXT_EMBEDDING_SCHEMA, copy_fields=TEXT_COPY_FIELDS)
+    batch, tracker = batch_of(values, pub)
+    processor.process(batch)
+    dead = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_REASON] for t, _, _, h in pub.sent if t == "dlq"}
+    assert dead == {1: b"null-input", 2: b"empty-input", 3: b"empty-input", 4: b"corrupt-avro"}
+    messages = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_MESSAGE] for t, _, _, h in pub.sent if t == "dlq"}
+    assert b"not UTF-8" in messages[4] and b"input text" in messages[2]
+    assert tracker.committable() == {("in", 0): 7}
+    out = [t for t, *_ in pub.sent].count("out")
+    assert out == 3
+    predictions = [decode(REGISTRY, v)[1] for t, v, _, _ in pub.sent if t == "out"]
+    assert [p["event_id"] for p in predictions] == ["e0", "e5", "e6"]
+    want = handler.embed(["A normal sentence.", "word " * 1500, "Another one."])
+    got = np.asarray([p["embedding"] for p in predictions], dtype=np.float32)
+    assert float(np.abs(got - want).max()) == 0.0 and got.shape == (3, 384)
+    assert processor._metrics.inputs_truncated._value.get() == 1  # counted once, not again by embed() above

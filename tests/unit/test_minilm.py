@@ -1,0 +1,155 @@
+"""``--model minilm`` against sentence-transformers' own embeddings (tests/fixtures/minilm_reference.json, written
+by tests/fixtures/make_minilm_reference.py), and its length bucketing, truncation and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.texts import generate_texts
+from stream.errors import ConfigError, UnrecoverableModelError
+from stream.inference import TextOptions, create_handler
+from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REFERENCE = json.loads((FIXTURES / "minilm_reference.json").read_text())
+SENTENCES = json.loads((FIXTURES / "minilm_sentences.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def handler() -> MiniLMHandler:
+    h = MiniLMHandler()
+    h.load(torch.device("cpu"))
+    return h
+
+
+@pytest.fixture(scope="module")
+def embedded(handler: MiniLMHandler) -> np.ndarray:
+    return handler.embed(REFERENCE["texts"])
+
+
+def test_embeddings_equal_sentence_transformers_to_1e_4(embedded: np.ndarray) -> None:
+    want = np.asarray(REFERENCE["embeddings"], dtype=np.float64)
+    assert embedded.shape == want.shape == (len(REFERENCE["texts"]), 384)
+    assert embedded.dtype == np.float32
+    assert float(np.abs(embedded - want).max()) <= 1e-4
+    # the fixture holds a text that sentence-transformers cut to its max_seq_length: ours is cut the same way
+    assert REFERENCE["max_seq_length"] == 256 and max(REFERENCE["token_lengths"]) == 256
+
+
+def test_every_embedding_has_unit_norm(embedded: np.ndarray) -> None:
+    norms = np.linalg.norm(embedded.astype(np.float64), axis=1)
+    assert np.all(np.abs(norms - 1.0) <= 1e-3)
+
+
+def test_paraphrases_score_higher_than_every_unrelated_pair(embedded: np.ndarray) -> None:
+    n = len(SENTENCES["pairs"])
+    assert n >= 20
+    a, b = embedded[0:2 * n:2].astype(np.float64), embedded[1:2 * n:2].astype(np.float64)
+    cosine = a @ b.T  # unit vectors: [i, j] is the similarity of a_i and b_j
+    paraphrase = np.diag(cosine)
+    unrelated = cosine[~np.eye(n, dtype=bool)]
+    assert paraphrase.min() > unrelated.max(), (paraphrase.min(), unrelated.max())
+
+
+def test_bucketing_keeps_input_order_and_equals_plain_padding(handler: MiniLMHandler) -> None:
+    texts = generate_texts(96, seed=5).texts
+    texts[7] = "short"
+    bucketed = handler.embed(texts)
+    handler.bucketing = False
+    try:
+        plain = handler.embed(texts)
+    finally:
+        handler.bucketing = True
+    one_by_one = np.stack([handler.embed([t])[0] for t in texts[:12]])
+    assert float(np.abs(bucketed - plain).max()) < 1e-5
+    assert float(np.abs(bucketed[:12] - one_by_one).max()) < 1e-5
+    shuffled = np.random.default_rng(1).permutation(len(texts))
+    again = handler.embed([texts[i] for i in shuffled])
+    assert float(np.abs(again - bucketed[shuffled]).max()) < 1e-5
+
+
+def test_bucketing_pads_less_than_plain_padding(handler: MiniLMHandler) -> None:
+    ids = handler.tokenize(generate_texts(256, seed=6).texts)
+    bucketed = handler.layout(ids)
+    handler.bucketing = False
+    try:
+        plain = handler.layout(ids)
+    finally:
+        handler.bucketing = True
+    real = sum(len(r) for r in ids)
+    assert len(plain["ids"]) == 256 * max(len(r) for r in ids)
+    assert real <= len(bucketed["ids"]) < len(plain["ids"]) / 2
+    assert len(bucketed["passes"]) > 1
+
+
+def test_texts_over_max_tokens_are_cut_and_counted() -> None:
+    h = MiniLMHandler(max_tokens=16)
+    h.load(torch.device("cpu"))
+    long_text = "the quick brown fox jumps over the lazy dog " * 20
+    ids = h.tokenize(["hello world", long_text, long_text * 500])  # the last is cut in characters first
+    assert [len(r) for r in ids[1:]] == [16, 16] and len(ids[0]) == 4
+    assert ids[1][0] == ids[0][0] and ids[1][-1] == ids[0][-1]  # still [CLS] ... [SEP]
+    assert h.truncated == 2
+    h.embed([long_text])
+    assert h.truncated == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 512), min_size=1, max_size=300), st.integers(0, 5000), st.integers(64, 20_000),
+       st.booleans())
+def test_plan_passes_covers_every_row_once_within_the_token_cap(lengths: list[int], overhead: int, cap: int,
+                                                                bucketing: bool) -> None:
+    sorted_lengths = np.sort(np.asarray(lengths))
+    passes = plan_passes(sorted_lengths, overhead, cap, bucketing)
+    assert passes[0].start == 0 and passes[-1].stop == len(lengths)
+    offset = 0
+    for before, after in itertools.pairwise(passes):
+        assert before.stop == after.start
+    for p in passes:
+        assert p.stop > p.start and p.offset == offset
+        assert p.length >= sorted_lengths[p.stop - 1]  # every row fits
+        assert (p.stop - p.start) * p.length <= cap or p.stop - p.start == 1
+        offset += (p.stop - p.start) * p.length
+    if not bucketing:
+        assert {p.length for p in passes} == {int(sorted_lengths[-1])}
+    else:  # never costlier than plain padding, by the planner's own measure
+        plain = plan_passes(sorted_lengths, overhead, cap, False)
+        cost = sum((p.stop - p.start) * p.length + overhead for p in passes)
+        assert cost <= sum((p.stop - p.start) * p.length + overhead for p in plain)
+
+
+def test_model_files_from_a_folder_and_clear_errors(tmp_path: Path) -> None:
+    files = read_model_files(None)
+    folder = tmp_path / "minilm"
+    (folder / "1_Pooling").mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    h = MiniLMHandler(folder)
+    h.load(torch.device("cpu"))
+    assert h.version.startswith("sha256-") and h.outputs[0].size == 384
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(UnrecoverableModelError, match=r"lacks tokenizer\.json"):
+        MiniLMHandler(folder).load(torch.device("cpu"))
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (folder / "tokenizer.json").write_bytes(files["tokenizer.json"])
+    with pytest.raises(UnrecoverableModelError, match="not mean pooling"):
+        MiniLMHandler(folder).load(torch.device("cpu"))
+    with pytest.raises(UnrecoverableModelError, match="needs a CUDA device"):
+        MiniLMHandler(dtype="float16").load(torch.device("cpu"))
+
+
+def test_text_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="between 3 and"):
+        create_handler("minilm", None, TextOptions(max_tokens=600))
+    with pytest.raises(ConfigError, match="apply to --model minilm only"):
+        create_handler("demo", None, TextOptions(max_tokens=64))
+    handler = create_handler("minilm", None, TextOptions(max_tokens=64, dtype="bfloat16"))
+    assert isinstance(handler, MiniLMHandler) and handler.max_tokens == 64 and handler.dtype == "bfloat16"
