@@ -52,11 +52,7 @@ def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.de
                 bucketing: bool = True) -> dict[str, Any]:
     """The handler's passes over pre-tokenized ``ids`` in batches of ``batch`` (laid out beforehand, copied to the
     device inside the timing as the worker does): texts/s, padded tokens over real ones."""
-    handler.bucketing = bucketing
-    try:
-        layouts = [handler.layout(ids[i:i + batch]) for i in range(0, len(ids), batch)]
-    finally:
-        handler.bucketing = True
+    layouts = [handler.layout(ids[i:i + batch], bucketing) for i in range(0, len(ids), batch)]
     with torch.inference_mode():
         handler.predict(handler.collate(layouts[0], device))  # warm-up (allocator, kernels)
         if device.type == "cuda":

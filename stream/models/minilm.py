@@ -181,14 +181,15 @@ class MiniLMHandler:
         out as one flat int32 buffer (each pass's rows padded to its length)."""
         return self.layout(self.tokenize(inputs["text"]))
 
-    def layout(self, ids: list[list[int]]) -> dict[str, Any]:
+    def layout(self, ids: list[list[int]], bucketing: bool | None = None) -> dict[str, Any]:
         """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only
-        figure)."""
+        figure); ``bucketing`` False: plain padding (default: the handler's)."""
         n = len(ids)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order]
-        passes = plan_passes(sorted_lengths, self._overhead, self._pass_tokens, self.bucketing)
+        passes = plan_passes(sorted_lengths, self._overhead, self._pass_tokens,
+                             self.bucketing if bucketing is None else bucketing)
         total = passes[-1].offset + (passes[-1].stop - passes[-1].start) * passes[-1].length if passes else 0
         flat = np.zeros(total, dtype=np.int32)  # 0: [PAD]
         # where each sorted row starts in the flat buffer
@@ -225,10 +226,10 @@ class MiniLMHandler:
     def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         return {"embedding": raw.numpy()}
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], bucketing: bool | None = None) -> np.ndarray:
         """Embeddings of ``texts`` on the loaded device (tests, scripts)."""
         with torch.inference_mode():
-            raw = self.predict(self.collate(self.prepare({"text": list(texts)}), self._device))
+            raw = self.predict(self.collate(self.layout(self.tokenize(texts), bucketing), self._device))
         return raw.cpu().numpy()
 
 

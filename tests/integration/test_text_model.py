@@ -4,6 +4,7 @@ empty, blank, non-UTF-8 and over-long texts are each handled as documented, over
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from producers.texts import generate_texts
 from stream.bench.probes import scrape
 from stream.broker import free_port
-from stream.models.minilm import MiniLMHandler
+from stream.models.minilm import PACKAGE, PACKAGE_ZIP, MiniLMHandler
 from stream.processing import DLQ_ERROR_REASON
 from stream.publish import HEADER_OFFSET
 from tests.integration.harness import Pipeline, wait_for_assignment
@@ -46,6 +47,11 @@ def test_minilm_embeds_a_users_text_field_and_dead_letters_texts_it_cannot_take(
     for row, text in bad.items():
         texts[row] = text
     texts[50] = "tokens " * 400  # over --max-tokens: cut, counted, embedded
+    handler = MiniLMHandler(max_tokens=128)
+    handler.load(torch.device("cpu"))
+    handler.tokenize([t for t in texts if t and t.strip() and t != "XXXXXXXX"])
+    cut = handler.truncated  # the good texts over 128 tokens, the one of 400 words among them
+    assert cut >= 1
     producer = Producer({"bootstrap.servers": pipeline.bootstrap})
     for i, text in enumerate(texts):
         value = serialize({"ticket_id": f"t-{i}", "body": {"subject": "s", "text": text}}, ctx)
@@ -54,7 +60,9 @@ def test_minilm_embeds_a_users_text_field_and_dead_letters_texts_it_cannot_take(
         producer.produce(pipeline.input, value, b"one-partition")  # offsets == rows
     assert producer.flush(30) == 0
     port = free_port()
+    weights = importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP)  # as a zip given by --model-dir
     worker = pipeline.worker("--schema-registry-url", schema_registry, "--model", "minilm", "--max-tokens", "128",
+                             "--model-dir", str(weights),  # (the harness's demo model dir comes first: this wins)
                              "--input-map", "text=body.text", "--copy-fields", "ticket_id", "--dlq-topic", dlq,
                              "--max-batch-size", "32", "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
     try:
@@ -64,17 +72,15 @@ def test_minilm_embeds_a_users_text_field_and_dead_letters_texts_it_cannot_take(
         predictions = [deserialize(v, out_ctx) for v, _ in read(pipeline.bootstrap, pipeline.output, 116, 120)]
         dead = read(pipeline.bootstrap, dlq, 4, 30)
         deadline = time.monotonic() + 30
-        while scrape(port, "stream_inputs_truncated_total") != 1 and time.monotonic() < deadline:
+        while scrape(port, "stream_inputs_truncated_total") != cut and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert scrape(port, "stream_inputs_truncated_total") == 1
+        assert scrape(port, "stream_inputs_truncated_total") == cut
     finally:
         code = worker.terminate(60)
     assert code == 0, worker.output()[-3000:]
     reasons = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_REASON] for _, h in dead}
     assert reasons == {10: b"null-input", 20: b"empty-input", 30: b"empty-input", 40: b"corrupt-avro"}
     assert sorted(int(p["ticket_id"][2:]) for p in predictions) == [i for i in range(120) if i not in bad]
-    handler = MiniLMHandler(max_tokens=128)
-    handler.load(torch.device("cpu"))
     order = [int(p["ticket_id"][2:]) for p in predictions]
     want = handler.embed([texts[i] or "" for i in order])
     got = np.asarray([p["embedding"] for p in predictions], dtype=np.float32)

@@ -63,11 +63,7 @@ def test_bucketing_keeps_input_order_and_equals_plain_padding(handler: MiniLMHan
     texts = generate_texts(96, seed=5).texts
     texts[7] = "short"
     bucketed = handler.embed(texts)
-    handler.bucketing = False
-    try:
-        plain = handler.embed(texts)
-    finally:
-        handler.bucketing = True
+    plain = handler.embed(texts, bucketing=False)
     one_by_one = np.stack([handler.embed([t])[0] for t in texts[:12]])
     assert float(np.abs(bucketed - plain).max()) < 1e-5
     assert float(np.abs(bucketed[:12] - one_by_one).max()) < 1e-5
@@ -78,12 +74,7 @@ def test_bucketing_keeps_input_order_and_equals_plain_padding(handler: MiniLMHan
 
 def test_bucketing_pads_less_than_plain_padding(handler: MiniLMHandler) -> None:
     ids = handler.tokenize(generate_texts(256, seed=6).texts)
-    bucketed = handler.layout(ids)
-    handler.bucketing = False
-    try:
-        plain = handler.layout(ids)
-    finally:
-        handler.bucketing = True
+    bucketed, plain = handler.layout(ids), handler.layout(ids, bucketing=False)
     real = sum(len(r) for r in ids)
     assert len(plain["ids"]) == 256 * max(len(r) for r in ids)
     assert real <= len(bucketed["ids"]) < len(plain["ids"]) / 2
@@ -153,3 +144,17 @@ def test_text_options_are_checked() -> None:
         create_handler("demo", None, TextOptions(max_tokens=64))
     handler = create_handler("minilm", None, TextOptions(max_tokens=64, dtype="bfloat16"))
     assert isinstance(handler, MiniLMHandler) and handler.max_tokens == 64 and handler.dtype == "bfloat16"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_engine_path_matches_the_cpu_and_half_precision_stays_close(embedded: np.ndarray) -> None:
+    from stream.inference import InferenceEngine
+
+    texts = REFERENCE["texts"]
+    engine = InferenceEngine(MiniLMHandler(), torch.device("cuda"))  # pinned staging, copy and compute streams
+    ahead = [engine.submit({"text": texts[i:i + 8]}) for i in range(0, len(texts), 8)]  # several in flight
+    got = np.concatenate([engine.result(f).outputs["embedding"] for f in ahead])
+    assert float(np.abs(got - embedded).max()) <= 1e-4
+    half = InferenceEngine(MiniLMHandler(dtype="bfloat16"), torch.device("cuda")).run({"text": texts})
+    cosine = (half.outputs["embedding"].astype(np.float64) * embedded).sum(axis=1)
+    assert cosine.min() > 0.99
