@@ -7,7 +7,8 @@ For each device and batch size, all on the same texts:
   Avro, no tokenizing), with length bucketing (what the worker does) and with plain padding (each batch padded to
   its longest text; on a subset when slow): their ratio is what bucketing gains;
 * **worker drain**: ``python -m stream worker --model minilm --max-batch-size B`` draining the pre-produced texts
-  from the broker (``--stop-at-end``; a backlog, so every batch is full, the mean batch size is recorded), the same
+  from the broker (``--stop-at-end``; a backlog, so every batch is full but possibly the first, closed early while
+  the model is idle: the mean batch size is recorded), the same
   intra-op threads as the model alone; its rate over the model alone's is the figure held to 0.9. On the CPU, at
   the largest batch size, one more drain with ``--malloc-mmap-threshold-kib 128`` (the default for other models)
   shows what the model's own allocator setting is worth.
@@ -28,8 +29,8 @@ from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVE
 
 @dataclass
 class TextBenchConfig:
-    # pre-produced and drained per batch size: a multiple of each batch size, so that every batch is full (the
-    # worker's adaptive policy closes one early only when the model is idle and nothing is waiting: the last)
+    # pre-produced and drained per batch size: a multiple of each batch size, so that the last batch is full too
+    # (the worker's adaptive policy closes one early only when the model is idle and nothing is waiting)
     texts: int = 3_072
     batches: tuple[int, ...] = (32, 128)
     plain_texts: int = 1_000  # plain padding is slow on the CPU: measured on the first this many texts
