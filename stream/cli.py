@@ -165,9 +165,9 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     return summary.exit_code
 
 
-def _foreground(server: Any, started: str) -> int:
-    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1);
-    the server is stopped by PID either way."""
+def _foreground(server: Any, started: str, alive: Any = None) -> int:
+    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (``alive()``
+    false; exit 1); the server is stopped by PID either way."""
     print(started, flush=True)
     stopping = False
 
@@ -177,8 +177,9 @@ def _foreground(server: Any, started: str) -> int:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    running = alive if alive is not None else (lambda: server.proc.poll() is None)
     try:
-        while not stopping and server.proc.poll() is None:
+        while not stopping and running():
             time.sleep(0.2)
     finally:
         server.stop()
@@ -189,6 +190,16 @@ def run_broker(args: argparse.Namespace) -> int:
     _setup_logging()
     from stream.broker import start_broker
 
+    if args.nodes > 1:
+        if args.kind != "kafka" or args.port is not None:
+            raise StreamError("--nodes N: Apache Kafka only (--kind kafka), on free ports (no --port)")
+        from stream.broker import start_kafka_cluster
+
+        cluster = start_kafka_cluster(args.nodes)
+        pids = " ".join(f"{n.node_id}:{n.pid}" for n in cluster.nodes)
+        return _foreground(cluster, f"kafka cluster of {args.nodes} nodes (node:pid {pids}) "
+                                    f"bootstrap={cluster.bootstrap}",
+                           alive=lambda: all(n.alive() for n in cluster.nodes))
     broker = start_broker(args.kind, args.port)
     return _foreground(broker, f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
 
@@ -363,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a single-node broker on 127.0.0.1 in the foreground")
     b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka")
     b.add_argument("--port", type=int, default=None, help="default: a free port")
+    b.add_argument("--nodes", type=int, default=1,
+                   help="Apache Kafka: this many KRaft nodes in one replicated cluster (3: replication factor 3, "
+                        "min.insync.replicas 2)")
     r = sub.add_parser("registry", help="run a Confluent-compatible schema registry (Apicurio, in memory) on "
                                         "127.0.0.1 in the foreground")
     r.add_argument("--port", type=int, default=None, help="default: a free port")
@@ -371,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("create", help="create topics (an existing topic is fine)")
     tc.add_argument("--bootstrap-servers", required=True)
     tc.add_argument("--partitions", type=int, default=8)
-    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument("--replication-factor", type=int, default=-1,
+                    help="default: the cluster's default.replication.factor")
     tc.add_argument("topics", nargs="+")
     m = sub.add_parser("train-model", help="train the demo fraud model (safetensors + config.json)")
     m.add_argument("--out", type=Path, default=None, help="default: artifacts/demo-fraud")

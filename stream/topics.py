@@ -16,14 +16,14 @@ def admin(bootstrap: str, **extra: Any) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, **extra})
 
 
-def wait_ready(bootstrap: str, timeout_s: float = 60.0) -> None:
-    """Block until the cluster answers a metadata request with at least one broker."""
+def wait_ready(bootstrap: str, timeout_s: float = 60.0, brokers: int = 1) -> None:
+    """Block until the cluster answers a metadata request with at least ``brokers`` brokers."""
     client = admin(bootstrap)
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            if client.list_topics(timeout=2).brokers:
+            if len(client.list_topics(timeout=2).brokers) >= brokers:
                 return
         except KafkaException as exc:
             last = exc
@@ -31,9 +31,10 @@ def wait_ready(bootstrap: str, timeout_s: float = 60.0) -> None:
     raise StreamError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s ({last})")
 
 
-def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, replication_factor: int = 1,
+def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, replication_factor: int = -1,
                   config: dict[str, str] | None = None, timeout_s: float = 30.0) -> dict[str, str]:
-    """Create topics; an existing topic is fine. Returns {topic: "created" | "exists"}.
+    """Create topics; an existing topic is fine. Returns {topic: "created" | "exists"}. ``replication_factor``
+    -1: the cluster's ``default.replication.factor`` (3 on the local three-node cluster, 1 on one node).
 
     Waits until every partition of every topic has a leader, so producers can use them at once.
     """

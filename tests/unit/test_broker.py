@@ -75,3 +75,28 @@ def test_memory_for_the_heap_is_the_containers_limit_where_smaller(tmp_path: Pat
     assert _mem_total_mib(**limited) == 3 * 1024
     # nothing readable: no figure (for_benchmark then takes 1 GiB)
     assert _mem_total_mib(tmp_path / "none", tmp_path / "none", tmp_path / "none") is None
+
+
+def test_cluster_properties_replicate_three_times_and_need_two_in_sync(tmp_path: Path) -> None:
+    from stream.broker import _kafka_properties
+
+    def props(nodes: int) -> dict[str, str]:
+        text = _kafka_properties(2, 9092, 9093, "1@127.0.0.1:1,2@127.0.0.1:9093,3@127.0.0.1:3", tmp_path, nodes)
+        return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+    three, one = props(3), props(1)
+    for key in ("default.replication.factor", "offsets.topic.replication.factor",
+                "transaction.state.log.replication.factor", "share.coordinator.state.topic.replication.factor"):
+        assert (three[key], one[key]) == ("3", "1"), key
+    for key in ("min.insync.replicas", "transaction.state.log.min.isr"):
+        assert (three[key], one[key]) == ("2", "1"), key
+    assert three["unclean.leader.election.enable"] == "false" and three["node.id"] == "2"
+    assert three["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+
+
+def test_a_cluster_is_kafka_on_free_ports_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from stream.cli import main
+
+    assert main(["broker", "--kind", "tansu", "--nodes", "3"]) == 2
+    assert main(["broker", "--kind", "kafka", "--nodes", "3", "--port", "9092"]) == 2
+    assert capsys.readouterr().err.count("--nodes N: Apache Kafka only") == 2
