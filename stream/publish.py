@@ -21,6 +21,7 @@ import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from stream import native
+from stream.client_logs import ConnectionWatch, client_logger
 from stream.config import WorkerSettings
 from stream.deadline import Deadline
 from stream.errors import PublishError, StreamError, TransactionError
@@ -103,9 +104,11 @@ class Publisher:
     records with headers stay on the confluent-kafka producer."""
 
     def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
-                 native_topic: str | None = None) -> None:
+                 native_topic: str | None = None, connection: ConnectionWatch | None = None) -> None:
         self.transactional = "transactional.id" in config
-        self._producer = Producer({**config, "error_cb": self._on_client_error})
+        self._connection = connection
+        self._producer = Producer({**config, "error_cb": self._on_client_error,
+                                   "logger": client_logger("producer")})
         self._on_span_done = on_span_done
         self._failures: list[PublishError] = []
         self._lock = threading.Lock()
@@ -116,7 +119,9 @@ class Publisher:
         self._native_spans: dict[int, tuple[SpanDelivery, int]] = {}  # slot -> (its span's delivery, records)
         self._free_slots: list[int] = []
         if native_topic is not None and not self.transactional:
-            self._native = NativeProducer(config, native_topic)
+            # Its librdkafka lines would go to stderr (a C client has no Python logger): only critical ones; the
+            # other producer and the consumer, on the same brokers, report the rest through the worker's log.
+            self._native = NativeProducer({"log_level": "2", **config}, native_topic)
             self._native_open = True
             self._free_slots = list(range(self._native.slots - 1, -1, -1))
 
@@ -128,7 +133,7 @@ class Publisher:
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
             self.record_failure(PublishError("producer", err), None)
-        else:
+        elif self._connection is None or not self._connection.error("producer", err):
             log.warning("producer: %s", err)
 
     def record_failure(self, error: PublishError, msg: Message | None) -> None:

@@ -9,11 +9,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from stream.client_logs import client_logger
 from stream.errors import KafkaClientError, StreamError
 
 
 def admin(bootstrap: str, **extra: Any) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **extra})
+    """An admin client whose librdkafka lines go to the ``stream.librdkafka.admin`` logger (repeats held back)."""
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": client_logger("admin"), **extra})  # type: ignore[dict-item]
 
 
 def wait_ready(bootstrap: str, timeout_s: float = 60.0, brokers: int = 1) -> None:

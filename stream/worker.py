@@ -19,10 +19,11 @@ from collections.abc import Callable
 from types import FrameType
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from stream import faults
 from stream.batching import MicroBatcher
+from stream.client_logs import ConnectionWatch, client_logger
 from stream.committer import Committer
 from stream.config import WorkerSettings
 from stream.deadline import Deadline
@@ -62,6 +63,7 @@ class Worker:
         self.settings = s = settings
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
+        self._connection = ConnectionWatch(clock)
         set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
         handler = handler if handler is not None else create_handler(
             s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype))
@@ -121,13 +123,11 @@ class Worker:
     def _run(self) -> WorkerSummary:
         s = self.settings
         if s.dlq_topic:
-            status = create_topics(s.bootstrap_servers, [s.dlq_topic],
-                                   len(partitions_of(s.bootstrap_servers, s.input_topic)))
-            log.info("dead-letter topic %s: %s", s.dlq_topic, status[s.dlq_topic])
+            self._create_dlq_topic(s.dlq_topic)
         publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
-                              native_topic=native_topic(s, self._encoder.carries_source))
+                              native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
         consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
-                             "error_cb": self._on_consumer_error})
+                             "error_cb": self._on_consumer_error, "logger": client_logger("consumer")})
         self._connect(consumer, publisher)
         assert self._stage is not None
         self._stage.start()
@@ -224,6 +224,7 @@ class Worker:
                 # model-bound processor a thousand times a second
                 records = intake.take(max(batcher.room, 1), wait_s)
             if records is not None and len(records):
+                self._connection.reachable()
                 faults.reach("after-poll")
                 self._accept(records)
             if self._transactions.pending():
@@ -313,10 +314,29 @@ class Worker:
                 self._fail(failure)
         return self._failure is not None
 
+    def _create_dlq_topic(self, topic: str) -> None:
+        """The dead-letter topic, as many partitions as the input; while the brokers cannot be reached, retried
+        (reported by the connection watch) until they can or the worker is stopped."""
+        s = self.settings
+        delay_s = 0.5
+        while not self._stop.is_set():
+            try:
+                status = create_topics(s.bootstrap_servers, [topic],
+                                       len(partitions_of(s.bootstrap_servers, s.input_topic)))
+            except (KafkaException, KafkaClientError) as exc:
+                err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or not self._connection.error("admin", err):
+                    raise
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+                continue
+            log.info("dead-letter topic %s: %s", topic, status[topic])
+            return
+
     def _on_consumer_error(self, err: KafkaError) -> None:
         if err.fatal():
             self._fail(KafkaClientError("consumer", err))
-        else:
+        elif not self._connection.error("consumer", err):
             log.warning("consumer: %s", err)
 
     # ---------------------------------------------------------------------------- shutdown
