@@ -112,6 +112,17 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_f
     raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
 
 
+def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM by PID, SIGKILL after ``timeout_s``; waits for the process either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 class LocalProcess:
     """A server process started here: `stop()` terminates it by PID (SIGKILL after ``timeout_s``) and removes its
     temp folder."""
@@ -126,13 +137,7 @@ class LocalProcess:
         return self.proc.pid
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        _terminate(self.proc, timeout_s)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Self:
@@ -355,15 +360,9 @@ class KafkaNode:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (a controlled shutdown), SIGKILL after ``timeout_s``; waits for the process."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot act on SIGTERM
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot act on SIGTERM
+            _terminate(self.proc, timeout_s)
 
 
 class LocalCluster:
