@@ -4,6 +4,7 @@ keeps trying, consumes and commits nothing, and a SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -39,3 +40,57 @@ def test_unreachable_brokers_at_start_up_are_reported_once_and_retried_until_sto
     assert 1 <= len(client_lines) <= 4, client_lines  # each distinct line once per 30 s
     assert len(lines) < 25, out
     assert "consumed=0 predicted=0 dead_lettered=0 committed=0" in out
+
+
+def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path, tmp_path: Path) -> None:
+    from stream.broker import kafka_available, start_kafka_cluster
+    from stream.topics import committed_offsets, create_topics, end_offsets
+    from stream.verify import OutputReader, check_committed
+    from tests.integration.harness import WORKER_ENV, wait_for_assignment
+
+    if not kafka_available():
+        pytest.skip("needs java and mvn for Apache Kafka")
+    with start_kafka_cluster(1) as cluster:  # one node that can be killed and started again on its data
+        bootstrap = cluster.bootstrap
+        create_topics(bootstrap, ["in", "out"], 4)
+        worker = WorkerProcess(["--bootstrap-servers", bootstrap, "--input-topic", "in", "--output-topic", "out",
+                                "--group-id", "g", "--model-dir", str(model_dir), "--commit-interval-ms", "200"],
+                               tmp_path / "worker.log", WORKER_ENV)
+        try:
+            wait_for_assignment(worker)
+            expected = _produce(bootstrap, 2_000, start=0)
+            reader = OutputReader(bootstrap, "out")
+            assert reader.read_until(expected, 60), worker.output()[-3000:]
+            reader.close()
+            node = cluster.nodes[0]
+            node.signal(signal.SIGKILL)
+            node.proc.wait(30)  # type: ignore[union-attr]
+            deadline = time.monotonic() + 60
+            while "cannot reach the Kafka brokers" not in worker.output() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(5)
+            assert worker.proc.poll() is None, "a worker outlives its brokers' outage"
+            assert worker.output().count("cannot reach the Kafka brokers") == 1, worker.output()[-3000:]
+            cluster.restart(1)
+            expected |= _produce(bootstrap, 2_000, start=2_000)
+            reader = OutputReader(bootstrap, "out")
+            assert reader.read_until(expected, 120), worker.output()[-3000:]
+            assert reader.missing(expected) == 0
+            reader.close()
+            deadline = time.monotonic() + 60
+            while "the Kafka brokers answer again" not in worker.output() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "the Kafka brokers answer again" in worker.output()
+        finally:
+            code = worker.terminate(60)
+        assert code == 0, worker.output()[-3000:]
+        assert check_committed(committed_offsets(bootstrap, "g", "in"), end_offsets(bootstrap, "in")) == []
+
+
+def _produce(bootstrap: str, count: int, start: int) -> set[str]:
+    from producers.events import generate_events
+    from producers.load import produce_events
+
+    summary = produce_events(bootstrap, "in", count, seed=3, start=start)
+    assert summary.failed == 0 and summary.delivered == count, summary.line()
+    return set(generate_events(count, seed=3, start=start).event_ids)
