@@ -3,6 +3,8 @@ FROM python:3.11-slim
 WORKDIR /app
 # CPU wheels keep the image small; drop the index URL to get the CUDA build for GPU hosts.
 ENV PIP_NO_CACHE_DIR=1 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+# In a container /metrics must be reachable from outside it (a worker elsewhere listens on 127.0.0.1 only).
+ENV STREAM_METRICS_HOST=0.0.0.0
 COPY pyproject.toml README.md ./
 COPY stream ./stream
 COPY producers ./producers

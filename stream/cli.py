@@ -54,7 +54,7 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--gil-switch-interval-ms", type=float,
                    help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", help="address for --metrics-port (default 0.0.0.0)")
+    p.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--schemas-dir", type=Path, help="schema folder when no registry is given (default: the repo's "
                                                      "schemas/)")
     p.add_argument("--schema-registry-url", help="a Confluent-compatible schema registry (default: "

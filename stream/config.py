@@ -93,7 +93,10 @@ class WorkerSettings(BaseSettings):
         description="how long a thread may hold the GIL while another waits (Python's default is 5 ms); the poll "
                     "thread waits on the processing thread's GIL for at most this long")
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = Field(
+        default="127.0.0.1", min_length=1,
+        description="address /metrics listens on: this host only by default; 0.0.0.0 for every interface (the "
+                    "container image sets it, so that Prometheus can scrape the pod)")
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)
     max_inflight_batches: int = Field(default=4, ge=1, le=1024)
     shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)

@@ -16,6 +16,8 @@ def test_defaults() -> None:
     s = load_settings(BASE, environ={})
     assert (s.max_batch_size, s.max_wait_ms, s.model, s.stop_at_end) == (4096, 20.0, "demo", False)
     assert s.batch_policy == "adaptive"
+    assert (s.metrics_port, s.metrics_host) == (None, "127.0.0.1"), "/metrics on this host only unless asked"
+    assert load_settings(BASE, environ={"STREAM_METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"  # the image's
 
 
 def test_flags_override_env_and_env_overrides_defaults() -> None:
