@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from stream import faults
 from stream.codec import InputSource
@@ -114,12 +113,6 @@ class DeadRecord:
     stage: str  # "decode" | "model"
     reason: str
     error: BaseException
-
-
-def _release_cached_memory() -> None:
-    """Give the CUDA caching allocator's free blocks back before the halves of a batch that did not fit run."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class BatchProcessor:
@@ -229,7 +222,7 @@ class BatchProcessor:
                     if whole:
                         self._metrics.oom_splits.inc()
                         log.warning("%s; splitting it in two", exc)
-                        _release_cached_memory()
+                        self._engine.release_cached_memory()
                     pending += [(mid, stop, whole), (start, mid, whole)]  # left half first
                 continue
             finally:
