@@ -15,7 +15,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from producers.events import generate_events
 from producers.frames import EventFrames
-from stream.codec import RegisteredSchema, SchemaRegistry, avro_long
+from stream.client_logs import client_logger
+from stream.codec import RegisteredSchema, SchemaRegistry, avro_long, decode
 from stream.models.demo import EVENT_SCHEMA
 from stream.native import NativeProducer
 from stream.native import unavailable as native_unavailable
@@ -23,6 +24,7 @@ from stream.native import unavailable as native_unavailable
 BLOCK = 5_000
 _BURST = 500  # events per timestamp: a burst is handed over in well under a millisecond
 _NATIVE_SLOTS = 4096  # bursts in flight through the native producer
+_KEEP_FAILED = 1_000_000  # failed events whose ids a summary lists
 _START_WAIT_S = 10.0  # longest wait for a paced run's first burst to be acknowledged before the schedule starts
 
 
@@ -35,6 +37,9 @@ class ProduceSummary:
     latency_p50_ms: float
     latency_p99_ms: float
     first_error: str | None
+    # Ids of the events whose delivery failed (through confluent-kafka only: the C producer reports counts).
+    # A failed report can still mean written ("possibly persisted"): a verifier treats these as maybe-sent.
+    failed_ids: tuple[str, ...] = ()
 
     @property
     def rate(self) -> float:
@@ -52,10 +57,13 @@ class _Deliveries:
         self.failed = 0
         self.first_error: str | None = None
         self.latencies = array("f")
+        self.failed_values: list[bytes] = []  # at most _KEEP_FAILED, decoded to ids at the end
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.failed += 1
+            if len(self.failed_values) < _KEEP_FAILED:
+                self.failed_values.append(msg.value() or b"")
             if self.first_error is None:
                 self.first_error = str(err)
             return
@@ -197,7 +205,9 @@ def produce_events(
     if pregenerate:  # sent blocks are dropped from the front as the run goes
         ready = deque(blocks)
         blocks = (ready.popleft() for _ in range(len(ready)))
-    sender = _NativeSender(config, topic) if native else _ClientSender(config, topic)
+    # librdkafka's own lines (a broker that went away, ...) through a logger, repeats held back, not on stderr.
+    sender = (_NativeSender(config, topic) if native
+              else _ClientSender({"logger": client_logger("load-generator"), **config}, topic))
     # Wake up about once a millisecond at most: waking per event (tens of us apart) cost more CPU than sending.
     min_burst = max(1, int(rate / 1000)) if rate is not None else 1
     started = time.monotonic()
@@ -248,4 +258,10 @@ def produce_events(
     failed = remaining if native else report.failed + remaining
     return ProduceSummary(sent, report.delivered, failed, seconds, float(np.percentile(lat, 50)),
                           float(np.percentile(lat, 99)),
-                          report.first_error or (f"{remaining} undelivered after flush" if remaining else None))
+                          report.first_error or (f"{remaining} undelivered after flush" if remaining else None),
+                          _event_ids(report.failed_values))
+
+
+def _event_ids(values: list[bytes]) -> tuple[str, ...]:
+    registry = SchemaRegistry.from_dir()
+    return tuple(str(decode(registry, v)[1]["event_id"]) for v in values)

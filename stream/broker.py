@@ -300,6 +300,9 @@ def _kafka_properties(node_id: int, port: int, controller_port: int, voters: str
         f"default.replication.factor={replicas}",
         f"min.insync.replicas={min_isr}",
         "unclean.leader.election.enable=false",
+        # A follower that stops fetching leaves the in-sync replicas after 10 s (Kafka's default is 30 s): the
+        # chaos suite's paused broker drops out, and the run stays short.
+        "replica.lag.time.max.ms=10000",
         f"offsets.topic.replication.factor={replicas}",
         "offsets.topic.num.partitions=8",
         f"transaction.state.log.replication.factor={replicas}",

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _SUMMARY = re.compile(
@@ -27,12 +28,15 @@ class WorkerProcess:
     """A ``python -m stream worker`` child process, logging to a file; stopped by PID."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
-        """``cwd``: run the ``stream`` package found there (another checkout: the benchmark's A/B runs)."""
+                 cwd: Path | None = None, wrap: Callable[[list[str]], list[str]] | None = None) -> None:
+        """``cwd``: run the ``stream`` package found there (another checkout: the benchmark's A/B runs).
+        ``wrap``: the command line to run instead, given the worker's (it must exec the worker in the same PID:
+        the chaos suite's network namespace)."""
         self.log_path = log_path
         self.started = time.monotonic()
         self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen([sys.executable, "-m", "stream", "worker", *args], stdout=self._log,
+        command = [sys.executable, "-m", "stream", "worker", *args]
+        self.proc = subprocess.Popen(wrap(command) if wrap is not None else command, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})}, preexec_fn=die_with_parent, cwd=cwd)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -144,6 +145,8 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     and the model load): a replica stopped during start-up exits 0 without consuming."""
     signal.signal(signal.SIGTERM, lambda signum, _frame: early_stop.append(signum))
     signal.signal(signal.SIGINT, lambda signum, _frame: early_stop.append(signum))
+    # `kill -USR2 <pid>` prints every thread's stack to stderr (a worker that looks stuck), and it goes on.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     from stream.config import WorkerSettings, load_settings
 
     # Every setting has a flag of the same name; flags left out (None) fall back to STREAM_* env, then defaults.

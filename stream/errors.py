@@ -77,9 +77,11 @@ class BrokerError(StreamError):
 
 class TransactionError(KafkaClientError):
     """A transactional call failed. ``requires_abort``: abort and rewind; ``fatal``: this producer is
-    fenced or broken and the worker must stop."""
+    fenced or broken and the worker must stop; ``producer_replaced``: the call was stuck and a fresh producer
+    took over (nothing to abort: rewind)."""
 
-    def __init__(self, operation: str, error: object) -> None:
+    def __init__(self, operation: str, error: object, producer_replaced: bool = False) -> None:
         super().__init__(operation, error)
+        self.producer_replaced = producer_replaced
         requires_abort = getattr(error, "txn_requires_abort", None)
         self.requires_abort = bool(requires_abort()) if callable(requires_abort) else False

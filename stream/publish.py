@@ -13,6 +13,7 @@ raises the recorded error.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +30,9 @@ from stream.native import NativeProducer
 from stream.offsets import Span
 
 log = logging.getLogger(__name__)
+SEND_OFFSETS_TIMEOUT_S = 20.0  # longest a transaction's send_offsets_to_transaction is given ...
+SEND_OFFSETS_GRACE_S = 5.0  # ... and how long past that it may block before its producer is taken as stuck
+MAX_STUCK_PRODUCERS = 3  # stuck producers whose calls never returned, before the worker gives up
 Headers = list[tuple[str, str | bytes | None]]
 # Provenance headers: the input record a dead-letter record (always) or a prediction (--provenance-headers, or
 # a prediction schema without the input_* fields) answers.
@@ -95,6 +99,50 @@ class SpanDelivery:
         self.dead += 1
 
 
+_Job = tuple[Callable[[], None], threading.Event, list[BaseException]] | None  # None: the thread ends
+
+
+class GuardedCalls:
+    """Runs calls on a thread of its own for a caller that waits a bounded time; a thread whose call does not
+    return in time is abandoned (it stays blocked in the call) and the next call gets a new one."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job] | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, call: Callable[[], None], timeout_s: float) -> bool:
+        """Run ``call``; re-raise what it raised. False when it has not returned within ``timeout_s``."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="txn-guard", daemon=True)
+            self._thread.start()
+        done, raised = threading.Event(), list[BaseException]()
+        self._jobs.put((call, done, raised))
+        if not done.wait(timeout_s):
+            return False
+        if raised:
+            raise raised[0]
+        return True
+
+    def abandon(self) -> threading.Thread:
+        """Give up on the thread whose call is stuck; returns it (alive until its call returns, then it ends)."""
+        thread, jobs = self._thread, self._jobs
+        assert thread is not None and jobs is not None
+        self._thread = self._jobs = None
+        jobs.put(None)  # ends it once its call returns
+        return thread
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+        while (job := jobs.get()) is not None:
+            call, done, raised = job
+            try:
+                call()
+            except BaseException as exc:  # handed to the waiting caller
+                raised.append(exc)
+            done.set()
+
+
 class Publisher:
     """Wraps the confluent-kafka Producer; callers serve its delivery reports (see the module's docstring).
 
@@ -107,8 +155,11 @@ class Publisher:
                  native_topic: str | None = None, connection: ConnectionWatch | None = None) -> None:
         self.transactional = "transactional.id" in config
         self._connection = connection
-        self._producer = Producer({**config, "error_cb": self._on_client_error,
-                                   "logger": client_logger("producer")})
+        self._config = {**config, "error_cb": self._on_client_error, "logger": client_logger("producer")}
+        self._producer = Producer(self._config)
+        self._in_transaction = False
+        self._guard = GuardedCalls()
+        self._abandoned: list[tuple[Producer, threading.Thread]] = []  # stuck producers, their calls still blocked
         self._on_span_done = on_span_done
         self._failures: list[PublishError] = []
         self._lock = threading.Lock()
@@ -248,28 +299,68 @@ class Publisher:
 
     # -- transactions (processor thread only) ---------------------------------------------------------
     def init_transactions(self, timeout_s: float) -> None:
-        self._txn_call("init transactions", lambda: self._producer.init_transactions(timeout_s))
+        self._txn_call("init transactions", lambda left: self._producer.init_transactions(left), Deadline(timeout_s))
 
     def begin_transaction(self) -> None:
-        self._txn_call("begin transaction", self._producer.begin_transaction)
+        self._txn_call("begin transaction", lambda _left: self._producer.begin_transaction(), Deadline(float("inf")))
+        self._in_transaction = True
 
     def commit_transaction(self, offsets: list[TopicPartition], group_metadata: Any, timeout_s: float) -> None:
-        """Add the input offsets to the open transaction and commit it (retriable errors are retried)."""
-        self._txn_call("send offsets to transaction",
-                       lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s))
-        self._txn_call("commit transaction", lambda: self._producer.commit_transaction(timeout_s))
+        """Add the input offsets to the open transaction and commit it (retriable errors are retried), all within
+        ``timeout_s``. Adding the offsets runs on a guard thread: librdkafka's send_offsets_to_transaction can
+        block past its timeout while the group coordinator moves (confluentinc/librdkafka#5456, #5511; seen
+        here after a broker paused past its session). When it has not returned ``SEND_OFFSETS_GRACE_S`` after its
+        timeout, a fresh producer with the same transactional id takes over (its init fences the stuck one and
+        aborts its transaction) and the batch is aborted like any other: rewound and consumed again."""
+        deadline = Deadline(timeout_s)
+        producer = self._producer
+        bound = min(deadline.left(), SEND_OFFSETS_TIMEOUT_S)
+
+        def send_offsets() -> None:
+            self._txn_call("send offsets to transaction",
+                           lambda left: producer.send_offsets_to_transaction(offsets, group_metadata, left),
+                           Deadline(bound))
+
+        if not self._guard.run(send_offsets, bound + SEND_OFFSETS_GRACE_S):
+            self._replace_stuck_producer(deadline)
+            raise TransactionError("send offsets to transaction", KafkaError(
+                KafkaError._TIMED_OUT, f"did not return {bound + SEND_OFFSETS_GRACE_S:.0f}s after it was called; "
+                "a fresh transactional producer took over", txn_requires_abort=True), producer_replaced=True)
+        self._txn_call("commit transaction", lambda left: self._producer.commit_transaction(left), deadline)
+        self._in_transaction = False
 
     def abort_transaction(self, timeout_s: float) -> None:
-        self._txn_call("abort transaction", lambda: self._producer.abort_transaction(timeout_s))
+        if not self._in_transaction:
+            return  # a replaced producer: its successor has no transaction open
+        self._txn_call("abort transaction", lambda left: self._producer.abort_transaction(left), Deadline(timeout_s))
+        self._in_transaction = False
 
-    def _txn_call(self, operation: str, call: Callable[[], object], attempts: int = 3) -> None:
+    def _replace_stuck_producer(self, deadline: Deadline) -> None:
+        self._abandoned = [(p, t) for p, t in self._abandoned if t.is_alive()]  # their calls returned at last
+        stuck = self._guard.abandon()
+        self._abandoned.append((self._producer, stuck))
+        if len(self._abandoned) > MAX_STUCK_PRODUCERS:
+            raise StreamError(f"{len(self._abandoned)} transactional producers stuck in send_offsets_to_transaction "
+                              "at once; stopping (a fresh process starts clean)")
+        log.error("send offsets to transaction did not return within its timeout (a librdkafka bug: "
+                  "confluentinc/librdkafka#5456); a fresh transactional producer takes over and the batch is "
+                  "consumed again")
+        with self._serving:
+            self._producer = Producer(self._config)
+            self._in_transaction = False
+        self.init_transactions(max(deadline.left(), SEND_OFFSETS_TIMEOUT_S))
+
+    def _txn_call(self, operation: str, call: Callable[[float], object], deadline: Deadline,
+                  attempts: int = 3) -> None:
+        """``call(seconds_left)``; retriable errors are retried while attempts and ``deadline`` last."""
         for attempt in range(1, attempts + 1):
             try:
-                call()
+                call(deadline.left(0.001))
                 return
             except KafkaException as exc:
                 error = TransactionError(operation, exc.args[0])
-                if not error.retriable or error.fatal or error.requires_abort or attempt == attempts:
+                if (not error.retriable or error.fatal or error.requires_abort or attempt == attempts
+                        or deadline.passed()):
                     raise error from exc
                 log.warning("%s: retriable error, retrying: %s", operation, exc)
 

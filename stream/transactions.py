@@ -69,6 +69,10 @@ class Transactions:
             publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
         except TransactionError as exc:
             elapsed = self._clock() - started
+            if exc.producer_replaced:  # a stuck call: its producer fenced, its transaction aborted by that
+                self._metrics.transactions_aborted.inc()
+                self.rewind_after = batch.epoch
+                return
             if elapsed >= timeout_s:
                 raise StreamError(
                     f"a batch's transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "

@@ -1,6 +1,7 @@
 """Shared fixtures: the demo model (trained once per session) and, for integration tests, one broker
 per session: KAFKA_BOOTSTRAP_SERVERS if set, else Apache Kafka when java and mvn exist, else Tansu
-(STREAM_TEST_BROKER=kafka|tansu forces one); and one schema registry per session: SCHEMA_REGISTRY_URL if set,
+(STREAM_TEST_BROKER=kafka|tansu forces one); a local three-node Kafka cluster when a test asks for one; and
+one schema registry per session: SCHEMA_REGISTRY_URL if set,
 else Apicurio Registry (java and mvn), else its tests are skipped.
 With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka or registry is a failure, not a fallback."""
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import kafka_available, start_kafka, start_tansu
+from stream.broker import LocalCluster, kafka_available, start_kafka, start_kafka_cluster, start_tansu
 from stream.models.train_demo import train
 from stream.registry_server import start_registry
 
@@ -55,6 +56,18 @@ def broker() -> Iterator[BrokerInfo]:
         yield BrokerInfo(local.bootstrap, local.kind)
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalCluster]:
+    """A local three-node Apache Kafka cluster (replication factor 3, two in sync required), for the tests
+    that need replication or kill brokers; whole again after each test that faults it."""
+    if not kafka_available():
+        if os.environ.get("STREAM_REQUIRE_KAFKA") == "1":
+            pytest.fail("STREAM_REQUIRE_KAFKA=1 but Apache Kafka is unavailable (needs java and mvn)")
+        pytest.skip("needs java and mvn for Apache Kafka")
+    with start_kafka_cluster(3) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

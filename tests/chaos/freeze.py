@@ -31,7 +31,8 @@ from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import check_committed
-from tests.chaos.runner import ChaosConfig, Fleet, Verifier, hanging_transactions
+from tests.chaos.runner import ChaosConfig, Fleet
+from tests.chaos.verifier import Verifier, hanging_transactions
 
 SLOW_BATCH_S = 0.2  # the slow model: 0.2 s a batch of <= 128, about 640 events/s a replica (two: 1,280 < 1,500)
 

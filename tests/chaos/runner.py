@@ -19,19 +19,20 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
-from confluent_kafka.admin import OffsetSpec
-
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
+from stream.broker import LocalCluster
 from stream.children import WorkerProcess
+from stream.client_logs import client_logger
 from stream.faults import PHASES
-from stream.topics import admin, committed_offsets, create_topics, end_offsets, partitions_of
-from stream.verify import check_committed, headers_of, input_source
+from stream.topics import committed_offsets, create_topics, end_offsets
+from stream.verify import check_committed
+from tests.chaos.broker_faults import BROKER_KINDS, Fault, FaultPlan, inject, measure_recovery, recovery_table
+from tests.chaos.netcut import Bridge, isolated, netns_available
+from tests.chaos.verifier import Verifier, hanging_transactions, uncommitted_extra
 
 
 @dataclass
@@ -49,11 +50,18 @@ class ChaosConfig:
     seed: int = 1
     scale: tuple[int, ...] = ()  # replica counts to step through after the kills (e.g. 1, 3, 1)
     poison_fraction: float = 0.0  # bad records (every dead-letter category, in turn) per good event
-    load_until_kills_done: bool = False  # keep producing (up to ``events``) until the last kill, then stop
+    # Keep producing until the last kill or fault, then stop: up to ``events``, or, with broker faults, at least
+    # ``events`` (and past them while faults remain, so that every fault has load before and after it).
+    load_until_kills_done: bool = False
     freeze_s: float = 0.0  # after the kills: SIGSTOP each replica in turn this long, then SIGCONT (0: none)
     freeze_gap_s: float = 10.0  # from one thaw to the next freeze
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="stream-chaos-")))
     timeout_s: float = 600.0
+    cluster: LocalCluster | None = None  # the local cluster whose nodes the broker faults hit
+    faults: tuple[str, ...] = ()  # broker fault kinds (`broker_faults.KINDS`) in the order they are injected
+    fault_gap_s: float = 12.0  # undisturbed load before each broker fault (its recovery's baseline)
+    catch_up_timeout_s: float = 120.0  # before that, the longest wait for the group to catch up with the load
+    fault_plan: FaultPlan = field(default_factory=FaultPlan)
 
 
 @dataclass
@@ -72,6 +80,10 @@ class ChaosResult:
     dead_lettered: int = 0  # distinct poison records found on the DLQ
     poison_injected: int = 0
     phase_kills: dict[str, int] = field(default_factory=dict)  # self-kills per batch phase
+    send_failures: int = 0  # input sends the load generator saw fail (not counted as expected)
+    failed_sends_found: int = 0  # of those, how many were written after all (a failure can be "maybe")
+    faults: list[Fault] = field(default_factory=list)
+    recovery: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -79,18 +91,23 @@ class ChaosResult:
                 and (self.duplicates == 0 or not exactly_once))
 
     def line(self) -> str:
+        faults = " ".join(f"{k}={v['faults']}:recovered={v['recovered']}:median={v['median_s']}s:max={v['max_s']}s"
+                          for k, v in self.recovery.items())
         return (f"chaos: events={self.events} kills={self.kills} freezes={self.freezes} rebalances={self.rebalances} "
                 f"lost={self.lost} "
                 f"duplicates={self.duplicates} order_violations={self.order_violations} "
                 f"dead_lettered={self.dead_lettered}/{self.poison_injected} "
                 f"phase_kills={','.join(f'{k}:{v}' for k, v in self.phase_kills.items())} "
-                f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)}")
+                f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)} "
+                f"send_failures={self.send_failures}" + (f" {faults}" if faults else ""))
 
 
 class Fleet:
-    """Replica processes with stable names (and transactional ids), restarted in place."""
+    """Replica processes with stable names (and transactional ids), restarted in place. ``isolate``: slots whose
+    processes run in a network namespace of their own, reached through ``bridge`` (`tests.chaos.netcut`)."""
 
-    def __init__(self, cfg: ChaosConfig, input_topic: str, output_topic: str, dlq_topic: str, group: str) -> None:
+    def __init__(self, cfg: ChaosConfig, input_topic: str, output_topic: str, dlq_topic: str, group: str,
+                 isolate: tuple[int, ...] = ()) -> None:
         self.cfg = cfg
         self.args = ["--bootstrap-servers", cfg.bootstrap, "--input-topic", input_topic, "--output-topic",
                      output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--model-dir", str(cfg.model_dir),
@@ -101,14 +118,31 @@ class Fleet:
         self.live: dict[int, WorkerProcess] = {}
         self.finished: list[WorkerProcess] = []
         self.starts = 0
+        self.isolate = isolate
+        self.bridge = Bridge(cfg.workdir / f"bridge-{group}.sock") if isolate else None
+        self._ports = [int(a.rsplit(":", 1)[1]) for a in cfg.bootstrap.split(",")]
 
     def start(self, slot: int, env: dict[str, str] | None = None) -> None:
         self.starts += 1
         name = f"{self.group}-r{slot}"
+        wrap = None
+        if slot in self.isolate and self.bridge is not None:
+            bridge, ports = self.bridge, self._ports
+            wrap = lambda command: isolated(command, bridge.path, ports)  # noqa: E731
         proc = WorkerProcess([*self.args, "--transactional-id", name] if self.cfg.guarantee == "exactly-once"
                              else self.args, self.cfg.workdir / f"{name}-{self.starts}.log",
-                             {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})})
+                             {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}, wrap=wrap)
         self.live[slot] = proc
+
+    def cut(self, seconds: float) -> str:
+        """Cut the isolated replicas off from every broker for ``seconds``, then reconnect them."""
+        assert self.bridge is not None
+        self.bridge.cut()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.bridge.heal()
+        return "replica " + ",".join(map(str, self.isolate))
 
     def reap(self) -> list[int]:
         """Slots whose process exited; returns them (exit codes are checked by the caller)."""
@@ -133,35 +167,80 @@ class Fleet:
     def all(self) -> list[WorkerProcess]:
         return [*self.finished, *self.live.values()]
 
+    def close(self) -> None:
+        if self.bridge is not None:
+            self.bridge.close()
+
+
+class _Load:
+    """The input: the load generator (only acknowledged events are expected) and the poison injector."""
+
+    def __init__(self, cfg: ChaosConfig, topic: str) -> None:
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self.summary: ProduceSummary | None = None
+        self.poison_keys: set[str] = set()
+        self.poison_failed = 0
+        self.sent = 0
+        # With broker faults the load runs until the faults are done (at least ``events``); a cap keeps it finite.
+        count = (max(cfg.events, int(cfg.rate * cfg.timeout_s)) if cfg.faults and cfg.load_until_kills_done
+                 else cfg.events)
+        self._threads = [
+            threading.Thread(target=self._produce, args=(topic, count), daemon=True),
+            threading.Thread(target=_inject_poison, args=(cfg, topic, self), daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _produce(self, topic: str, count: int) -> None:
+        self.summary = produce_events(self.cfg.bootstrap, topic, count, seed=self.cfg.seed, rate=self.cfg.rate,
+                                      stop=self.stop, on_progress=self._progress, timeout_s=600.0)
+
+    def _progress(self, sent: int) -> None:
+        self.sent = sent
+
+    def end(self, deadline: float) -> None:
+        """With ``load_until_kills_done`` stop producing now (with broker faults: once ``events`` went out),
+        else let the generator send all of them; then stop the poison injector and wait for both."""
+        if self.cfg.load_until_kills_done:
+            while (self.cfg.faults and self.sent < self.cfg.events and self._threads[0].is_alive()
+                   and time.monotonic() < deadline):
+                time.sleep(0.5)
+            self.stop.set()
+        self._threads[0].join(timeout=max(deadline - time.monotonic(), 1))
+        self.stop.set()
+        self._threads[1].join(timeout=max(deadline - time.monotonic(), 1))
+
 
 def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     run = uuid.uuid4().hex[:8]
     input_topic, output_topic, dlq_topic, group = (f"chaos-in-{run}", f"chaos-out-{run}", f"chaos-dlq-{run}",
                                                    f"chaos-{run}")
-    create_topics(cfg.bootstrap, [input_topic, output_topic, dlq_topic], cfg.partitions)
+    create_topics(cfg.bootstrap, [input_topic, dlq_topic], cfg.partitions)
+    # Output records carry the time the broker appended them: the recovery figures are read from them.
+    create_topics(cfg.bootstrap, [output_topic], cfg.partitions, config={"message.timestamp.type": "LogAppendTime"})
+    if cfg.faults and cfg.cluster is None:
+        raise ValueError("broker faults need the local cluster (ChaosConfig.cluster)")
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if log else (lambda _text: None)
     rng = random.Random(cfg.seed)
-    fleet = Fleet(cfg, input_topic, output_topic, dlq_topic, group)
+    fleet = Fleet(cfg, input_topic, output_topic, dlq_topic, group,
+                  isolate=(0,) if "worker-netcut" in cfg.faults else ())
     for slot in range(cfg.replicas):
         fleet.start(slot)
-    produced: dict[str, ProduceSummary] = {}
-    stop_load = threading.Event()
-    producer = threading.Thread(target=lambda: produced.update(summary=produce_events(
-        cfg.bootstrap, input_topic, cfg.events, seed=cfg.seed, rate=cfg.rate, stop=stop_load)), daemon=True)
-    producer.start()
-    poison_keys: set[str] = set()
-    poisoner = threading.Thread(target=_inject_poison, args=(cfg, input_topic, poison_keys, stop_load), daemon=True)
-    poisoner.start()
+    load = _Load(cfg, input_topic)
     kills = 0
     failures: list[str] = []
+    faults: list[Fault] = []
+    pending_faults = list(cfg.faults)
     # Kill points alternate: a SIGKILL from outside (wherever the replica is), then a replica restarted to
     # SIGKILL itself at the next phase of the batch life cycle, in order, so every phase gets its kill.
+    # Broker faults are spread among the kills, each after ``fault_gap_s`` of undisturbed load.
     phases = [p for p in PHASES if cfg.guarantee == "exactly-once" or p != "in-transaction"]
     phase_kills: dict[str, int] = dict.fromkeys(phases, 0)
     armed: dict[int, str] = {}
     armed_at: dict[int, float] = {}
     next_phase = 0
     deadline = time.monotonic() + cfg.timeout_s
-    while kills < cfg.kills and time.monotonic() < deadline:
+    while (kills < cfg.kills or pending_faults) and time.monotonic() < deadline:
         time.sleep(cfg.kill_interval_s * rng.uniform(0.5, 1.5))
         for slot in fleet.reap():
             code = fleet.finished[-1].proc.returncode
@@ -178,8 +257,25 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
                 armed.pop(slot)
                 kills += 1
                 fleet.start(slot)
-        if kills >= cfg.kills or armed:
+        if armed:
             continue  # wait for the armed replica to reach its phase
+        # The first action is a kill (the fleet has warmed up by then); faults keep pace with the kills after it.
+        done = (len(cfg.faults) - len(pending_faults)) / len(cfg.faults) if cfg.faults else 1.0
+        if pending_faults and (kills >= cfg.kills or (kills > 0 and done < kills / cfg.kills)):
+            behind = _wait_caught_up(cfg, group, input_topic)
+            time.sleep(cfg.fault_gap_s)  # the baseline of its recovery: a pipeline that keeps up with the load
+            kind = pending_faults.pop(0)
+            if behind:
+                say(f"  still {behind} records behind {cfg.catch_up_timeout_s:g}s after the last fault; "
+                    "the workers' thread stacks are in their logs")
+                for proc in fleet.live.values():
+                    proc.proc.send_signal(signal.SIGUSR2)
+            say(f"  fault {len(cfg.faults) - len(pending_faults)}/{len(cfg.faults)}: {kind}")
+            assert cfg.cluster is not None
+            faults += inject(kind, cfg.cluster, [input_topic, output_topic], cfg.fault_plan, fleet.cut, say)
+            continue
+        if kills >= cfg.kills:
+            continue
         slot = rng.choice(sorted(fleet.live))
         fleet.kill(slot)
         kills += 1
@@ -188,14 +284,11 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         armed[slot] = phase
         armed_at[slot] = time.monotonic()
         fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(1, 5))})
-        if log:
-            print(f"  kills={kills} armed {slot} for {phase}", file=sys.stderr, flush=True)
+        say(f"  kills={kills} armed {slot} for {phase}")
+    if cfg.faults:
+        time.sleep(cfg.fault_gap_s)  # load after the last fault: its recovery is measured on it
     freezes = freeze_each_in_turn(fleet, cfg, log)
-    if cfg.load_until_kills_done:
-        stop_load.set()
-    producer.join(timeout=max(deadline - time.monotonic(), 1))
-    stop_load.set()
-    poisoner.join(timeout=max(deadline - time.monotonic(), 1))
+    load.end(deadline)
     # Replace still-armed replicas with clean ones, then step through the scale plan.
     for slot in list(fleet.live):
         code = fleet.stop(slot)
@@ -213,31 +306,36 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
             if code != 0:
                 failures.append(f"scale-down SIGTERM exit {code}: {fleet.finished[-1].output()[-1500:]}")
         time.sleep(cfg.kill_interval_s)
-    sent = produced["summary"].requested if "summary" in produced else 0
-    if "summary" not in produced or produced["summary"].failed:
-        failures.append(f"load generator: {produced.get('summary')}")
-    expected = set(generate_events(sent, seed=cfg.seed).event_ids)
+    summary = load.summary
+    sent = summary.requested if summary is not None else 0
+    if summary is None or len(summary.failed_ids) != summary.failed:
+        failures.append(f"load generator: {summary} (failed sends it cannot name)")
+    failed_ids = set(summary.failed_ids) if summary is not None else set()
+    expected = set(generate_events(sent, seed=cfg.seed).event_ids) - failed_ids  # only what was acknowledged
     verifier = Verifier(cfg.bootstrap, output_topic, dlq_topic)
-    verifier.read_until(expected | {f"dlq:{k}" for k in poison_keys}, deadline)
+    verifier.read_until(expected | {f"dlq:{k}" for k in load.poison_keys}, deadline)
     for slot in list(fleet.live):
         code = fleet.stop(slot)
         if code != 0:
             failures.append(f"final SIGTERM of replica {slot} exited {code}: {fleet.finished[-1].output()[-1500:]}")
+    fleet.close()
     verifier.read_more(2.0)
     ids = verifier.id_counts()
     dead = verifier.dead_letter_counts()
+    measure_recovery(faults, verifier.append_ms)
     rebalances = sum(p.output().count(" assigned ") for p in fleet.all())
     result = ChaosResult(
         events=sent, kills=kills, freezes=freezes, rebalances=rebalances,
-        lost=sum(1 for e in expected if e not in ids) + sum(1 for k in poison_keys if k not in dead),
+        lost=sum(1 for e in expected if e not in ids) + sum(1 for k in load.poison_keys if k not in dead),
         duplicates=sum(c - 1 for c in ids.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1),
-        dead_lettered=len(dead), poison_injected=len(poison_keys), phase_kills=phase_kills,
+        dead_lettered=len(dead), poison_injected=len(load.poison_keys), phase_kills=phase_kills,
         order_violations=verifier.order_violations(),
         commit_problems=check_committed(committed_offsets(cfg.bootstrap, group, input_topic),
                                         end_offsets(cfg.bootstrap, input_topic)),
         hanging_transactions=hanging_transactions(cfg.bootstrap, [output_topic, dlq_topic]),
         aborted_records_seen_uncommitted=uncommitted_extra(cfg.bootstrap, output_topic, len(verifier.outputs)),
-        worker_failures=failures,
+        worker_failures=failures, send_failures=len(failed_ids) + load.poison_failed,
+        failed_sends_found=sum(1 for e in failed_ids if e in ids), faults=faults, recovery=recovery_table(faults),
     )
     verifier.close()
     return result
@@ -266,8 +364,27 @@ def freeze_each_in_turn(fleet: Fleet, cfg: ChaosConfig, log: bool = False) -> in
     return frozen
 
 
-def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str], stop: threading.Event) -> None:
-    """Bad records of every category, in turn, at ``poison_fraction`` of the event rate; unique keys."""
+def _wait_caught_up(cfg: ChaosConfig, group: str, topic: str) -> int:
+    """Wait (up to ``catch_up_timeout_s``) until the group's committed offsets are within two seconds of load of
+    the input's end offsets; returns how many records it is still behind."""
+    deadline = time.monotonic() + cfg.catch_up_timeout_s
+    while True:
+        try:
+            ends = end_offsets(cfg.bootstrap, topic)
+            committed = committed_offsets(cfg.bootstrap, group, topic)
+            behind = sum(max(0, end - max(committed.get(p, 0), 0)) for p, end in ends.items())
+        except Exception:  # a moment without a coordinator or leader: ask again
+            behind = -1
+        if 0 <= behind <= 2 * cfg.rate:
+            return 0
+        if time.monotonic() > deadline:
+            return max(behind, 0)
+        time.sleep(1.0)
+
+
+def _inject_poison(cfg: ChaosConfig, topic: str, load: _Load) -> None:
+    """Bad records of every category, in turn, at ``poison_fraction`` of the event rate; unique keys. A key is
+    expected on the dead-letter topic once its send is acknowledged."""
     if cfg.poison_fraction <= 0:
         return
     from confluent_kafka import Producer
@@ -277,161 +394,90 @@ def _inject_poison(cfg: ChaosConfig, topic: str, keys: set[str], stop: threading
     values = list(bad_values().items())
     count = int(cfg.events * cfg.poison_fraction)
     interval = 1.0 / (cfg.rate * cfg.poison_fraction)
-    producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True,
+                         "logger": client_logger("poison")})
+
+    def delivered(err: object, msg: object) -> None:
+        if err is None:
+            load.poison_keys.add(msg.key().decode())  # type: ignore[attr-defined]
+        else:
+            load.poison_failed += 1
+
     started = time.monotonic()
     for i in range(count):
-        if stop.is_set():
+        if load.stop.is_set():
             break
         time.sleep(max(0.0, started + i * interval - time.monotonic()))
         reason, value = values[i % len(values)]
-        key = f"poison-{reason}-{i}"
-        producer.produce(topic, value, key.encode())
-        keys.add(key)
+        producer.produce(topic, value, f"poison-{reason}-{i}".encode(), on_delivery=delivered)
         producer.poll(0)
-    if producer.flush(60):
+    if producer.flush(600):
         raise RuntimeError("poison records undelivered")
-
-
-class Verifier:
-    """Reads output and DLQ (read_committed) from the beginning; knows nothing of the workers."""
-
-    def __init__(self, bootstrap: str, output_topic: str, dlq_topic: str) -> None:
-        self.bootstrap = bootstrap
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in (output_topic, dlq_topic)
-                              for p in partitions_of(bootstrap, t)])
-        self.output_topic = output_topic
-        # (topic, partition) -> list of (input partition, input offset, event id or None)
-        self.outputs: list[tuple[str, int, int, int, str]] = []
-        self._ids: dict[str, int] = defaultdict(int)
-        self.violations: list[tuple[str, int, int, int, int, str]] = []
-
-    def _consume(self, timeout_s: float) -> int:
-        from stream.codec import SchemaRegistry, decode
-
-        registry = getattr(self, "_registry", None) or SchemaRegistry.from_dir()
-        self._registry = registry
-        n = 0
-        for m in self.consumer.consume(10_000, timeout_s):
-            if m.error() is not None:
-                continue
-            headers = headers_of(m)
-            if m.topic() == self.output_topic:
-                record = decode(registry, m.value())[1]
-                event_id = str(record["event_id"])
-            else:
-                record = {}
-                event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
-            src = input_source(record, headers)[1:]
-            self._ids[event_id] += 1
-            self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id))
-            n += 1
-        return n
-
-    def read_until(self, expected: set[str], deadline: float) -> None:
-        idle_since = time.monotonic()
-        while time.monotonic() < deadline:
-            if self._consume(0.5):
-                idle_since = time.monotonic()
-            if all(e in self._ids for e in expected):
-                return
-            if time.monotonic() - idle_since > 120:
-                return
-
-    def read_more(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self._consume(0.2)
-
-    def id_counts(self) -> dict[str, int]:
-        return {k: v for k, v in self._ids.items() if not k.startswith("dlq:")}
-
-    def dead_letter_counts(self) -> dict[str, int]:
-        return {k[4:]: v for k, v in self._ids.items() if k.startswith("dlq:")}
-
-    def order_violations(self) -> int:
-        """Per (output partition, input partition): input offsets must increase, repeats dropped."""
-        last: dict[tuple[str, int, int], int] = {}
-        seen: set[tuple[int, int]] = set()
-        violations = 0
-        for topic, partition, src_p, src_off, event_id in self.outputs:
-            if (src_p, src_off) in seen:
-                continue  # a repeat (at-least-once replay)
-            seen.add((src_p, src_off))
-            key = (topic, partition, src_p)
-            if key in last and src_off < last[key]:
-                violations += 1
-                self.violations.append((topic, partition, src_p, last[key], src_off, event_id))
-            last[key] = src_off
-        return violations
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def hanging_transactions(bootstrap: str, topics: list[str]) -> list[str]:
-    """Partitions whose last stable offset (read_committed end) lags the high watermark: an open transaction."""
-    client = admin(bootstrap)
-    problems = []
-    for topic in topics:
-        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
-        committed = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
-                                        isolation_level=IsolationLevel.READ_COMMITTED)
-        uncommitted = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
-                                          isolation_level=IsolationLevel.READ_UNCOMMITTED)
-        for tp in tps:
-            lso = next(f.result().offset for k, f in committed.items() if k.partition == tp.partition)
-            hw = next(f.result().offset for k, f in uncommitted.items() if k.partition == tp.partition)
-            if lso != hw:
-                problems.append(f"{topic}[{tp.partition}]: last stable offset {lso} < high watermark {hw}")
-    return problems
-
-
-def uncommitted_extra(bootstrap: str, topic: str, committed_count: int) -> int:
-    """Records in the topic beyond what read_committed returned (aborted transactions' records and markers)."""
-    ends = end_offsets(bootstrap, topic)
-    return sum(ends.values()) - committed_count
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.runner", description=__doc__)
-    parser.add_argument("--bootstrap-servers", default=None, help="default: start a local Apache Kafka")
-    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--bootstrap-servers", default=None,
+                        help="default: start a local Apache Kafka of --nodes nodes (broker faults need it)")
+    parser.add_argument("--nodes", type=int, default=3, help="nodes of the local cluster (default 3)")
+    parser.add_argument("--broker-faults", type=int, default=8,
+                        help="faults of each kind per guarantee on the local cluster (0: worker faults only)")
+    parser.add_argument("--events", type=int, default=1_000_000,
+                        help="events per guarantee (with broker faults: at least; the load lasts until they end)")
     parser.add_argument("--kills", type=int, default=12)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=8_000.0)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="events/s offered (default 8,000; 1,000 with broker faults, whose run is long)")
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once", "both"], default="both")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--freeze-s", type=float, default=20.0,
                         help="after the kills, freeze each replica in turn this long (0: no freezes)")
+    parser.add_argument("--results", type=Path, default=None, help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     # SIGTERM unwinds through the finally blocks (a frozen replica is thawed, the broker stopped).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    freeze_phase_s = args.replicas * (args.freeze_s + ChaosConfig.freeze_gap_s) if args.freeze_s > 0 else 0.0
-    from stream.broker import start_kafka
+    from stream.broker import start_kafka_cluster
     from stream.models.train_demo import ensure_trained
 
+    with_faults = args.broker_faults > 0 and args.bootstrap_servers is None and args.nodes >= 3
+    netcut = netns_available() if with_faults else "no broker faults in this run"
+    kinds = [*BROKER_KINDS, *(["worker-netcut"] if netcut is None else [])]
+    faults = tuple(kinds * args.broker_faults) if with_faults else ()
+    rate = args.rate or (1_000.0 if faults else 8_000.0)
+    freeze_phase_s = args.replicas * (args.freeze_s + ChaosConfig.freeze_gap_s) if args.freeze_s > 0 else 0.0
     model_dir = ensure_trained(Path(tempfile.mkdtemp(prefix="chaos-model-")))
-    broker = None if args.bootstrap_servers else start_kafka()
-    bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
+    cluster = None if args.bootstrap_servers else start_kafka_cluster(args.nodes)
+    bootstrap = args.bootstrap_servers or cluster.bootstrap  # type: ignore[union-attr]
+    report: dict[str, object] = {"command": " ".join(["python -m tests.chaos.runner", *(argv or sys.argv[1:])]),
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": args.nodes,
+                                 "rate": rate, "replicas": args.replicas, "partitions": args.partitions,
+                                 "fault_kinds": kinds if faults else [], "worker_netcut": netcut or "yes",
+                                 "runs": {}}
     ok = True
     try:
         modes = ["at-least-once", "exactly-once"] if args.guarantee == "both" else [args.guarantee]
         for mode in modes:
+            interval = 5.0 if faults else max((args.events / rate - freeze_phase_s) / (args.kills + 2), 1.0)
             cfg = ChaosConfig(bootstrap, model_dir, events=args.events, partitions=args.partitions,
-                              replicas=args.replicas, kills=args.kills, guarantee=mode, rate=args.rate,
-                              kill_interval_s=max((args.events / args.rate - freeze_phase_s) / (args.kills + 2), 1.0),
-                              seed=args.seed, scale=(1, 3, 1), timeout_s=3600, poison_fraction=0.01,
-                              freeze_s=args.freeze_s)
+                              replicas=args.replicas, kills=args.kills, guarantee=mode, rate=rate,
+                              kill_interval_s=interval, seed=args.seed, scale=(1, 3, 1),
+                              timeout_s=3 * 3600 if faults else 3600, poison_fraction=0.01, freeze_s=args.freeze_s,
+                              cluster=cluster, faults=faults, load_until_kills_done=bool(faults))
             result = run_chaos(cfg, log=True)
             print(f"{mode}: {result.line()}", flush=True)
-            print(json.dumps(asdict(result))[:2000], file=sys.stderr)
             ok = ok and result.ok(mode == "exactly-once")
+            runs = report["runs"]
+            assert isinstance(runs, dict)
+            runs[mode] = {"ok": result.ok(mode == "exactly-once"), **asdict(result)}
+            if args.results is not None:
+                args.results.parent.mkdir(parents=True, exist_ok=True)
+                args.results.write_text(json.dumps(report, indent=1) + "\n")
     finally:
-        if broker is not None:
-            broker.stop()
+        if cluster is not None:
+            cluster.stop()
+    if netcut is not None and with_faults:
+        print(f"worker-netcut not run: {netcut}", flush=True)
     return 0 if ok else 1
 
 

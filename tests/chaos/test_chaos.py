@@ -16,7 +16,8 @@ from producers.load import produce_events
 from stream.topics import committed_offsets, create_topics, end_offsets
 from stream.verify import check_committed
 from tests.chaos.freeze import FreezeConfig, run_freeze_thaw
-from tests.chaos.runner import ChaosConfig, Fleet, Verifier, hanging_transactions, run_chaos
+from tests.chaos.runner import ChaosConfig, Fleet, run_chaos
+from tests.chaos.verifier import Verifier, hanging_transactions
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]

@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import ConfigResource
 
-from stream.broker import LocalCluster, kafka_available, start_kafka_cluster
+from stream.broker import LocalCluster
 from stream.topics import admin, create_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    if not kafka_available():
-        pytest.skip("needs java and mvn for Apache Kafka")
-    with start_kafka_cluster(3) as c:
-        yield c
-    assert all(not n.alive() for n in c.nodes), "every node stopped"
+@pytest.fixture
+def cluster(kafka_cluster: LocalCluster) -> LocalCluster:
+    return kafka_cluster
 
 
 def _partitions(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import ClassVar
 
 import pytest
+from confluent_kafka import TopicPartition
 
-from stream.errors import PublishError
+from stream import publish
+from stream.errors import PublishError, StreamError, TransactionError
 from stream.offsets import OffsetTracker
-from stream.publish import Publisher, SpanDelivery
+from stream.publish import GuardedCalls, Publisher, SpanDelivery
 
 UNREACHABLE = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200, "log_level": 0,
                "queue.buffering.max.messages": 4}
@@ -57,3 +60,108 @@ def test_closing_from_another_thread_stops_a_producer_waiting_for_queue_space() 
         publisher.produce_many("out", [b"v"], [None], [None], spans(publisher, 1))
     closer.join()
     assert undelivered == [4]
+
+
+def test_a_guarded_call_returns_raises_or_is_abandoned_when_it_blocks_past_its_bound() -> None:
+    guard = GuardedCalls()
+    ran: list[str] = []
+    assert guard.run(lambda: ran.append(threading.current_thread().name), 5.0)
+    assert ran == ["txn-guard"]
+    def fail() -> None:
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        guard.run(fail, 5.0)
+    release = threading.Event()
+    started = time.monotonic()
+    assert not guard.run(lambda: (release.wait(30), None)[1], 0.2)
+    assert 0.2 <= time.monotonic() - started < 5
+    stuck = guard.abandon()
+    assert stuck.is_alive()
+    assert guard.run(lambda: ran.append("after"), 5.0), "the next call runs on a fresh thread"
+    release.set()
+    stuck.join(5)
+    assert not stuck.is_alive(), "the abandoned thread ends once its call returns"
+
+
+class FakeTxnProducer:
+    """A transactional producer whose first instance blocks in send_offsets_to_transaction (librdkafka#5456)."""
+
+    instances: ClassVar[list[FakeTxnProducer]] = []
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self.calls: list[str] = []
+        self.release = threading.Event()
+        self.stuck = not FakeTxnProducer.instances
+        FakeTxnProducer.instances.append(self)
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def send_offsets_to_transaction(self, offsets: object, metadata: object, timeout: float) -> None:
+        self.calls.append("send_offsets")
+        if self.stuck:
+            self.release.wait(30)  # past its timeout: the bug
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_a_stuck_send_offsets_hands_the_transaction_to_a_fresh_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeTxnProducer.instances = []
+    monkeypatch.setattr(publish, "Producer", FakeTxnProducer)
+    monkeypatch.setattr(publish, "SEND_OFFSETS_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(publish, "SEND_OFFSETS_GRACE_S", 0.2)
+    publisher = Publisher({"transactional.id": "t"}, on_span_done=lambda d: None)
+    publisher.init_transactions(5.0)
+    publisher.begin_transaction()
+    started = time.monotonic()
+    with pytest.raises(TransactionError) as raised:
+        publisher.commit_transaction([TopicPartition("in", 0, 5)], object(), 60.0)
+    assert time.monotonic() - started < 5, "bounded by the send-offsets timeout and its grace, not 60 s"
+    assert raised.value.producer_replaced and raised.value.requires_abort
+    stuck, fresh = FakeTxnProducer.instances
+    assert stuck.calls == ["init", "begin", "send_offsets"]
+    assert fresh.calls == ["init"], "the fresh producer's init fences the stuck one"
+    publisher.abort_transaction(5.0)  # nothing open on the fresh producer: nothing to abort
+    assert fresh.calls == ["init"]
+    publisher.begin_transaction()
+    publisher.commit_transaction([TopicPartition("in", 0, 9)], object(), 60.0)
+    assert fresh.calls == ["init", "begin", "send_offsets", "commit"]
+    stuck.release.set()
+
+
+def test_too_many_stuck_producers_at_once_stop_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeTxnProducer.instances = []
+    monkeypatch.setattr(publish, "Producer", FakeTxnProducer)
+    original = FakeTxnProducer.__init__
+
+    def always_stuck(self: FakeTxnProducer, config: dict[str, object]) -> None:
+        original(self, config)
+        self.stuck = True
+
+    monkeypatch.setattr(FakeTxnProducer, "__init__", always_stuck)
+    monkeypatch.setattr(publish, "SEND_OFFSETS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(publish, "SEND_OFFSETS_GRACE_S", 0.05)
+    publisher = Publisher({"transactional.id": "t"}, on_span_done=lambda d: None)
+    for _ in range(publish.MAX_STUCK_PRODUCERS):
+        publisher.begin_transaction()
+        with pytest.raises(TransactionError):
+            publisher.commit_transaction([], object(), 60.0)
+    publisher.begin_transaction()
+    with pytest.raises(StreamError, match="stuck in send_offsets_to_transaction"):
+        publisher.commit_transaction([], object(), 60.0)
+    for producer in FakeTxnProducer.instances:
+        producer.release.set()

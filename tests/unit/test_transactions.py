@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream.batching import MicroBatcher
+from stream.errors import TransactionError
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
+from stream.processing import Dispatched
 from stream.records import Records
 from stream.transactions import Transactions
 
@@ -92,3 +97,33 @@ def test_a_rewind_fails_the_worker_on_any_other_seek_error() -> None:
     consumer = RewindConsumer(timeouts=0, seek_errors={0: KafkaError._UNKNOWN_PARTITION})
     with pytest.raises(KafkaException):
         txns.rewind(consumer, batcher, tracker)  # type: ignore[arg-type]
+
+
+class ReplacingPublisher:
+    """Its send_offsets was stuck and a fresh producer took over (`Publisher.commit_transaction`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, offsets: object, metadata: object, timeout_s: float) -> None:
+        raise TransactionError("send offsets to transaction", KafkaError(
+            KafkaError._TIMED_OUT, "stuck", txn_requires_abort=True), producer_replaced=True)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.calls.append("abort")
+
+
+def test_a_batch_whose_producer_was_replaced_is_rewound_not_fatal_however_long_it_took() -> None:
+    clock = iter([0.0, 90.0, 90.0])  # the stuck call outlived transaction.timeout.ms (60 s)
+    metrics = StreamMetrics()
+    txns = Transactions(metrics, TOPIC, 60.0, clock=lambda: next(clock))
+    batch = Dispatched(Records.build([b"x"], [None], [0], [3]), np.zeros(1, np.int32), np.full(1, 3), {}, epoch=0)
+    publisher = ReplacingPublisher()
+    processor = SimpleNamespace(process=lambda b: None)
+    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    assert txns.pending() and txns.stale(0)
+    assert publisher.calls == ["begin"], "the fenced transaction is not aborted again"
+    assert metrics.transactions_aborted._value.get() == 1

@@ -1,0 +1,118 @@
+"""The chaos suite's independent verifier: reads the output and dead-letter topics from the beginning
+(read_committed) knowing nothing of the workers, and checks the topics for hanging transactions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from stream.topics import admin, end_offsets, partitions_of
+from stream.verify import headers_of, input_source
+
+
+class Verifier:
+    """Reads output and DLQ (read_committed) from the beginning; knows nothing of the workers."""
+
+    def __init__(self, bootstrap: str, output_topic: str, dlq_topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:8]}",
+                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in (output_topic, dlq_topic)
+                              for p in partitions_of(bootstrap, t)])
+        self.output_topic = output_topic
+        # (topic, partition) -> list of (input partition, input offset, event id or None)
+        self.outputs: list[tuple[str, int, int, int, str]] = []
+        self._ids: dict[str, int] = defaultdict(int)
+        self.violations: list[tuple[str, int, int, int, int, str]] = []
+        self.append_ms: list[int] = []  # the output records' timestamps (append times on the chaos topics)
+
+    def _consume(self, timeout_s: float) -> int:
+        from stream.codec import SchemaRegistry, decode
+
+        registry = getattr(self, "_registry", None) or SchemaRegistry.from_dir()
+        self._registry = registry
+        n = 0
+        for m in self.consumer.consume(10_000, timeout_s):
+            if m.error() is not None:
+                continue
+            headers = headers_of(m)
+            if m.topic() == self.output_topic:
+                record = decode(registry, m.value())[1]
+                event_id = str(record["event_id"])
+                self.append_ms.append(m.timestamp()[1])
+            else:
+                record = {}
+                event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
+            src = input_source(record, headers)[1:]
+            self._ids[event_id] += 1
+            self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id))
+            n += 1
+        return n
+
+    def read_until(self, expected: set[str], deadline: float) -> None:
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
+            if self._consume(0.5):
+                idle_since = time.monotonic()
+            if all(e in self._ids for e in expected):
+                return
+            if time.monotonic() - idle_since > 120:
+                return
+
+    def read_more(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self._consume(0.2)
+
+    def id_counts(self) -> dict[str, int]:
+        return {k: v for k, v in self._ids.items() if not k.startswith("dlq:")}
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        return {k[4:]: v for k, v in self._ids.items() if k.startswith("dlq:")}
+
+    def order_violations(self) -> int:
+        """Per (output partition, input partition): input offsets must increase, repeats dropped."""
+        last: dict[tuple[str, int, int], int] = {}
+        seen: set[tuple[int, int]] = set()
+        violations = 0
+        for topic, partition, src_p, src_off, event_id in self.outputs:
+            if (src_p, src_off) in seen:
+                continue  # a repeat (at-least-once replay)
+            seen.add((src_p, src_off))
+            key = (topic, partition, src_p)
+            if key in last and src_off < last[key]:
+                violations += 1
+                self.violations.append((topic, partition, src_p, last[key], src_off, event_id))
+            last[key] = src_off
+        return violations
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def hanging_transactions(bootstrap: str, topics: list[str]) -> list[str]:
+    """Partitions whose last stable offset (read_committed end) lags the high watermark: an open transaction."""
+    client = admin(bootstrap)
+    problems = []
+    for topic in topics:
+        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
+        committed = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                        isolation_level=IsolationLevel.READ_COMMITTED)
+        uncommitted = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                          isolation_level=IsolationLevel.READ_UNCOMMITTED)
+        for tp in tps:
+            lso = next(f.result().offset for k, f in committed.items() if k.partition == tp.partition)
+            hw = next(f.result().offset for k, f in uncommitted.items() if k.partition == tp.partition)
+            if lso != hw:
+                problems.append(f"{topic}[{tp.partition}]: last stable offset {lso} < high watermark {hw}")
+    return problems
+
+
+def uncommitted_extra(bootstrap: str, topic: str, committed_count: int) -> int:
+    """Records in the topic beyond what read_committed returned (aborted transactions' records and markers)."""
+    ends = end_offsets(bootstrap, topic)
+    return sum(ends.values()) - committed_count
