@@ -18,10 +18,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from stream.children import die_with_parent
 from stream.errors import BrokerError
+from stream.kafka_security import LocalSecurity, make_security
 
 log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"
@@ -278,22 +279,26 @@ def _cgroup_memory_limit_mib(proc_cgroup: Path, cgroup_root: Path) -> int | None
     return min(limits) if limits else None
 
 
-def _kafka_properties(node_id: int, port: int, controller_port: int, voters: str, data: Path, nodes: int) -> str:
+def _kafka_properties(node_id: int, port: int, controller_port: int, voters: str, data: Path, nodes: int,
+                      security: LocalSecurity | None = None) -> str:
     """A KRaft node's server.properties: combined broker and controller on 127.0.0.1. With 3 or more nodes the
     cluster keeps 3 replicas of everything (internal topics too) and needs 2 in sync to acknowledge a write;
-    unclean leader election stays off."""
+    unclean leader election stays off. ``security``: SASL_SSL and the StandardAuthorizer (`kafka_security`)."""
     replicas = min(3, nodes)
     min_isr = 2 if replicas >= 3 else 1
     network_threads, io_threads = request_threads()
-    return "\n".join([
-        "process.roles=broker,controller",
-        f"node.id={node_id}",
-        f"controller.quorum.voters={voters}",
+    listeners = security.properties(port, controller_port) if security is not None else [
         f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    ]
+    return "\n".join([
+        "process.roles=broker,controller",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
+        *listeners,
         f"log.dirs={data}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
@@ -375,9 +380,15 @@ class LocalCluster:
 
     kind: BrokerKind = "kafka"
 
-    def __init__(self, nodes: list[KafkaNode], root: Path) -> None:
+    def __init__(self, nodes: list[KafkaNode], root: Path, security: LocalSecurity | None = None) -> None:
         self.nodes = nodes
         self.root = root
+        self.security = security
+
+    @property
+    def client_config(self) -> dict[str, Any]:
+        """What a client needs besides the bootstrap servers: the admin's SASL_SSL settings, or nothing."""
+        return self.security.admin_config() if self.security is not None else {}
 
     @property
     def bootstrap(self) -> str:
@@ -419,7 +430,7 @@ def _kafka_jvm(libs: Path, workdir: Path) -> list[str]:
 
 
 def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, ports: list[int] | None = None,
-                   ) -> list[KafkaNode]:
+                   security: LocalSecurity | None = None) -> list[KafkaNode]:
     """Folders, properties and formatted storage (one cluster id) for ``count`` nodes; none started."""
     libs = ensure_kafka_jars()
     ports = ports or [free_port() for _ in range(count)]
@@ -432,7 +443,7 @@ def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, port
         workdir = root / f"node-{i + 1}" if count > 1 else root
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "server.properties").write_text(
-            _kafka_properties(i + 1, ports[i], controllers[i], voters, workdir / "data", count))
+            _kafka_properties(i + 1, ports[i], controllers[i], voters, workdir / "data", count, security))
         (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=workdir / "server.log", level=log_level))
         jvm = _kafka_jvm(libs, workdir)
         node = KafkaNode(i + 1, ports[i], controllers[i], workdir, [jvm[0], *heap.jvm_args(), *jvm[1:]])
@@ -440,7 +451,7 @@ def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, port
         # The storage tool needs no big heap (nor its pages touched); the nodes are formatted side by side.
         formats.append((node, subprocess.Popen(
             [jvm[0], *KafkaHeap().jvm_args(), *jvm[1:], "kafka.tools.StorageTool", "format", "-t", cluster_id,
-             "-c", str(workdir / "server.properties")],
+             "-c", str(workdir / "server.properties"), *(security.format_args() if security else [])],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)))
     failed = []
     for node, proc in formats:
@@ -453,22 +464,26 @@ def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, port
 
 
 def start_kafka_cluster(nodes: int = 3, *, log_level: str = "WARN", timeout_s: float = 120.0,
-                        heap: KafkaHeap | None = None) -> LocalCluster:
+                        heap: KafkaHeap | None = None, sasl: bool = False) -> LocalCluster:
     """``nodes`` KRaft nodes (broker + controller each, one quorum) on free ports of 127.0.0.1; returns once every
-    node is a broker of the cluster."""
+    node is a broker of the cluster. ``sasl``: SASL_SSL listeners and the StandardAuthorizer (`kafka_security`);
+    ``cluster.security`` then holds the certificate and the admin's credentials."""
     if nodes < 1:
         raise BrokerError(f"a cluster needs at least one node, not {nodes}")
     root = Path(tempfile.mkdtemp(prefix="stream-kafka-cluster-"))
     cluster = LocalCluster([], root)
     try:
-        cluster.nodes = _prepare_nodes(nodes, root, log_level, heap if heap is not None else KafkaHeap())
+        if sasl:
+            cluster.security = make_security(root / "security")
+        cluster.nodes = _prepare_nodes(nodes, root, log_level, heap if heap is not None else KafkaHeap(),
+                                       security=cluster.security)
         for n in cluster.nodes:
             n.launch()
         for n in cluster.nodes:
             n.wait_listening(timeout_s)
         from stream.topics import wait_ready
 
-        wait_ready(cluster.bootstrap, timeout_s, brokers=nodes)
+        wait_ready(cluster.bootstrap, timeout_s, brokers=nodes, client_config=cluster.client_config)
     except BaseException:
         cluster.stop()
         raise

@@ -193,15 +193,19 @@ def run_broker(args: argparse.Namespace) -> int:
     _setup_logging()
     from stream.broker import start_broker
 
-    if args.nodes > 1:
+    if args.nodes > 1 or args.sasl:
         if args.kind != "kafka" or args.port is not None:
-            raise StreamError("--nodes N: Apache Kafka only (--kind kafka), on free ports (no --port)")
+            raise StreamError("--nodes N and --sasl: Apache Kafka only (--kind kafka), on free ports (no --port)")
         from stream.broker import start_kafka_cluster
 
-        cluster = start_kafka_cluster(args.nodes)
+        cluster = start_kafka_cluster(args.nodes, sasl=args.sasl)
         pids = " ".join(f"{n.node_id}:{n.pid}" for n in cluster.nodes)
-        return _foreground(cluster, f"kafka cluster of {args.nodes} nodes (node:pid {pids}) "
-                                    f"bootstrap={cluster.bootstrap}",
+        if cluster.security is not None:  # the admin's settings, for the operator who started it
+            print("\n".join(f"export {k}={v}" for k, v in cluster.security.env(
+                "admin", cluster.security.admin_password).items()), flush=True)
+        return _foreground(cluster, f"kafka cluster of {args.nodes} node{'s' if args.nodes > 1 else ''} (node:pid "
+                                    f"{pids}) bootstrap={cluster.bootstrap}"
+                                    + (" SASL_SSL (SCRAM-SHA-512), ACLs on" if args.sasl else ""),
                            alive=lambda: all(n.alive() for n in cluster.nodes))
     broker = start_broker(args.kind, args.port)
     return _foreground(broker, f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
@@ -380,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nodes", type=int, default=1,
                    help="Apache Kafka: this many KRaft nodes in one replicated cluster (3: replication factor 3, "
                         "min.insync.replicas 2)")
+    b.add_argument("--sasl", action="store_true",
+                   help="Apache Kafka: a SASL_SSL listener (SCRAM-SHA-512, a certificate made now) and the "
+                        "StandardAuthorizer; prints the admin's KAFKA_* settings (the password among them)")
     r = sub.add_parser("registry", help="run a Confluent-compatible schema registry (Apicurio, in memory) on "
                                         "127.0.0.1 in the foreground")
     r.add_argument("--port", type=int, default=None, help="default: a free port")

@@ -46,6 +46,8 @@ def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[s
     consumer: dict[str, str] = {}
     producer: dict[str, str] = {}
     for name, value in environ.items():
+        if name.startswith("KAFKA_ADMIN_"):
+            continue  # the admin client's own (`kafka_admin_env_config`)
         if name.startswith("KAFKA_CONSUMER_"):
             consumer[env_to_librdkafka_key(name[len("KAFKA_CONSUMER_"):])] = value
         elif name.startswith("KAFKA_PRODUCER_"):
@@ -53,6 +55,16 @@ def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[s
         elif name.startswith("KAFKA_"):
             common[env_to_librdkafka_key(name[len("KAFKA_"):])] = value
     return {**common, **consumer}, {**common, **producer}
+
+
+def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """The admin client's librdkafka settings: ``KAFKA_*`` shared by every client (security settings among them)
+    and ``KAFKA_ADMIN_*``."""
+    common = {env_to_librdkafka_key(n[len("KAFKA_"):]): v for n, v in environ.items()
+              if n.startswith("KAFKA_") and not n.startswith(("KAFKA_CONSUMER_", "KAFKA_PRODUCER_", "KAFKA_ADMIN_"))}
+    admin = {env_to_librdkafka_key(n[len("KAFKA_ADMIN_"):]): v for n, v in environ.items()
+             if n.startswith("KAFKA_ADMIN_")}
+    return {**common, **admin}
 
 
 class WorkerSettings(BaseSettings):
@@ -199,6 +211,15 @@ class WorkerSettings(BaseSettings):
                 raise ConfigError("--guarantee exactly-once needs isolation.level=read_committed on the consumer")
             conf["isolation.level"] = "read_committed"
         if not conf["bootstrap.servers"]:
+            raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+        return conf
+
+    def admin_config(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """For the worker's admin requests (creating the dead-letter topic, reading partitions and end offsets)."""
+        conf: dict[str, Any] = kafka_admin_env_config(os.environ if environ is None else environ)
+        if self.bootstrap_servers:
+            conf["bootstrap.servers"] = self.bootstrap_servers
+        if not conf.get("bootstrap.servers"):
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
         return conf
 

@@ -4,6 +4,7 @@ to embeddings), verified end to end."""
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
 import uuid
@@ -20,6 +21,7 @@ from producers.load import produce_events
 from producers.texts import generate_texts, produce_texts
 from stream.broker import BrokerKind, LocalBroker, start_broker
 from stream.children import WorkerProcess
+from stream.config import kafka_admin_env_config
 from stream.errors import ConfigError
 from stream.models.demo import (
     DEFAULT_MODEL_DIR,
@@ -67,7 +69,8 @@ def run_demo(*, broker_kind: BrokerKind = "tansu", events: int | None = None, wo
     where = "given cluster" if bootstrap else broker_kind
     with _broker_or_cluster(broker_kind, bootstrap) as servers:
         console.print(f"broker: {where} at {servers}")
-        create_topics(servers, [input_topic, output_topic], partitions)
+        client = kafka_admin_env_config(os.environ)  # KAFKA_* (security settings) for the demo's own clients
+        create_topics(servers, [input_topic, output_topic], partitions, client_config=client)
         # Tansu answers a new group's first join after ~half the session timeout: keep it short.
         env = {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"}
         procs = [
@@ -77,18 +80,18 @@ def run_demo(*, broker_kind: BrokerKind = "tansu", events: int | None = None, wo
         ]
         ok = False
         try:
-            reader = OutputReader(servers, output_topic)
+            reader = OutputReader(servers, output_topic, client_config=client)
             expected = set((generate_texts if text else generate_events)(events, seed=seed).event_ids)
             started = time.time()
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           console=console) as progress:
                 produce_task = progress.add_task("producing ", total=events)
                 if text:
-                    delivered = produce_texts(servers, input_topic, events, seed=seed,
+                    delivered = produce_texts(servers, input_topic, events, seed=seed, config=client,
                                               on_progress=lambda n: progress.update(produce_task, completed=n))
                     failed = events - delivered
                 else:
-                    produced = produce_events(servers, input_topic, events, seed=seed,
+                    produced = produce_events(servers, input_topic, events, seed=seed, config=client,
                                               on_progress=lambda n: progress.update(produce_task, completed=n))
                     delivered, failed = produced.delivered, produced.failed
                 read_task = progress.add_task("predictions", total=events)
@@ -101,8 +104,8 @@ def run_demo(*, broker_kind: BrokerKind = "tansu", events: int | None = None, wo
             finished = time.time()
             codes = [p.terminate() for p in procs]
             reader.poll(1.0)  # anything published during shutdown
-            committed = committed_offsets(servers, group, input_topic)
-            ends = end_offsets(servers, input_topic)
+            committed = committed_offsets(servers, group, input_topic, client)
+            ends = end_offsets(servers, input_topic, client_config=client)
             commit_problems = check_committed(committed, ends)
             missing, dupes, unexpected = reader.missing(expected), reader.duplicates(), reader.unexpected(expected)
             summaries = [p.summary() for p in procs]

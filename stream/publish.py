@@ -377,4 +377,8 @@ class Publisher:
                 self._native_open = False
                 undelivered += self._native.close(timeout_s)
                 self._settle(self._native.take_done())
-            return undelivered + int(self._producer.flush(deadline.left()))
+            try:
+                return undelivered + int(self._producer.flush(deadline.left()))
+            except KafkaException as exc:  # a transactional producer in a fatal state refuses even to flush
+                log.debug("producer flush at close: %s", exc)
+                return undelivered + len(self._producer)

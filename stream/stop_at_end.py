@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
@@ -15,7 +16,7 @@ _CHECK_EVERY_S = 0.25
 
 
 class StopAtEnd:
-    def __init__(self, consumer: Consumer, bootstrap_servers: str, topic: str, committer: Committer,
+    def __init__(self, consumer: Consumer, admin_config: dict[str, Any], topic: str, committer: Committer,
                  busy: Callable[[], bool], clock: Callable[[], float]) -> None:
         self._consumer = consumer
         self._topic = topic
@@ -23,7 +24,7 @@ class StopAtEnd:
         self._busy = busy  # records in flight or batched: not done yet
         self._clock = clock
         self._next_check = 0.0
-        self._ends = end_offsets(bootstrap_servers, topic)
+        self._ends = end_offsets(admin_config["bootstrap.servers"], topic, client_config=admin_config)
         log.info("stop-at-end: end offsets at start %s", self._ends)
 
     def reached(self) -> bool:

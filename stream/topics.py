@@ -1,9 +1,11 @@
-"""Admin helpers: create topics idempotently, read end offsets and a group's committed offsets."""
+"""Admin helpers: create topics idempotently, read end offsets and a group's committed offsets. ``client_config``:
+librdkafka settings every client they make gets besides the bootstrap servers (security: ``security.protocol``,
+``sasl.*``, ``ssl.*``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -18,9 +20,10 @@ def admin(bootstrap: str, **extra: Any) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, "logger": client_logger("admin"), **extra})  # type: ignore[dict-item]
 
 
-def wait_ready(bootstrap: str, timeout_s: float = 60.0, brokers: int = 1) -> None:
+def wait_ready(bootstrap: str, timeout_s: float = 60.0, brokers: int = 1,
+               client_config: Mapping[str, Any] | None = None) -> None:
     """Block until the cluster answers a metadata request with at least ``brokers`` brokers."""
-    client = admin(bootstrap)
+    client = admin(bootstrap, **(client_config or {}))
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -34,7 +37,8 @@ def wait_ready(bootstrap: str, timeout_s: float = 60.0, brokers: int = 1) -> Non
 
 
 def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, replication_factor: int = -1,
-                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> dict[str, str]:
+                  config: dict[str, str] | None = None, timeout_s: float = 30.0,
+                  client_config: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Create topics; an existing topic is fine. Returns {topic: "created" | "exists"}. ``replication_factor``
     -1: the cluster's ``default.replication.factor`` (3 on the local three-node cluster, 1 on one node).
 
@@ -43,7 +47,7 @@ def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, rep
     names = list(dict.fromkeys(topics))
     if partitions < 1:
         raise StreamError(f"--partitions must be >= 1, got {partitions}")
-    client = admin(bootstrap)
+    client = admin(bootstrap, **(client_config or {}))
     futures = client.create_topics(
         [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
          for t in names], operation_timeout=timeout_s)
@@ -72,25 +76,26 @@ def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, rep
         time.sleep(0.1)
 
 
-def partitions_of(bootstrap: str, topic: str) -> list[int]:
-    md = admin(bootstrap).list_topics(topic, timeout=10)
+def partitions_of(bootstrap: str, topic: str, client_config: Mapping[str, Any] | None = None) -> list[int]:
+    md = admin(bootstrap, **(client_config or {})).list_topics(topic, timeout=10)
     info = md.topics.get(topic)
     if info is None or info.error is not None:
         raise StreamError(f"topic {topic!r} not found ({info.error if info else 'no metadata'})")
     return sorted(info.partitions)
 
 
-def end_offsets(bootstrap: str, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 15.0,
+                client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """High watermark per partition: the offset after the last record.
 
     Asked twice: by ListOffsets, and from the high watermark a fetch response carries (the largest wins).
     The embedded Tansu broker answers ListOffsets(latest) wrongly (we measured 1 on a 1,449-record
     partition) but its fetch responses are right; on Apache Kafka both agree.
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stream-offsets-probe",
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap, "group.id": "stream-offsets-probe",
                          "enable.auto.commit": False, "max.partition.fetch.bytes": 1024})
     try:
-        parts = partitions_of(bootstrap, topic)
+        parts = partitions_of(bootstrap, topic, client_config)
         listed = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                   for p in parts}
         consumer.assign([TopicPartition(topic, p, max(listed[p][1], listed[p][0], 0)) for p in parts])
@@ -109,11 +114,13 @@ def end_offsets(bootstrap: str, topic: str, timeout_s: float = 15.0) -> dict[int
         consumer.close()
 
 
-def committed_offsets(bootstrap: str, group_id: str, topic: str) -> dict[int, int]:
+def committed_offsets(bootstrap: str, group_id: str, topic: str,
+                      client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """The group's committed position per partition (-1 where nothing is committed)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False})
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap, "group.id": group_id,
+                         "enable.auto.commit": False})
     try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
+        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic, client_config)]
         return {tp.partition: (tp.offset if tp.offset >= 0 else -1) for tp in consumer.committed(tps, timeout=10)}
     finally:
         consumer.close()

@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
@@ -58,17 +59,19 @@ class OutputReader:
     bootstrap: str
     topic: str
     predictions: list[Prediction] = field(default_factory=list)
+    client_config: dict[str, Any] = field(default_factory=dict)  # security settings, as for any client
 
     def __post_init__(self) -> None:
         self._registry = SchemaRegistry.from_dir()
         self._consumer = Consumer({
+            **self.client_config,
             "bootstrap.servers": self.bootstrap,
             "group.id": f"verifier-{uuid.uuid4().hex[:12]}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
         })
         self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
-                               for p in partitions_of(self.bootstrap, self.topic)])
+                               for p in partitions_of(self.bootstrap, self.topic, self.client_config)])
         self._ids: Counter[str] = Counter()
 
     def poll(self, timeout_s: float = 0.2) -> int:

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from types import FrameType
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError
 
 from stream import faults
+from stream.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic
 from stream.batching import MicroBatcher
 from stream.client_logs import ConnectionWatch, client_logger
 from stream.committer import Committer
@@ -44,7 +45,6 @@ from stream.stall_check import StallCheck
 from stream.stalls import StallDetector
 from stream.stop_at_end import StopAtEnd
 from stream.summary import WorkerSummary
-from stream.topics import create_topics, partitions_of
 from stream.transactions import Transactions
 
 __all__ = ["Worker", "WorkerSummary"]
@@ -75,6 +75,7 @@ class Worker:
             "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}"})
         self._consumer_config = s.consumer_config()
         self._producer_config = s.producer_config()
+        self._admin_config = s.admin_config()
         self._summary = WorkerSummary()
         self._batcher: MicroBatcher[Records] = MicroBatcher(s.max_batch_size, s.max_wait_ms, clock, size=len)
         self._tracker = OffsetTracker()
@@ -123,7 +124,8 @@ class Worker:
     def _run(self) -> WorkerSummary:
         s = self.settings
         if s.dlq_topic:
-            self._create_dlq_topic(s.dlq_topic)
+            ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
+        check_access(s, self._admin_config, self._connection, self._stop)
         publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
                               native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
         consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
@@ -136,7 +138,7 @@ class Worker:
             if s.exactly_once:
                 publisher.init_transactions(self._transactions.timeout_s)
             if s.stop_at_end:
-                self._end = StopAtEnd(consumer, s.bootstrap_servers, s.input_topic, self._committer,
+                self._end = StopAtEnd(consumer, self._admin_config, s.input_topic, self._committer,
                                       lambda: bool(self._tracker.in_flight() or len(self._batcher)), self._clock)
             if not self._stop.is_set():  # else stopped during start-up: never join the group
                 r = self._rebalancer
@@ -300,6 +302,10 @@ class Worker:
             self.metrics.e2e_latency_seconds.observe_many((now_ms - delivery.ts_ms) / 1000.0)
 
     def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, KafkaClientError) and isinstance(exc.kafka_error, KafkaError):
+            # The brokers refused an operation: say which ACL is missing.
+            where = "consumer" if exc.operation in ("consume", "consumer") else "producer"
+            exc = denied(exc.kafka_error, self.settings, where) or exc
         with self._failure_lock:
             if self._failure is None:
                 self._failure = exc
@@ -314,27 +320,8 @@ class Worker:
                 self._fail(failure)
         return self._failure is not None
 
-    def _create_dlq_topic(self, topic: str) -> None:
-        """The dead-letter topic, as many partitions as the input; while the brokers cannot be reached, retried
-        (reported by the connection watch) until they can or the worker is stopped."""
-        s = self.settings
-        delay_s = 0.5
-        while not self._stop.is_set():
-            try:
-                status = create_topics(s.bootstrap_servers, [topic],
-                                       len(partitions_of(s.bootstrap_servers, s.input_topic)))
-            except (KafkaException, KafkaClientError) as exc:
-                err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
-                if not isinstance(err, KafkaError) or not self._connection.error("admin", err):
-                    raise
-                self._stop.wait(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
-                continue
-            log.info("dead-letter topic %s: %s", topic, status[topic])
-            return
-
     def _on_consumer_error(self, err: KafkaError) -> None:
-        if err.fatal():
+        if err.fatal() or err.code() in AUTHORIZATION_ERRORS:
             self._fail(KafkaClientError("consumer", err))
         elif not self._connection.error("consumer", err):
             log.warning("consumer: %s", err)

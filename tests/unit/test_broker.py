@@ -99,4 +99,4 @@ def test_a_cluster_is_kafka_on_free_ports_only(capsys: pytest.CaptureFixture[str
 
     assert main(["broker", "--kind", "tansu", "--nodes", "3"]) == 2
     assert main(["broker", "--kind", "kafka", "--nodes", "3", "--port", "9092"]) == 2
-    assert capsys.readouterr().err.count("--nodes N: Apache Kafka only") == 2
+    assert capsys.readouterr().err.count("--nodes N and --sasl: Apache Kafka only") == 2

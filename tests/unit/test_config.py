@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from stream.cli import tune_malloc
-from stream.config import env_to_librdkafka_key, kafka_env_config, load_settings
+from stream.config import WorkerSettings, env_to_librdkafka_key, kafka_admin_env_config, kafka_env_config, load_settings
 from stream.errors import ConfigError
 
 BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "127.0.0.1:9092"}
@@ -127,3 +127,30 @@ def test_a_full_prefetch_queue_is_looked_at_again_soon() -> None:
     s = load_settings(BASE, environ={})
     assert s.consumer_config({})["fetch.queue.backoff.ms"] == 10
     assert s.consumer_config({"KAFKA_CONSUMER_FETCH_QUEUE_BACKOFF_MS": "250"})["fetch.queue.backoff.ms"] == "250"
+
+
+def test_the_readme_lists_exactly_the_acls_the_worker_needs() -> None:
+    """The README's least-privilege table and `stream.access.required` say the same."""
+    from pathlib import Path
+
+    from stream.access import required
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    table = readme.read_text().split("**Security: the least-privilege ACLs.**")[1].split("\n\n")[1]
+    rows = [[c.strip().strip("`") for c in line.strip("|").split("|")][:3] for line in table.splitlines()[2:]]
+    flags = {"--input-topic": "in", "--group-id": "g", "--output-topic": "out", "--dlq-topic": "dlq",
+             "--transactional-id": "tid"}
+    documented = sorted((kind, flags[flag], op) for kind, flag, op in rows)
+    settings = WorkerSettings(bootstrap_servers="b:9092", input_topic="in", output_topic="out", group_id="g",
+                              dlq_topic="dlq", guarantee="exactly-once", transactional_id="tid")
+    assert documented == sorted(required(settings))
+
+
+def test_admin_settings_take_the_shared_kafka_variables_and_their_own_not_the_clients() -> None:
+    env = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_PASSWORD": "p", "KAFKA_ADMIN_REQUEST_TIMEOUT_MS": "9",
+           "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", "KAFKA_PRODUCER_LINGER_MS": "0"}
+    assert kafka_admin_env_config(env) == {"security.protocol": "SASL_SSL", "sasl.password": "p",
+                                           "request.timeout.ms": "9"}
+    consumer, producer = kafka_env_config(env)
+    assert "request.timeout.ms" not in consumer and "request.timeout.ms" not in producer
+    assert "admin.request.timeout.ms" not in consumer
