@@ -32,7 +32,7 @@ from stream.errors import KafkaClientError, StreamError
 from stream.topics import admin, create_topics, partitions_of
 
 log = logging.getLogger(__name__)
-_TIMEOUT_S = 15.0
+_TIMEOUT_S = 10.0
 _RETRIABLE_ANSWERS = 10
 AUTHORIZATION_ERRORS = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
                                   KafkaError.CLUSTER_AUTHORIZATION_FAILED,
@@ -163,7 +163,9 @@ def _retrying(call: Callable[[], None], connection: ConnectionWatch, stop: threa
             err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
             if not isinstance(err, KafkaError):
                 raise
-            if not connection.error("admin", err) and err.code() != KafkaError._TIMED_OUT:
+            if err.code() == KafkaError._TIMED_OUT:  # no broker answered: what the watch calls unreachable
+                err = KafkaError(KafkaError._TRANSPORT, f"no answer to an admin request ({err.str()})")
+            if not connection.error("admin", err):
                 answers += 1
                 if not err.retriable() or answers > _RETRIABLE_ANSWERS:
                     raise

@@ -54,7 +54,8 @@ def _worker_parser(sub: Any) -> None:
                    help="on CUDA, keep one batch ahead on the device so copies and compute overlap host work (on)")
     p.add_argument("--gil-switch-interval-ms", type=float,
                    help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus /metrics and the /healthz, /readyz probes on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--schemas-dir", type=Path, help="schema folder when no registry is given (default: the repo's "
                                                      "schemas/)")

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -120,8 +120,3 @@ class StreamMetrics:
             "stream_end_to_end_latency_seconds",
             "Event ts_ms (producer time) to the broker's acknowledgement of its prediction.",
             LATENCY_BUCKETS_S, r)
-
-    def serve(self, port: int, host: str = "0.0.0.0") -> Any:
-        """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the server (``.shutdown()``)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server

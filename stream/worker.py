@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import FrameType
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stream import faults
 from stream.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic
@@ -29,6 +29,8 @@ from stream.committer import Committer
 from stream.config import WorkerSettings
 from stream.deadline import Deadline
 from stream.errors import KafkaClientError, StreamError
+from stream.health import Health
+from stream.health import serve as serve_http
 from stream.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
 from stream.intake import Intake
 from stream.metrics import StreamMetrics
@@ -64,6 +66,7 @@ class Worker:
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
         self._connection = ConnectionWatch(clock)
+        self.health = Health(clock)
         set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
         handler = handler if handler is not None else create_handler(
             s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype))
@@ -75,7 +78,8 @@ class Worker:
             "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}"})
         self._consumer_config = s.consumer_config()
         self._producer_config = s.producer_config()
-        self._admin_config = s.admin_config()
+        # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
+        self._admin_config = {**s.admin_config(), "error_cb": self._on_admin_error}
         self._summary = WorkerSummary()
         self._batcher: MicroBatcher[Records] = MicroBatcher(s.max_batch_size, s.max_wait_ms, clock, size=len)
         self._tracker = OffsetTracker()
@@ -123,6 +127,22 @@ class Worker:
     # ---------------------------------------------------------------------------- start and end
     def _run(self) -> WorkerSummary:
         s = self.settings
+        health = self.health
+        health.model_loaded = True  # by the constructor
+        health.unreachable = lambda: self._connection.unreachable
+        health.stalled = lambda: len(self._stalls.stalled())
+        # Probes answer from the start, while the worker still waits for the brokers.
+        http = serve_http(self.metrics.registry, health, s.metrics_port, s.metrics_host) \
+            if s.metrics_port is not None else None
+        try:
+            return self._run_clients()
+        finally:
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+
+    def _run_clients(self) -> WorkerSummary:
+        s = self.settings
         if s.dlq_topic:
             ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
         check_access(s, self._admin_config, self._connection, self._stop)
@@ -133,7 +153,6 @@ class Worker:
         self._connect(consumer, publisher)
         assert self._stage is not None
         self._stage.start()
-        metrics_server = self.metrics.serve(s.metrics_port, s.metrics_host) if s.metrics_port is not None else None
         try:
             if s.exactly_once:
                 publisher.init_transactions(self._transactions.timeout_s)
@@ -142,16 +161,18 @@ class Worker:
                                       lambda: bool(self._tracker.in_flight() or len(self._batcher)), self._clock)
             if not self._stop.is_set():  # else stopped during start-up: never join the group
                 r = self._rebalancer
-                consumer.subscribe([s.input_topic], on_assign=r.on_assign, on_revoke=r.on_revoke,
-                                   on_lost=r.on_lost)
+
+                def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+                    r.on_assign(c, partitions)
+                    self.health.joined = True
+
+                consumer.subscribe([s.input_topic], on_assign=on_assign, on_revoke=r.on_revoke, on_lost=r.on_lost)
                 log.info("worker consuming %s -> %s as group %s (max_batch_size=%d, max_wait_ms=%g)",
                          s.input_topic, s.output_topic, s.group_id, s.max_batch_size, s.max_wait_ms)
                 self._poll_loop()
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
         self._shutdown()
-        if metrics_server is not None:
-            metrics_server.shutdown()
         if self._failure is not None:
             self._summary.error = f"{type(self._failure).__name__}: {self._failure}"
             self._summary.exit_code = 1
@@ -187,7 +208,10 @@ class Worker:
         stalled_since: float | None = None
         adaptive = self.settings.batch_policy == "adaptive"
         close_early = False
+        health = self.health
+        health.polling = True
         while not self._stop.is_set() and not self._failed():
+            health.tick()
             records: Records | None = None
             close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
             close_early = False
@@ -309,6 +333,7 @@ class Worker:
         with self._failure_lock:
             if self._failure is None:
                 self._failure = exc
+                self.health.failed = f"{type(exc).__name__}: {exc}"
                 log.error("worker failing: %s: %s", type(exc).__name__, exc)
         self._stop.set()
 
@@ -319,6 +344,10 @@ class Worker:
             if failure is not None:
                 self._fail(failure)
         return self._failure is not None
+
+    def _on_admin_error(self, err: KafkaError) -> None:
+        if not self._connection.error("admin", err):
+            log.warning("admin: %s", err)
 
     def _on_consumer_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() in AUTHORIZATION_ERRORS:

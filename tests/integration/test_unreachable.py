@@ -1,11 +1,14 @@
 """A worker whose brokers cannot be reached: a WARNING when that starts and a reminder at most every 30 s (not a
 line per reconnect attempt from each client), librdkafka's own lines through the worker's log, not stderr; it
-keeps trying, consumes and commits nothing, and a SIGTERM stops it cleanly."""
+keeps trying, consumes and commits nothing, its /readyz says why it is not ready (its /healthz stays ok: a
+restart would not bring the brokers back), and a SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,10 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("extra", [[], ["--dlq-topic", "dlq"]], ids=["plain", "creating-its-dlq-topic"])
 def test_unreachable_brokers_at_start_up_are_reported_once_and_retried_until_stopped(
         model_dir: Path, tmp_path: Path, extra: list[str]) -> None:
+    port = free_port()
     worker = WorkerProcess(["--bootstrap-servers", f"127.0.0.1:{free_port()}", "--input-topic", "in",
-                            "--output-topic", "out", "--group-id", "g", "--model-dir", str(model_dir), *extra],
-                           tmp_path / "worker.log")
+                            "--output-topic", "out", "--group-id", "g", "--model-dir", str(model_dir),
+                            "--metrics-port", str(port), *extra], tmp_path / "worker.log")
     try:
         deadline = time.monotonic() + 60
         while "cannot reach the Kafka brokers" not in worker.output() and time.monotonic() < deadline:
@@ -29,6 +33,9 @@ def test_unreachable_brokers_at_start_up_are_reported_once_and_retried_until_sto
             time.sleep(0.2)
         time.sleep(5)  # about a hundred reconnect attempts of each client
         assert worker.proc.poll() is None, "still trying"
+        status, body = probe(port, "/readyz")
+        assert status == 503 and "Kafka brokers unreachable" in body, body
+        assert probe(port, "/healthz") == (200, "ok\n")
     finally:
         code = worker.terminate(30)
     out = worker.output()
@@ -53,15 +60,17 @@ def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path
     with start_kafka_cluster(1) as cluster:  # one node that can be killed and started again on its data
         bootstrap = cluster.bootstrap
         create_topics(bootstrap, ["in", "out"], 4)
+        port = free_port()
         worker = WorkerProcess(["--bootstrap-servers", bootstrap, "--input-topic", "in", "--output-topic", "out",
-                                "--group-id", "g", "--model-dir", str(model_dir), "--commit-interval-ms", "200"],
-                               tmp_path / "worker.log", WORKER_ENV)
+                                "--group-id", "g", "--model-dir", str(model_dir), "--commit-interval-ms", "200",
+                                "--metrics-port", str(port)], tmp_path / "worker.log", WORKER_ENV)
         try:
             wait_for_assignment(worker)
             expected = _produce(bootstrap, 2_000, start=0)
             reader = OutputReader(bootstrap, "out")
             assert reader.read_until(expected, 60), worker.output()[-3000:]
             reader.close()
+            assert probe(port, "/readyz") == (200, "ok\n")
             node = cluster.nodes[0]
             node.signal(signal.SIGKILL)
             node.proc.wait(30)  # type: ignore[union-attr]
@@ -71,6 +80,7 @@ def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path
             time.sleep(5)
             assert worker.proc.poll() is None, "a worker outlives its brokers' outage"
             assert worker.output().count("cannot reach the Kafka brokers") == 1, worker.output()[-3000:]
+            assert probe(port, "/readyz")[0] == 503
             cluster.restart(1)
             expected |= _produce(bootstrap, 2_000, start=2_000)
             reader = OutputReader(bootstrap, "out")
@@ -81,10 +91,19 @@ def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path
             while "the Kafka brokers answer again" not in worker.output() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert "the Kafka brokers answer again" in worker.output()
+            assert probe(port, "/readyz") == (200, "ok\n")
         finally:
             code = worker.terminate(60)
         assert code == 0, worker.output()[-3000:]
         assert check_committed(committed_offsets(bootstrap, "g", "in"), end_offsets(bootstrap, "in")) == []
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def _produce(bootstrap: str, count: int, start: int) -> set[str]:

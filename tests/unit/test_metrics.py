@@ -1,14 +1,11 @@
-"""The worker's Prometheus metrics: the array histogram's buckets against prometheus_client's own, the names a
-scrape shows, and /metrics served and stopped."""
+"""The worker's Prometheus metrics: the array histogram's buckets against prometheus_client's own, and the names a
+scrape shows (served with the probes: test_health)."""
 
 from __future__ import annotations
-
-import urllib.request
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from stream.broker import free_port
 from stream.metrics import BulkHistogram, StreamMetrics
 
 
@@ -52,16 +49,3 @@ def test_every_metric_is_exported_under_its_documented_name() -> None:
                  "stream_inference_seconds_bucket", "stream_end_to_end_latency_seconds_bucket"):
         assert f"\n{name}" in text, name
     assert 'stream_dead_letters_total{reason="bad-magic",stage="decode"} 1.0' in text
-
-
-def test_metrics_are_served_on_the_port_and_stop() -> None:
-    metrics = StreamMetrics()
-    metrics.consumed.inc(3)
-    port = free_port()
-    server = metrics.serve(port, "127.0.0.1")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            assert "stream_records_consumed_total 3.0" in reply.read().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
