@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from stream.broker import free_port
 from stream.children import WorkerProcess
+from tests.probes import get as probe
 
 pytestmark = pytest.mark.integration
 
@@ -96,14 +95,6 @@ def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path
             code = worker.terminate(60)
         assert code == 0, worker.output()[-3000:]
         assert check_committed(committed_offsets(bootstrap, "g", "in"), end_offsets(bootstrap, "in")) == []
-
-
-def probe(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _produce(bootstrap: str, count: int, start: int) -> set[str]:

@@ -3,12 +3,10 @@ group, the brokers and stalled partitions; served over HTTP with /metrics on one
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 from stream.broker import free_port
 from stream.health import LIVENESS_S, Health, serve
 from stream.metrics import StreamMetrics
+from tests.probes import get
 
 
 class Clock:
@@ -55,14 +53,6 @@ def test_readiness_needs_the_model_the_group_reachable_brokers_and_no_stalled_pa
     health.polling = True
     clock.now += LIVENESS_S + 1
     assert health.ready() == [f"poll loop has not gone round for {LIVENESS_S + 1:.0f}s"], "not alive: not ready"
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_metrics_and_probes_are_served_on_one_port_and_stop() -> None:
