@@ -32,6 +32,7 @@ from stream.offsets import Span
 log = logging.getLogger(__name__)
 SEND_OFFSETS_TIMEOUT_S = 20.0  # longest a transaction's send_offsets_to_transaction is given ...
 SEND_OFFSETS_GRACE_S = 5.0  # ... and how long past that it may block before its producer is taken as stuck
+ABORT_SLICE_S = 1.0  # an abort waits this long at a time, delivery reports served in between
 MAX_STUCK_PRODUCERS = 3  # stuck producers whose calls never returned, before the worker gives up
 Headers = list[tuple[str, str | bytes | None]]
 # Provenance headers: the input record a dead-letter record (always) or a prediction (--provenance-headers, or
@@ -330,9 +331,21 @@ class Publisher:
         self._in_transaction = False
 
     def abort_transaction(self, timeout_s: float) -> None:
+        """Abort the open transaction within ``timeout_s``. librdkafka's abort waits until the delivery reports of
+        the transaction's records are served ("the event queue must be polled ... prior to calling abort"), so
+        it is called in slices with the reports served between them."""
         if not self._in_transaction:
             return  # a replaced producer: its successor has no transaction open
-        self._txn_call("abort transaction", lambda left: self._producer.abort_transaction(left), Deadline(timeout_s))
+        deadline = Deadline(timeout_s)
+        while True:
+            self._serve(0.0)
+            try:
+                self._producer.abort_transaction(min(deadline.left(0.001), ABORT_SLICE_S))
+                break
+            except KafkaException as exc:
+                error = TransactionError("abort transaction", exc.args[0])
+                if error.fatal or error.code != KafkaError._TIMED_OUT or deadline.passed():
+                    raise error from exc
         self._in_transaction = False
 
     def _replace_stuck_producer(self, deadline: Deadline) -> None:

@@ -78,7 +78,11 @@ class Transactions:
                     f"a batch's transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "
                     f"({timeout_s:.0f}s), and was aborted ({exc}); raise KAFKA_PRODUCER_TRANSACTION_TIMEOUT_MS "
                     "or lower --max-batch-size") from exc
-            if exc.fatal or not exc.requires_abort:
+            # Adding the offsets can time out while the coordinator moves (a broker killed or paused, this
+            # process frozen): nothing is committed yet, so the transaction is aborted and the batch rewound
+            # like any abortable error. A commit that timed out is not aborted: it may have committed.
+            timed_out_before_commit = exc.operation == "send offsets to transaction" and exc.retriable
+            if exc.fatal or not (exc.requires_abort or timed_out_before_commit):
                 raise
             log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)
             publisher.abort_transaction(timeout_s)

@@ -8,7 +8,7 @@ import time
 from typing import ClassVar
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream import publish
 from stream.errors import PublishError, StreamError, TransactionError
@@ -165,3 +165,27 @@ def test_too_many_stuck_producers_at_once_stop_the_worker(monkeypatch: pytest.Mo
         publisher.commit_transaction([], object(), 60.0)
     for producer in FakeTxnProducer.instances:
         producer.release.set()
+
+
+def test_an_abort_is_retried_in_slices_with_the_delivery_reports_served_between(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's abort times out while the transaction's delivery reports wait to be served."""
+    FakeTxnProducer.instances = []
+    monkeypatch.setattr(publish, "Producer", FakeTxnProducer)
+    publisher = Publisher({"transactional.id": "t"}, on_span_done=lambda d: None)
+    producer = FakeTxnProducer.instances[0]
+    polls: list[str] = []
+    timeouts = [2]
+
+    def abort(timeout: float) -> None:
+        producer.calls.append(f"abort({timeout:g})")
+        if timeouts[0]:
+            timeouts[0] -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "the event queue must be polled"))
+
+    monkeypatch.setattr(producer, "abort_transaction", abort)
+    monkeypatch.setattr(producer, "poll", lambda timeout=0: polls.append("poll") or 0)
+    publisher.begin_transaction()
+    publisher.abort_transaction(60.0)
+    assert producer.calls == ["begin", "abort(1)", "abort(1)", "abort(1)"]
+    assert len(polls) == 3, "reports served before each slice"

@@ -127,3 +127,28 @@ def test_a_batch_whose_producer_was_replaced_is_rewound_not_fatal_however_long_i
     assert txns.pending() and txns.stale(0)
     assert publisher.calls == ["begin"], "the fenced transaction is not aborted again"
     assert metrics.transactions_aborted._value.get() == 1
+
+
+class TimingOutPublisher(ReplacingPublisher):
+    """``operation`` times out (a retriable error, not one librdkafka marks abortable)."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__()
+        self.operation = operation
+
+    def commit_transaction(self, offsets: object, metadata: object, timeout_s: float) -> None:
+        raise TransactionError(self.operation, KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+
+
+def test_offsets_that_time_out_abort_and_rewind_but_a_commit_that_times_out_stops_the_worker() -> None:
+    batch = Dispatched(Records.build([b"x"], [None], [0], [3]), np.zeros(1, np.int32), np.full(1, 3), {}, epoch=0)
+    processor = SimpleNamespace(process=lambda b: None)
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
+    publisher = TimingOutPublisher("send offsets to transaction")
+    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    assert txns.pending() and publisher.calls == ["begin", "abort"], "nothing committed yet: aborted, rewound"
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
+    publisher = TimingOutPublisher("commit transaction")
+    with pytest.raises(TransactionError):  # it may have committed: aborting could not undo that
+        txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    assert not txns.pending()
