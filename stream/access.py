@@ -92,7 +92,7 @@ def _operations(future: Any, what: str) -> set[str] | None:
         if isinstance(err, KafkaError) and err.code() in AUTHORIZATION_ERRORS:
             return set()
         if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            raise StreamError(f"{what} does not exist") from exc
+            return None  # not created yet: nothing to ask; the clients wait for it (or fail on it) as before
         raise KafkaClientError(f"describe {what}", err) from exc
     ops = getattr(description, "authorized_operations", None)
     if ops is None:
