@@ -173,7 +173,7 @@ def test_a_missing_acl_is_named_and_the_worker_exits_non_zero(secure: LocalClust
     worker.terminate()
     logs = worker.output()
     assert code is not None, f"still running 90 s later without {leave_out}'s ACL: {logs[-2000:]}"
-    assert code != 0
+    assert code != 0, logs[-3000:]
     wanted = MISSING[leave_out].format(input=d.input, group=d.group, output=d.output, dlq=d.dlq, tid=d.tid)
     assert wanted in logs, logs[-3000:]
     assert "Traceback" not in logs, logs[-3000:]
