@@ -40,31 +40,33 @@ def env_to_librdkafka_key(name: str) -> str:
     return "".join(out)
 
 
+_CLIENTS = ("CONSUMER", "PRODUCER", "ADMIN")
+
+
+def _kafka_env_parts(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """``KAFKA_*`` variables as librdkafka settings, per client: ``""`` for those every client shares, and
+    ``CONSUMER`` / ``PRODUCER`` / ``ADMIN`` for ``KAFKA_CONSUMER_*`` and the like."""
+    parts: dict[str, dict[str, str]] = {"": {}, **{c: {} for c in _CLIENTS}}
+    for name, value in environ.items():
+        if not name.startswith("KAFKA_"):
+            continue
+        rest = name[len("KAFKA_"):]
+        client = next((c for c in _CLIENTS if rest.startswith(c + "_")), "")
+        parts[client][env_to_librdkafka_key(rest[len(client) + 1:] if client else rest)] = value
+    return parts
+
+
 def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(consumer, producer) librdkafka settings from ``KAFKA_*`` variables."""
-    common: dict[str, str] = {}
-    consumer: dict[str, str] = {}
-    producer: dict[str, str] = {}
-    for name, value in environ.items():
-        if name.startswith("KAFKA_ADMIN_"):
-            continue  # the admin client's own (`kafka_admin_env_config`)
-        if name.startswith("KAFKA_CONSUMER_"):
-            consumer[env_to_librdkafka_key(name[len("KAFKA_CONSUMER_"):])] = value
-        elif name.startswith("KAFKA_PRODUCER_"):
-            producer[env_to_librdkafka_key(name[len("KAFKA_PRODUCER_"):])] = value
-        elif name.startswith("KAFKA_"):
-            common[env_to_librdkafka_key(name[len("KAFKA_"):])] = value
-    return {**common, **consumer}, {**common, **producer}
+    parts = _kafka_env_parts(environ)
+    return {**parts[""], **parts["CONSUMER"]}, {**parts[""], **parts["PRODUCER"]}
 
 
 def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
     """The admin client's librdkafka settings: ``KAFKA_*`` shared by every client (security settings among them)
     and ``KAFKA_ADMIN_*``."""
-    common = {env_to_librdkafka_key(n[len("KAFKA_"):]): v for n, v in environ.items()
-              if n.startswith("KAFKA_") and not n.startswith(("KAFKA_CONSUMER_", "KAFKA_PRODUCER_", "KAFKA_ADMIN_"))}
-    admin = {env_to_librdkafka_key(n[len("KAFKA_ADMIN_"):]): v for n, v in environ.items()
-             if n.startswith("KAFKA_ADMIN_")}
-    return {**common, **admin}
+    parts = _kafka_env_parts(environ)
+    return {**parts[""], **parts["ADMIN"]}
 
 
 class WorkerSettings(BaseSettings):

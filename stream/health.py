@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -71,19 +72,8 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-class _Threading(WSGIServer):
-    daemon_threads = True
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        threading.Thread(target=self._handle, args=(request, client_address), daemon=True).start()
-
-    def _handle(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # a client that went away: nothing to serve
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
+class _Threading(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a probe that hangs never holds the worker's exit
 
 
 def serve(registry: CollectorRegistry, health: Health, port: int, host: str) -> WSGIServer:
