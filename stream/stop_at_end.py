@@ -6,13 +6,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stream.committer import Committer
 from stream.topics import end_offsets
 
 log = logging.getLogger(__name__)
 _CHECK_EVERY_S = 0.25
+
+
+# The group coordinator moving or loading, or not answering in time: the committed offsets are asked again.
+_TRANSIENT = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT})
 
 
 class StopAtEnd:
@@ -42,7 +47,16 @@ class StopAtEnd:
             if self._busy():
                 return False
             self._committer.commit(asynchronous=False)
-            for tp in self._consumer.committed([TopicPartition(self._topic, p) for p in pending], timeout=10):
+            try:
+                committed = self._consumer.committed([TopicPartition(self._topic, p) for p in pending], timeout=10)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError) or not (error.retriable() or error.code() in _TRANSIENT):
+                    raise
+                # NOT_COORDINATOR seen on a fresh cluster's first group: asked again at the next check.
+                log.debug("stop-at-end: committed offsets not read (%s); asking again", error)
+                return False
+            for tp in committed:
                 if tp.offset != OFFSET_INVALID and tp.offset >= pending[tp.partition]:
                     del pending[tp.partition]
         if pending:
