@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream.broker import BrokerKind, KafkaHeap, start_broker
+from stream.broker import BrokerKind, start_broker
 from stream.children import die_with_parent
 from stream.config import WorkerSettings
+from stream.kafka_config import KafkaHeap
 from stream.topics import create_topics, partitions_of
 
 PARTITIONS = 8  # as the benchmark's topics

@@ -29,9 +29,10 @@ from safetensors.torch import save_file
 
 from producers.events import N_FEATURES, generate_events
 from stream.bench.runner import Bench, BenchConfig, versions
-from stream.broker import BrokerKind, KafkaHeap, start_broker
+from stream.broker import BrokerKind, start_broker
 from stream.errors import ConfigError
 from stream.inference import InferenceEngine
+from stream.kafka_config import KafkaHeap
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE, DemoFraudHandler, FraudMLP
 
 

@@ -36,9 +36,10 @@ from stream.bench.probes import (
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
 from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
 from stream.bench.text import TextBenchConfig, run_text_bench
-from stream.broker import BrokerKind, KafkaHeap, free_port, start_broker
+from stream.broker import BrokerKind, free_port, start_broker
 from stream.children import WorkerProcess, die_with_parent
 from stream.config import WorkerSettings
+from stream.kafka_config import KafkaHeap
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
 from stream.topics import create_topics

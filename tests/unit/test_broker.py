@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import KafkaHeap, _mem_total_mib, kraft_cluster_id, request_threads
 from stream.errors import BrokerError
+from stream.kafka_config import KafkaHeap, _mem_total_mib, kraft_cluster_id, request_threads
 
 
 def test_cluster_id_never_starts_with_a_dash() -> None:
@@ -78,10 +78,10 @@ def test_memory_for_the_heap_is_the_containers_limit_where_smaller(tmp_path: Pat
 
 
 def test_cluster_properties_replicate_three_times_and_need_two_in_sync(tmp_path: Path) -> None:
-    from stream.broker import _kafka_properties
+    from stream.kafka_config import server_properties
 
     def props(nodes: int) -> dict[str, str]:
-        text = _kafka_properties(2, 9092, 9093, "1@127.0.0.1:1,2@127.0.0.1:9093,3@127.0.0.1:3", tmp_path, nodes)
+        text = server_properties(2, 9092, 9093, "1@127.0.0.1:1,2@127.0.0.1:9093,3@127.0.0.1:3", tmp_path, nodes)
         return dict(line.split("=", 1) for line in text.splitlines() if line)
 
     three, one = props(3), props(1)
