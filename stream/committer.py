@@ -88,6 +88,7 @@ class Committer:
             consumer.commit(offsets=offsets, asynchronous=True)
             self._async_sent_at = self._clock()
             return True
+        started = self._clock()
         try:
             result = consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
@@ -99,6 +100,7 @@ class Committer:
                 log.info("commit deferred by a rebalance: %s", error)
                 return False
             raise KafkaClientError("commit", error) from exc
+        self._metrics.commit_seconds.labels("sync").observe(self._clock() - started)
         self.record(result or offsets)
         return True
 
@@ -121,6 +123,8 @@ class Committer:
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The consumer's ``on_commit``: an asynchronous commit's answer."""
+        if self._async_sent_at is not None:
+            self._metrics.commit_seconds.labels("async").observe(self._clock() - self._async_sent_at)
         self._async_sent_at = None
         if err is not None:
             # Offer the positions again; a later commit of a higher position supersedes them.
@@ -149,3 +153,4 @@ class Committer:
                 self._summary.committed += advanced
                 self._summary.last_committed_at = time.time()
                 self._metrics.committed.inc(advanced)
+                self._metrics.last_commit.set(self._summary.last_committed_at)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -20,6 +20,7 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
 INFERENCE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                        1.0, 2.5, 5.0, 10.0)
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(17))
+COMMIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class BulkHistogram(Collector):
@@ -110,13 +111,43 @@ class StreamMetrics:
             registry=r)
         self.in_flight = Gauge("stream_records_in_flight", "Records dispatched and not yet acknowledged.",
                                registry=r)
+        self.open_batch = Gauge("stream_open_batch_records", "Records in the micro-batch being filled.", registry=r)
+        self.queued_batches = Gauge("stream_queued_batches",
+                                    "Closed micro-batches waiting for the processing thread.", registry=r)
+        self.rebalances = Counter("stream_rebalances", "Rebalance callbacks by kind: partitions assigned, revoked "
+                                  "(handed over in order) or lost (taken away, the session expired).", ["kind"],
+                                  registry=r)
+        self.commit_seconds = Histogram(
+            "stream_commit_seconds", "Offset commits, request to the broker's answer: async and sync commits, or "
+            "exactly-once's transaction commit (offsets and outputs).", ["mode"], buckets=COMMIT_BUCKETS_S,
+            registry=r)
+        self.last_commit = Gauge("stream_last_commit_timestamp_seconds",
+                                 "Unix time of the last commit that advanced a position (the worker's start "
+                                 "until one does).", registry=r)
+        self.last_commit.set_to_current_time()
         self.batch_size = BulkHistogram("stream_batch_size_records", "Records per micro-batch.",
                                         BATCH_SIZE_BUCKETS, r)
         self.inference_seconds = BulkHistogram("stream_inference_seconds",
                                                "Model time per micro-batch: submit (collate + forward) to outputs; on "
                                                "CUDA with --gpu-overlap it includes waiting behind the batch ahead.",
                                                INFERENCE_BUCKETS_S, r)
+        self.queue_wait_seconds = BulkHistogram(
+            "stream_queue_wait_seconds",
+            "How long a closed micro-batch waited for the processing thread (the model busy with earlier ones).",
+            INFERENCE_BUCKETS_S, r)
         self.e2e_latency_seconds = BulkHistogram(
             "stream_end_to_end_latency_seconds",
             "Event ts_ms (producer time) to the broker's acknowledgement of its prediction.",
             LATENCY_BUCKETS_S, r)
+
+    def watch_cuda_memory(self, device: Any) -> None:
+        """``stream_gpu_memory_bytes{kind}`` for a CUDA device: what torch's allocator holds for tensors
+        (allocated), what it has reserved from the driver (reserved) and the device's total, read at scrape."""
+        import torch
+
+        gauge = Gauge("stream_gpu_memory_bytes", "CUDA memory of the model's device: allocated by tensors, "
+                      "reserved by torch's caching allocator, and the device's total.", ["kind"],
+                      registry=self.registry)
+        gauge.labels("allocated").set_function(lambda: torch.cuda.memory_allocated(device))
+        gauge.labels("reserved").set_function(lambda: torch.cuda.memory_reserved(device))
+        gauge.labels("total").set(torch.cuda.get_device_properties(device).total_memory)

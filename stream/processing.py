@@ -55,6 +55,7 @@ class Dispatched:
     deliveries: dict[int, SpanDelivery]  # input partition -> its span's delivery callback
     epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
     group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
+    queued_at: float = 0.0  # monotonic time it entered the processing stage's queue
 
 
 @dataclass

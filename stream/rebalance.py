@@ -56,10 +56,14 @@ class Rebalancer:
         self._committer.reassigned(tps)
         self._pause.assigned(consumer, partitions)
         self._metrics.assigned_partitions.set(len(self._tracker.assigned()))
+        if partitions:
+            self._metrics.rebalances.labels("assigned").inc()
         log.info("assigned %s", fmt_partitions(tps))
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
+        if partitions:
+            self._metrics.rebalances.labels("revoked").inc()
         revoked = {p for _, p in tps}
         dropped = self._batcher.discard(lambda r: r.without_partitions(revoked))
         started = self._clock()
@@ -81,6 +85,8 @@ class Rebalancer:
         log.info("revoked %s (dropped %d unstarted records)", fmt_partitions(tps), dropped)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            self._metrics.rebalances.labels("lost").inc()
         lost = {tp.partition for tp in partitions}
         self._batcher.discard(lambda r: r.without_partitions(lost))
         self._forget(partitions)

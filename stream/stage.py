@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from stream import faults
@@ -31,7 +32,8 @@ class ProcessingStage:
     def __init__(self, processor: BatchProcessor, publisher: Publisher, transactions: Transactions, *,
                  max_inflight_batches: int, torch_threads: int, pipelined: bool, exactly_once: bool,
                  fail: Callable[[BaseException], None], failed: Callable[[], bool],
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None,
+                 queue_wait: Callable[[float], None] | None = None) -> None:
         self._processor = processor
         self._publisher = publisher
         self._transactions = transactions
@@ -44,6 +46,7 @@ class ProcessingStage:
         self._queue: queue.Queue[Dispatched | None] = queue.Queue(maxsize=max_inflight_batches + 1)
         self._busy = False  # written by the stage's thread only
         self._on_idle = on_idle  # called by the stage's thread as it runs out of work (wakes the poll thread)
+        self._queue_wait = queue_wait  # given each batch's seconds in the queue as the thread takes it
         self._thread = threading.Thread(target=self._loop, name="processor", daemon=True)
 
     def start(self) -> None:
@@ -56,8 +59,14 @@ class ProcessingStage:
         acquired = self._slots.acquire(timeout=wait_s) if wait_s > 0 else self._slots.acquire(blocking=False)
         if not acquired:
             return False
-        self._queue.put_nowait(close_batch())
+        batch = close_batch()
+        batch.queued_at = time.monotonic()
+        self._queue.put_nowait(batch)
         return True
+
+    def queued(self) -> int:
+        """Closed batches waiting for the stage's thread."""
+        return self._queue.qsize()
 
     def idle(self) -> bool:
         """No batch queued and none being processed."""
@@ -112,6 +121,8 @@ class ProcessingStage:
             self._busy = True
             sent = True
             self._slots.release()
+            if self._queue_wait is not None:
+                self._queue_wait(time.monotonic() - item.queued_at)
             if self._failed():
                 ahead = None
                 continue  # drain without work: nothing after a failure may be published

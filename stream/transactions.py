@@ -66,7 +66,9 @@ class Transactions:
             faults.reach("after-produce")
             offsets = [TopicPartition(self._input_topic, p, d.span.last + 1) for p, d in batch.deliveries.items()]
             faults.reach("in-transaction")
+            committing = self._clock()
             publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
+            self._metrics.commit_seconds.labels("transaction").observe(self._clock() - committing)
         except TransactionError as exc:
             elapsed = self._clock() - started
             if exc.producer_replaced:  # a stuck call: its producer fenced, its transaction aborted by that

@@ -25,6 +25,7 @@ from stream import faults
 from stream.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic
 from stream.batching import MicroBatcher
 from stream.client_logs import ConnectionWatch, client_logger
+from stream.client_stats import ConsumerStats
 from stream.committer import Committer
 from stream.config import WorkerSettings
 from stream.deadline import Deadline
@@ -76,7 +77,13 @@ class Worker:
             "name": handler.name, "version": handler.version, "device": str(self._engine.device),
             "input_schema": f"{self._decoder.reader.name}:{self._decoder.reader.schema_id}",
             "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}"})
+        if self._engine.device.type == "cuda":
+            self.metrics.watch_cuda_memory(self._engine.device)
         self._consumer_config = s.consumer_config()
+        stats_ms = int(self._consumer_config.get("statistics.interval.ms", 0))
+        self._consumer_stats = ConsumerStats(s.input_topic, stats_ms / 1000.0) if stats_ms > 0 else None
+        if self._consumer_stats is not None:
+            self.metrics.registry.register(self._consumer_stats)
         self._producer_config = s.producer_config()
         # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
         self._admin_config = {**s.admin_config(), "error_cb": self._on_admin_error}
@@ -149,7 +156,8 @@ class Worker:
         publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
                               native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
         consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
-                             "error_cb": self._on_consumer_error, "logger": client_logger("consumer")})
+                             "error_cb": self._on_consumer_error, "logger": client_logger("consumer"),
+                             **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
         self._connect(consumer, publisher)
         assert self._stage is not None
         self._stage.start()
@@ -193,7 +201,11 @@ class Worker:
         self._stage = ProcessingStage(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             torch_threads=s.torch_threads, pipelined=self._engine.asynchronous and s.gpu_overlap,
-            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, on_idle=self._intake.wake)
+            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, on_idle=self._intake.wake,
+            queue_wait=self.metrics.queue_wait_seconds.observe)
+        stage = self._stage
+        self.metrics.queued_batches.set_function(stage.queued)
+        self.metrics.open_batch.set_function(self._batcher.__len__)
         self._stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
                                        self._pause, self.metrics, self._consumer_config)
 

@@ -141,3 +141,27 @@ def test_exactly_once_positions_are_only_recorded() -> None:
     tracker.dispatch(TP, 0, 4, 5).ack(5)
     assert c.commit(asynchronous=True)
     assert consumer.commits == [] and c.position(TP) == 5 and summary.committed == 5
+
+
+def test_commit_latency_by_mode_and_the_last_commits_time() -> None:
+    clock = Clock()
+    consumer = FakeConsumer()
+    tracker, summary = OffsetTracker(), WorkerSummary()
+    metrics = StreamMetrics()
+    c = Committer(tracker, StallDetector(60.0, clock), summary, metrics, exactly_once=False, clock=clock)
+    c.consumer = consumer  # type: ignore[assignment]
+    tracker.assign([TP])
+    started = metrics.last_commit._value.get()
+    assert started > 0, "the worker's start until a commit advances a position"
+    tracker.dispatch(TP, 0, 9, 10).ack(10)
+    c.commit(asynchronous=True)
+    clock.now += 0.04
+    c.on_commit(None, [TopicPartition("in", 0, 10)])
+    tracker.dispatch(TP, 10, 10, 1).ack()
+    c.commit(asynchronous=False)
+    seen = {(s.labels["mode"], s.name): s.value for f in metrics.registry.collect() if f.name == "stream_commit_seconds"
+            for s in f.samples if s.name.endswith(("_count", "_sum"))}
+    assert seen[("async", "stream_commit_seconds_count")] == 1
+    assert seen[("async", "stream_commit_seconds_sum")] == pytest.approx(0.04)
+    assert seen[("sync", "stream_commit_seconds_count")] == 1
+    assert metrics.last_commit._value.get() == summary.last_committed_at >= started

@@ -40,12 +40,17 @@ def test_bulk_histogram_counts_as_prometheus_clients_histogram() -> None:
 def test_every_metric_is_exported_under_its_documented_name() -> None:
     metrics = StreamMetrics()
     metrics.dead_letters.labels("decode", "bad-magic").inc()
+    metrics.rebalances.labels("assigned").inc()
+    metrics.commit_seconds.labels("sync").observe(0.003)
     text = generate_latest(metrics.registry).decode()
     for name in ("stream_records_consumed_total", "stream_predictions_total", "stream_offsets_committed_total",
                  "stream_batches_total", "stream_dead_letters_total", "stream_model_retries_total",
                  "stream_transactions_aborted_total", "stream_commit_failures_total",
                  "stream_schema_registry_retries_total", "stream_assigned_partitions", "stream_paused_partitions",
-                 "stream_stalled_partitions", "stream_records_in_flight", "stream_batch_size_records_bucket",
+                 "stream_stalled_partitions", "stream_records_in_flight", "stream_open_batch_records",
+                 "stream_queued_batches", "stream_last_commit_timestamp_seconds", "stream_batch_size_records_bucket",
                  "stream_inference_seconds_bucket", "stream_end_to_end_latency_seconds_bucket"):
         assert f"\n{name}" in text, name
     assert 'stream_dead_letters_total{reason="bad-magic",stage="decode"} 1.0' in text
+    assert 'stream_rebalances_total{kind="assigned"} 1.0' in text
+    assert 'stream_commit_seconds_bucket{le="0.005",mode="sync"} 1.0' in text

@@ -158,3 +158,19 @@ def test_batches_of_a_rewound_epoch_are_dropped(model_dir: Path, stale: bool) ->
     stage.start()
     stage.finish(Deadline(30.0))
     assert len(predicted_offsets(pub)) == (0 if stale else 4)
+
+
+def test_each_batch_reports_how_long_it_waited_in_the_queue(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    waits: list[float] = []
+    stage = ProcessingStage(processor, pub, Transactions(StreamMetrics(), "in", 60.0),  # type: ignore[arg-type]
+                            max_inflight_batches=2, torch_threads=1, pipelined=False, exactly_once=False,
+                            fail=Failures().fail, failed=Failures().failed, queue_wait=waits.append)
+    first, second = batch_of(events(2), pub)[0], batch_of(events(3), pub)[0]
+    assert stage.offer(lambda: first, 0) and stage.offer(lambda: second, 0)
+    assert stage.queued() == 2
+    threading.Event().wait(0.05)  # both wait at least this long before the thread starts
+    stage.start()
+    stage.finish(Deadline(30.0))
+    assert len(waits) == 2 and all(0.05 <= w < 30.0 for w in waits)
+    assert stage.queued() == 0
