@@ -98,3 +98,29 @@ class Rebalancer:
         self._stalls.forget(tps)
         self._pause.gone(partitions)
         self._metrics.assigned_partitions.set(len(self._tracker.assigned()))
+
+
+class IdleReplica:
+    """Warns once when this replica, a member of the group, has held no input partition for ``after_s``: a group
+    with more replicas than the input has partitions leaves the extra ones standing by (they take partitions
+    over when a replica leaves). A partition assigned again resets it."""
+
+    def __init__(self, topic: str, after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._topic = topic
+        self._after_s = after_s
+        self._clock = clock
+        self._since: float | None = None
+        self._warned = False
+
+    def check(self, assigned: int, joined: bool) -> None:
+        if assigned or not joined:
+            self._since, self._warned = None, False
+            return
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        elif not self._warned and now - self._since >= self._after_s:
+            self._warned = True
+            log.warning("this replica has held no partition of %s for %.0fs: the group has more replicas than the "
+                        "topic has partitions, or the others hold them all; it stands by and takes partitions over "
+                        "when a replica leaves", self._topic, now - self._since)

@@ -39,7 +39,7 @@ from stream.offsets import OffsetTracker, fmt_partitions
 from stream.pausing import PAUSE_AFTER_S, InputPause
 from stream.processing import BatchProcessor, Dispatched, ProcessingPolicy
 from stream.publish import Publisher, SpanDelivery, native_topic
-from stream.rebalance import Rebalancer
+from stream.rebalance import IdleReplica, Rebalancer
 from stream.records import Records
 from stream.runtime import freeze_loaded, set_torch_threads, tuned
 from stream.schemas import build_codecs
@@ -217,6 +217,7 @@ class Worker:
         commit_every_s = self.settings.commit_interval_ms / 1000.0
         next_commit = self._clock() + commit_every_s
         next_gauge = 0.0
+        idle = IdleReplica(self.settings.input_topic, clock=self._clock)
         stalled_since: float | None = None
         adaptive = self.settings.batch_policy == "adaptive"
         close_early = False
@@ -275,6 +276,7 @@ class Worker:
                 break
             if now >= next_gauge:
                 self.metrics.in_flight.set(self._tracker.in_flight())
+                idle.check(len(self._tracker.assigned()), health.joined)
                 next_gauge = now + _GAUGE_EVERY_S
             if stall_check.due():
                 stall_check.run()

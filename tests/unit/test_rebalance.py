@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from stream.batching import MicroBatcher
@@ -13,7 +14,7 @@ from stream.committer import Committer
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
 from stream.pausing import InputPause
-from stream.rebalance import Rebalancer
+from stream.rebalance import IdleReplica, Rebalancer
 from stream.records import Records
 from stream.stalls import StallDetector
 from stream.summary import WorkerSummary
@@ -114,3 +115,24 @@ def test_a_lost_assignment_commits_nothing_and_drops_its_state() -> None:
     batcher.add([Records.build([b"a"], [None], [0], [5])])
     r.on_lost(consumer, tps(0))  # type: ignore[arg-type]
     assert consumer.commits == [] and tracker.assigned() == [] and len(batcher) == 0
+
+
+def test_a_replica_without_partitions_warns_once_after_30_s(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    idle = IdleReplica("events", clock=lambda: now[0])
+    idle.check(0, joined=False)  # not in the group yet: nothing to say
+    now[0] = 100.0
+    idle.check(0, joined=True)
+    now[0] = 129.0
+    idle.check(0, joined=True)
+    assert "no partition" not in caplog.text
+    for t in (130.0, 131.0, 500.0):
+        now[0] = t
+        idle.check(0, joined=True)
+    assert caplog.text.count("held no partition of events for 30s") == 1
+    idle.check(2, joined=True)  # partitions again, then none: a new 30 s
+    now[0] = 510.0
+    idle.check(0, joined=True)
+    now[0] = 540.0
+    idle.check(0, joined=True)
+    assert caplog.text.count("held no partition of events") == 2
