@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from stream.errors import StreamError
+from stream.errors import ConfigError, StreamError
 
 log = logging.getLogger("stream")
 
@@ -439,7 +439,20 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
     gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
     gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
+    top = sub.add_parser("top", help="a live view of running replicas from their metrics endpoints (Ctrl-C ends it)")
+    top.add_argument("targets", nargs="+", metavar="ENDPOINT",
+                     help="each replica's --metrics-port: PORT (on 127.0.0.1), HOST:PORT or a URL")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
+    top.add_argument("--once", action="store_true", help="print one table (rates over one interval) and exit")
     return parser
+
+
+def run_top(args: argparse.Namespace) -> int:
+    from stream.top import run
+
+    if args.interval <= 0:
+        raise ConfigError(f"--interval must be positive, not {args.interval}")
+    return run(args.targets, args.interval, args.once)
 
 
 def main(argv: list[str] | None = None, early_signals: list[int] | None = None) -> int:
@@ -452,7 +465,7 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "registry": run_registry,
                "topics": run_topics, "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
-               "bench-text": run_bench_text_command, "bench-gpu": run_bench_gpu_command}
+               "bench-text": run_bench_text_command, "bench-gpu": run_bench_gpu_command, "top": run_top}
     try:
         return runners[args.command](args)
     except StreamError as exc:

@@ -1,0 +1,206 @@
+"""``python -m stream top``: a live view of running replicas, from their metrics endpoints (``/metrics``, and
+``/healthz`` and ``/readyz`` for their state). One row per replica, refreshed every second: events in and out
+per second, consumer lag, mean batch size and end-to-end p99 since the last refresh, dead letters, partitions.
+Ctrl-C ends it."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+_TIMEOUT_S = 2.0
+
+
+def endpoint(target: str) -> str:
+    """``PORT``, ``HOST:PORT`` or a URL -> the endpoint's base URL (no trailing ``/metrics``)."""
+    target = target.strip()
+    if target.isdigit():
+        target = f"127.0.0.1:{target}"
+    if "://" not in target:
+        target = f"http://{target}"
+    return target.rstrip("/").removesuffix("/metrics")
+
+
+@dataclass
+class Scrape:
+    """One replica's metrics at one moment, or why there are none."""
+
+    at: float
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    error: str | None = None
+    health: tuple[int, str] = (0, "")
+    ready: tuple[int, str] = (0, "")
+
+    def total(self, name: str, **match: str) -> float | None:
+        rows = [v for labels, v in self.samples.get(name, []) if all(labels.get(k) == w for k, w in match.items())]
+        return sum(rows) if rows else None
+
+    def buckets(self, name: str) -> dict[float, float]:
+        """Cumulative counts by upper bound of histogram ``name`` (summed over its other labels)."""
+        out: dict[float, float] = {}
+        for labels, value in self.samples.get(f"{name}_bucket", []):
+            bound = float(labels["le"])
+            out[bound] = out.get(bound, 0.0) + value
+        return out
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as reply:
+            return reply.status, reply.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def scrape(base: str, clock: Callable[[], float] = time.monotonic) -> Scrape:
+    at = clock()
+    try:
+        status, text = _get(f"{base}/metrics")
+        if status != 200:
+            return Scrape(at, error=f"/metrics answered {status}")
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+        return Scrape(at, samples, health=_get(f"{base}/healthz"), ready=_get(f"{base}/readyz"))
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)  # URLError wraps the socket's error
+        return Scrape(at, error=getattr(reason, "strerror", None) or str(reason))
+
+
+def quantile(q: float, before: dict[float, float], now: dict[float, float]) -> float | None:
+    """The ``q`` quantile of the observations between two scrapes of a histogram, interpolated within its bucket
+    as Prometheus's ``histogram_quantile`` does; None without observations."""
+    bounds = sorted(now)
+    counts = [now[b] - before.get(b, 0.0) for b in bounds]
+    if not bounds or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, cumulative
+    return lower
+
+
+@dataclass
+class Row:
+    replica: str
+    state: str
+    in_rate: float | None = None
+    out_rate: float | None = None
+    lag: float | None = None
+    batch: float | None = None
+    p99_s: float | None = None
+    dead: float | None = None
+    partitions: str = ""
+
+
+def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
+    """What one replica did between two scrapes (rates and windowed figures need both)."""
+    if now.error is not None:
+        return Row(replica, f"down: {now.error}")
+    if now.health[0] != 200:  # /healthz and /readyz answer 503 with their reasons, one per line
+        state = _first_line(now.health[1]) or f"unhealthy ({now.health[0]})"
+    elif now.ready[0] != 200:
+        state = f"not ready: {_first_line(now.ready[1]) or now.ready[0]}"
+    else:
+        state = "ready"
+    lag = now.total("stream_consumer_lag_records")
+    assigned, paused = now.total("stream_assigned_partitions"), now.total("stream_paused_partitions")
+    out = Row(replica, state, lag=lag, dead=now.total("stream_dead_letters_total") or 0.0,
+              partitions=f"{assigned or 0:.0f}" + (f" ({paused:.0f} paused)" if paused else ""))
+    if before is None or before.error is not None or now.at <= before.at:
+        return out
+    dt = now.at - before.at
+
+    def delta(name: str) -> float | None:
+        a, b = before.total(name), now.total(name)
+        return None if a is None or b is None else max(0.0, b - a)
+
+    consumed, predicted = delta("stream_records_consumed_total"), delta("stream_predictions_total")
+    out.in_rate = consumed / dt if consumed is not None else None
+    out.out_rate = predicted / dt if predicted is not None else None
+    batches, records = delta("stream_batch_size_records_count"), delta("stream_batch_size_records_sum")
+    out.batch = records / batches if batches and records is not None else None
+    out.p99_s = quantile(0.99, before.buckets("stream_end_to_end_latency_seconds"),
+                         now.buckets("stream_end_to_end_latency_seconds"))
+    return out
+
+
+def _first_line(text: str, width: int = 48) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:width] if lines else ""
+
+
+def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table(rows: Iterable[Row]) -> Table:
+    t = Table(title="stream top", title_justify="left", expand=False)
+    for name, justify in (("replica", "left"), ("state", "left"), ("in/s", "right"), ("out/s", "right"),
+                          ("lag", "right"), ("batch", "right"), ("p99 e2e", "right"), ("dead letters", "right"),
+                          ("partitions", "right")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        style = "green" if r.state == "ready" else ("red" if r.state.startswith(("down", "failed")) else "yellow")
+        t.add_row(r.replica, f"[{style}]{r.state}[/]", _num(r.in_rate), _num(r.out_rate), _num(r.lag),
+                  _num(r.batch, "{:,.1f}"), _num(None if r.p99_s is None else r.p99_s * 1000, "{:,.1f} ms"),
+                  _num(r.dead), r.partitions)
+    return t
+
+
+def run(targets: list[str], interval_s: float = 1.0, once: bool = False, console: Console | None = None) -> int:
+    """Refresh every ``interval_s`` until Ctrl-C (or SIGTERM); ``once``: print one table after two scrapes."""
+    bases = [endpoint(t) for t in targets]
+    names = [b.removeprefix("http://") for b in bases]
+    console = console or Console()
+    stop = False
+
+    def on_term(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    previous: list[Scrape | None] = [None] * len(bases)
+    with ThreadPoolExecutor(max_workers=min(16, len(bases))) as pool:
+        def refresh() -> Table:
+            nonlocal previous
+            scrapes = list(pool.map(scrape, bases))
+            rows = [row(n, b, s) for n, b, s in zip(names, previous, scrapes, strict=True)]
+            previous = list(scrapes)
+            return table(rows)
+
+        if once:
+            refresh()
+            time.sleep(interval_s)
+            console.print(refresh())
+            return 0
+        try:
+            with Live(refresh(), console=console, auto_refresh=False, screen=False) as live:
+                while not stop:
+                    deadline = time.monotonic() + interval_s
+                    while not stop and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if not stop:
+                        live.update(refresh(), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return 0

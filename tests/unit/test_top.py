@@ -1,0 +1,76 @@
+"""``stream top``'s figures from two scrapes: endpoints, rates, the windowed p99, states (its screen against
+running workers: tests/integration/test_top.py)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from rich.console import Console
+
+from stream.metrics import LATENCY_BUCKETS_S, StreamMetrics
+from stream.top import Scrape, endpoint, quantile, row, table
+
+
+def scrape_of(metrics: StreamMetrics, at: float, ready: tuple[int, str] = (200, "ok\n"),
+              health: tuple[int, str] = (200, "ok\n")) -> Scrape:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return Scrape(at, samples, health=health, ready=ready)
+
+
+@pytest.mark.parametrize(("target", "url"), [
+    ("9100", "http://127.0.0.1:9100"), ("worker-1:9100", "http://worker-1:9100"),
+    ("http://10.0.0.5:9100/metrics", "http://10.0.0.5:9100"), ("https://w:443/", "https://w:443")])
+def test_endpoints(target: str, url: str) -> None:
+    assert endpoint(target) == url
+
+
+def test_the_windowed_quantile_interpolates_as_prometheus_does() -> None:
+    registry = CollectorRegistry()
+    h = Histogram("x", "", buckets=(0.01, 0.02, 0.05), registry=registry)
+    for v in [0.005] * 50 + [0.015] * 40 + [0.03] * 10:
+        h.observe(v)
+    now = {float(s.labels["le"]): s.value for s in next(iter(registry.collect())).samples if s.name == "x_bucket"}
+    # 99th of 100: the 99th observation, in (0.02, 0.05] which holds 10 (91st..100th): 0.02 + 0.03 * 9/10
+    assert quantile(0.99, {}, now) == pytest.approx(0.047)
+    assert quantile(0.5, {}, now) == pytest.approx(0.01)
+    assert quantile(0.99, now, now) is None, "no observations in the window"
+    over = {**now, float("inf"): now[float("inf")] + 100}
+    assert quantile(0.99, now, over) == 0.05, "beyond the last bound: the last finite bound"
+
+
+def test_a_row_from_two_scrapes() -> None:
+    m = StreamMetrics()
+    m.assigned_partitions.set(4)
+    before = scrape_of(m, 10.0)
+    m.consumed.inc(3000)
+    m.predicted.inc(2000)
+    m.batch_size.observe_many(np.asarray([100.0, 300.0]))
+    for _ in range(100):
+        m.e2e_latency_seconds.observe(0.012)
+    m.dead_letters.labels("decode", "bad-magic").inc(3)
+    r = row("w1:9100", before, scrape_of(m, 12.0))
+    assert (r.state, r.in_rate, r.out_rate, r.batch, r.dead, r.partitions) == ("ready", 1500, 1000, 200, 3, "4")
+    assert r.p99_s is not None and 0.01 < r.p99_s <= 0.015 and 0.015 in LATENCY_BUCKETS_S
+    first = row("w1:9100", None, before)
+    assert first.in_rate is None and first.p99_s is None, "rates need two scrapes"
+    text = io.StringIO()
+    Console(file=text, width=160).print(table([r, first]))
+    assert "w1:9100" in text.getvalue() and "1,500" in text.getvalue()
+
+
+def test_states_from_the_probes_and_a_replica_that_does_not_answer() -> None:
+    m = StreamMetrics()
+    assert row("w", None, Scrape(1.0, error="Connection refused")).state == "down: Connection refused"
+    assert row("w", None, scrape_of(m, 1.0, ready=(503, "Kafka brokers unreachable\n"))).state == (
+        "not ready: Kafka brokers unreachable")
+    failed = row("w", None, scrape_of(m, 1.0, health=(503, "failed: KafkaClientError: boom\n"),
+                                      ready=(503, "failed: KafkaClientError: boom\n")))
+    assert failed.state == "failed: KafkaClientError: boom"
