@@ -1,9 +1,8 @@
-"""Shared fixtures: the demo model (trained once per session) and, for integration tests, one broker
-per session: KAFKA_BOOTSTRAP_SERVERS if set, else Apache Kafka when java and mvn exist, else Tansu
-(STREAM_TEST_BROKER=kafka|tansu forces one); a local three-node Kafka cluster when a test asks for one; and
-one schema registry per session: SCHEMA_REGISTRY_URL if set,
-else Apicurio Registry (java and mvn), else its tests are skipped.
-With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka or registry is a failure, not a fallback."""
+"""Shared fixtures: the demo model (trained once per session) and, for integration tests, one broker and one
+schema registry per session, chosen in the order `tests.containers` states (the caller's, then Apache Kafka and
+Apicurio as local processes where java and mvn exist, then containers where an engine answers, then Tansu); a
+local three-node Kafka cluster when a test asks for one. With STREAM_REQUIRE_KAFKA=1 (CI) a missing Apache Kafka
+or registry is a failure, not a fallback."""
 
 from __future__ import annotations
 
@@ -17,7 +16,14 @@ import pytest
 
 from stream.broker import LocalCluster, kafka_available, start_kafka, start_kafka_cluster, start_tansu
 from stream.models.train_demo import train
-from stream.registry_server import start_registry
+from stream.registry_server import LocalRegistry, start_registry
+from tests.containers import (
+    broker_choice,
+    engine_available,
+    registry_choice,
+    start_kafka_container,
+    start_registry_container,
+)
 
 
 @dataclass(frozen=True)
@@ -39,19 +45,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[BrokerInfo]:
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if external:
-        yield BrokerInfo(external, "external")
+    choice = broker_choice(os.environ, kafka_available(), engine_available)
+    if choice == "external":
+        yield BrokerInfo(os.environ["KAFKA_BOOTSTRAP_SERVERS"], "external")
         return
-    choice = os.environ.get("STREAM_TEST_BROKER", "auto")  # auto | kafka | tansu
-    if choice == "tansu":
-        local = start_tansu()
-    elif kafka_available() or choice == "kafka":
-        local = start_kafka()
-    elif os.environ.get("STREAM_REQUIRE_KAFKA") == "1":
+    if choice == "unavailable":
         pytest.fail("STREAM_REQUIRE_KAFKA=1 but Apache Kafka is unavailable (needs java and mvn)")
-    else:
-        local = start_tansu()
+    if choice == "container":
+        started = start_kafka_container()
+        try:
+            yield BrokerInfo(started.address, "kafka")
+        finally:
+            started.stop()
+        return
+    local = start_tansu() if choice == "tansu" else start_kafka()
     try:
         yield BrokerInfo(local.bootstrap, local.kind)
     finally:
@@ -73,19 +80,19 @@ def kafka_cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def schema_registry() -> Iterator[str]:
     """The URL of a Confluent-compatible schema registry."""
-    external = os.environ.get("SCHEMA_REGISTRY_URL")
-    if external:
-        yield external
+    choice = registry_choice(os.environ, kafka_available(), engine_available)
+    if choice == "external":
+        yield os.environ["SCHEMA_REGISTRY_URL"]
         return
-    if not kafka_available():  # the same needs as Kafka's: java and mvn
+    if choice == "unavailable":
         if os.environ.get("STREAM_REQUIRE_KAFKA") == "1":
             pytest.fail("STREAM_REQUIRE_KAFKA=1 but the schema registry cannot start (needs java and mvn)")
-        pytest.skip("no schema registry: needs java and mvn, or SCHEMA_REGISTRY_URL")
-    local = start_registry()
+        pytest.skip("no schema registry: needs java and mvn, a container engine, or SCHEMA_REGISTRY_URL")
+    started = start_registry_container() if choice == "container" else start_registry()
     try:
-        yield local.url
+        yield started.url if isinstance(started, LocalRegistry) else started.address
     finally:
-        local.stop()
+        started.stop()
 
 
 @pytest.fixture
