@@ -67,7 +67,7 @@ class LocalPrometheus(LocalProcess):
     """Prometheus scraping ``targets`` (host:port) as job ``job`` every ``interval_s``, with ``rule_files``."""
 
     def __init__(self, targets: list[str], rule_files: list[Path], *, job: str = "stream",
-                 interval_s: float = 1.0, timeout_s: float = 60.0) -> None:
+                 interval_s: float = 1.0, timeout_s: float = 60.0, extra_args: tuple[str, ...] = ()) -> None:
         workdir = Path(tempfile.mkdtemp(prefix="stream-prometheus-"))
         config = {
             "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s",
@@ -82,7 +82,7 @@ class LocalPrometheus(LocalProcess):
             proc = subprocess.Popen(
                 [str(ensure_prometheus() / "prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
                  f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                 "--web.enable-lifecycle"],
+                 "--web.enable-lifecycle", *extra_args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         super().__init__(port, proc, workdir)
         deadline = time.monotonic() + timeout_s
@@ -113,9 +113,10 @@ class LocalPrometheus(LocalProcess):
             raise AssertionError(f"{path} {params}: {body}")
         return body["data"]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """The instant vector ``expr`` evaluates to now (a scalar comes back as one series)."""
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The instant vector ``expr`` evaluates to now, or at Unix time ``at`` (a scalar comes back as one
+        series)."""
+        data = self.api("query", query=expr, **({"time": f"{at:.3f}"} if at is not None else {}))
         if data["resultType"] in ("scalar", "string"):
             return [{"metric": {}, "value": data["result"]}]
         return list(data["result"])

@@ -1,11 +1,14 @@
 """A real Prometheus (Debian's 2.42) scraping running workers, with the repository's alerting rules: every
-dashboard query and every alert's signal returns series; the alerts a short run can bring about (lag growing, a
-dead-letter rate over 1 %, a replica down) do; every rule evaluates without error.
+dashboard query, every alert's signal and every alert's expression returns series; every rule evaluates
+without error.
 
-The two workers serve a model slower than the input (SlowHandler: 0.1 s per batch of at most 64 records, about
-1,300 events/s together) while 4,000 events/s arrive, one in 40 of them unreadable. The alerts that need minutes
-(no commit for 10 minutes, a partition stalled for one) are exercised by their signals here and fire in
-test_deploy's promtool tests."""
+Two workers serve a model slower than the input (SlowHandler: 0.1 s per batch of at most 64 records, about
+1,300 events/s together) while 4,000 events/s arrive, one in 40 of them unreadable: the lag grows and the
+dead-letter rate is 2.5 %. A third, in a group of its own, takes 30 s over its first batch with a 2 s stall
+timeout: its partitions stall. Killing a worker brings the replica-down condition about. "No commit for 10
+minutes" is evaluated 11 minutes ahead of now (Prometheus keeps the last samples for 15 minutes here): what it
+would say of these replicas had they stopped now; test_deploy's promtool tests cover every alert's firing
+logic, `for` durations included."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from tests.integration.test_deploy import ALERTS, alert_rules, dashboard_queries
 from tests.prometheus import LocalPrometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-LIVE_ALERTS = {"StreamConsumerLagGrowing", "StreamDeadLetterRateHigh"}  # brought about by the load below
+LIVE_ALERTS = {"StreamConsumerLagGrowing", "StreamDeadLetterRateHigh", "StreamPartitionStalled"}
 CUDA_ONLY = "stream_gpu_memory_bytes"
 
 
@@ -56,6 +59,10 @@ def test_dashboard_queries_and_alerts_answer_against_running_workers(pipeline: P
                                env={"STREAM_TEST_BATCH_SLEEP_S": "0.1",
                                     "KAFKA_CONSUMER_STATISTICS_INTERVAL_MS": "1000"})
                for port in ports]
+    ports.append(free_port())
+    workers.append(pipeline.worker("--metrics-port", str(ports[-1]), "--group-id", f"{pipeline.group}-stalls",
+                                   "--model", "tests.handlers:SlowHandler", "--max-batch-size", "8",
+                                   "--stall-timeout-s", "2", env={"STREAM_TEST_BATCH_SLEEP_S": "30"}))
     for worker in workers:
         wait_for_assignment(worker)
     queries = [(title, expr) for title, expr in dashboard_queries() if CUDA_ONLY not in expr]
@@ -65,7 +72,8 @@ def test_dashboard_queries_and_alerts_answer_against_running_workers(pipeline: P
     stop = threading.Event()
     load = threading.Thread(target=_offer, args=(pipeline.bootstrap, pipeline.input, 40_000, 4_000.0, stop),
                             daemon=True)
-    with LocalPrometheus([f"127.0.0.1:{p}" for p in ports], [ALERTS]) as prometheus:
+    with LocalPrometheus([f"127.0.0.1:{p}" for p in ports], [ALERTS],
+                         extra_args=("--query.lookback-delta=15m",)) as prometheus:
         load.start()
         try:
             empty = {title: expr for title, expr in queries}
@@ -82,6 +90,8 @@ def test_dashboard_queries_and_alerts_answer_against_running_workers(pipeline: P
             assert not not_true, f"alert conditions the load should have brought about: {not_true}"
             for expr in expressions.values():
                 prometheus.query(expr)  # parses and evaluates (an error raises)
+            later = prometheus.query(expressions["StreamNoCommit"], at=time.time() + 660)
+            assert {s["metric"]["instance"] for s in later} >= {f"127.0.0.1:{p}" for p in ports[:2]}, later
             # One replica gone: its scrape fails and the replica-down condition holds, the alert pending.
             workers[1].kill()
             deadline = time.monotonic() + 30
