@@ -391,8 +391,104 @@ static PyTypeObject ProducerType = {
     .tp_methods = Producer_methods,
 };
 
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk; /* confluent_kafka's Handle begins so (confluent_kafka.h) */
+} HandleHead;
+
+/* produce_into(producer, topic, values, ends, keys) -> (enqueued, error): records enqueued on a
+ * confluent_kafka.Producer's own librdkafka handle (its transaction, if one is open) with one
+ * rd_kafka_produce_batch() call, GIL released, and no delivery-report state: confluent-kafka's delivery callback
+ * ignores a record without one, and a transaction's commit is what acknowledges them. Stops at the first record
+ * librdkafka refuses: ``enqueued`` records went in, ``error`` is its code (0: all went in; the caller serves the
+ * producer and calls again with the rest when it is _QUEUE_FULL). The caller keeps the producer open and used
+ * by no other thread meanwhile. */
+static PyObject *produce_into(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *producer, *keys, *result = NULL;
+    const char *topic;
+    Py_buffer values = {0}, ends = {0};
+    if (!PyArg_ParseTuple(args, "Osy*y*O!", &producer, &topic, &values, &ends, &PyList_Type, &keys))
+        return NULL;
+    Py_ssize_t n = ends.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *end = ends.buf;
+    rd_kafka_message_t *msgs = NULL;
+    if (!rdk.produce_batch) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
+        goto out;
+    }
+    if (Py_TYPE(producer)->tp_basicsize < (Py_ssize_t)sizeof(HandleHead)) {
+        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Producer");
+        goto out;
+    }
+    rd_kafka_t *rk = ((HandleHead *)producer)->rk;
+    if (!rk) {
+        PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
+        goto out;
+    }
+    if (ends.len % (Py_ssize_t)sizeof(int64_t) || PyList_GET_SIZE(keys) != n) {
+        PyErr_SetString(PyExc_ValueError, "ends and keys must have one entry per record");
+        goto out;
+    }
+    if (n && end[n - 1] > values.len) {
+        PyErr_SetString(PyExc_ValueError, "ends run past the values buffer");
+        goto out;
+    }
+    msgs = calloc(n ? (size_t)n : 1, sizeof *msgs);
+    if (!msgs) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int64_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (end[i] < start) {
+            PyErr_SetString(PyExc_ValueError, "ends must not decrease");
+            goto out;
+        }
+        msgs[i].payload = (char *)values.buf + start;
+        msgs[i].len = (size_t)(end[i] - start);
+        start = end[i];
+        if (PyBytes_Check(key)) {
+            msgs[i].key = PyBytes_AS_STRING(key);
+            msgs[i].key_len = (size_t)PyBytes_GET_SIZE(key);
+        } else if (key != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None");
+            goto out;
+        }
+    }
+    Py_ssize_t enqueued = n;
+    int error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rd_kafka_topic_t *rkt = rdk.topic_new(rk, topic, NULL);
+    if (!rkt) {
+        enqueued = 0;
+        error = RD_KAFKA_RESP_ERR__INVALID_ARG;
+    } else {
+        if (n)
+            rdk.produce_batch(rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, msgs, (int)n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (msgs[i].err) {
+                enqueued = i;
+                error = msgs[i].err;
+                break;
+            }
+        }
+        rdk.topic_destroy(rkt);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(ni)", enqueued, error);
+out:
+    free(msgs);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"load", rdk_load, METH_VARARGS, "load(path): bind to the librdkafka shared library at path."},
+    {"produce_into", produce_into, METH_VARARGS,
+     "produce_into(producer, topic, values, ends, keys) -> (enqueued, error): into a confluent_kafka.Producer."},
     {NULL, NULL, 0, NULL},
 };
 

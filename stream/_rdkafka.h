@@ -39,6 +39,7 @@ typedef void (*error_cb_t)(rd_kafka_t *, int, const char *, void *);
 #define RD_KAFKA_MSG_F_COPY 0x2
 #define RD_KAFKA_RESP_ERR__QUEUE_FULL (-184)
 #define RD_KAFKA_RESP_ERR__FATAL (-150)
+#define RD_KAFKA_RESP_ERR__INVALID_ARG (-186)
 
 static struct {
     rd_kafka_conf_t *(*conf_new)(void);

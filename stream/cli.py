@@ -98,7 +98,10 @@ def _worker_parser(sub: Any) -> None:
                    help="stop when more than this fraction of the last --dlq-window records was dead-lettered (0.5)")
     p.add_argument("--dlq-window", type=int, help="records in the circuit breaker's window (1000)")
     p.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
-                   help="exactly-once: one Kafka transaction per micro-batch, offsets committed inside it")
+                   help="exactly-once: Kafka transactions holding the outputs and the input offsets")
+    p.add_argument("--transaction-interval-ms", type=float,
+                   help="exactly-once: queued batches join a transaction for this long before it commits (100; "
+                        "0: one transaction per batch)")
     p.add_argument("--transactional-id", help="exactly-once: a stable id per replica (default: group-host-pid)")
     p.add_argument("--summary-json", type=Path, help="also write the shutdown summary to this file as JSON")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -255,7 +258,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from stream.bench.report import format_before, format_latency, format_methods, format_table
+    from stream.bench.report import (
+        format_before,
+        format_broker_alone,
+        format_latency,
+        format_methods,
+        format_table,
+    )
     from stream.bench.runner import BenchConfig, run_bench
     from stream.bench.text import quick_text_config
 
@@ -263,7 +272,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.quick:
         cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
                           latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000, before_rounds=1,
-                          text=quick_text_config())
+                          text=quick_text_config(), end_to_end_records=500)
     if not args.text:
         cfg.text = None
     cfg.before = None if args.before.lower() == "none" else args.before
@@ -285,9 +294,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if "text" in report:
         _print_text_section(console, report["text"])
     console.print("how each drain was measured:\n  " + "\n  ".join(format_methods(report)))
-    before = format_before(report)
-    if before:
-        console.print(before)
+    for line in (format_before(report), format_broker_alone(report)):
+        if line:
+            console.print(line)
     v = report["versions"]
     console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
                   f"broker {v['broker']}; results in {cfg.results}")

@@ -112,6 +112,11 @@ class WorkerSettings(BaseSettings):
         description="address /metrics listens on: this host only by default; 0.0.0.0 for every interface (the "
                     "container image sets it, so that Prometheus can scrape the pod)")
     commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    transaction_interval_ms: float = Field(
+        default=100.0, ge=0.0, le=60_000.0,
+        description="exactly-once: batches queued behind a transaction's first batch join it for this long "
+                    "before it commits (0: one transaction per batch); a processor with nothing queued commits "
+                    "at once")
     max_inflight_batches: int = Field(default=4, ge=1, le=1024)
     shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
     stall_timeout_s: float = Field(
@@ -156,8 +161,9 @@ class WorkerSettings(BaseSettings):
     native_producer: bool = Field(
         default=True,
         description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
-                    "batch, delivery reports counted in C) where it is built; at-least-once without provenance "
-                    "headers only: transactions, dead letters and headers use confluent-kafka")
+                    "batch; at-least-once: a client of its own counting delivery reports in C; exactly-once: on "
+                    "the transactional producer's handle) where it is built; not with provenance headers: dead "
+                    "letters and headers use confluent-kafka")
     native_consumer: bool = Field(
         default=True,
         description="take input records through the C extension stream._nativeconsume (whole batches from "
@@ -247,10 +253,11 @@ class WorkerSettings(BaseSettings):
             conf["transactional.id"] = self.transactional_id or (
                 f"{self.group_id}-{socket.gethostname()}-{os.getpid()}")
             timeout_ms = int(conf.setdefault("transaction.timeout.ms", 60_000))
-            if timeout_ms <= self.max_wait_ms + 1000:
+            if timeout_ms <= self.max_wait_ms + self.transaction_interval_ms + 1000:
                 raise ConfigError(
-                    f"transaction.timeout.ms={timeout_ms} cannot fit a batch: it must exceed --max-wait-ms "
-                    f"({self.max_wait_ms:g}) plus the model and publish time, by at least 1000 ms")
+                    f"transaction.timeout.ms={timeout_ms} cannot fit a transaction: it must exceed --max-wait-ms "
+                    f"({self.max_wait_ms:g}) plus --transaction-interval-ms ({self.transaction_interval_ms:g}) "
+                    "plus the model and publish time, by at least 1000 ms")
             if timeout_ms > 900_000:
                 raise ConfigError(f"transaction.timeout.ms={timeout_ms} exceeds the brokers' default "
                                   "transaction.max.timeout.ms (900000); the broker would refuse it")

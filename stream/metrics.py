@@ -89,6 +89,9 @@ class StreamMetrics:
                                     ["stage", "reason"], registry=r)
         self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
                                             registry=r)
+        self.transaction_batches = Histogram(
+            "stream_transaction_batches", "Exactly-once: micro-batches per committed transaction.",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r)
         self.model_retries = Counter("stream_model_retries", "Batch retries after a model error.", registry=r)
         self.oom_splits = Counter("stream_model_oom_splits",
                                   "Batches split in two after the device ran out of memory on them.", registry=r)

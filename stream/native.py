@@ -136,6 +136,19 @@ class NativeProducer:
         return int(self._producer.close(timeout_s))
 
 
+def produce_into(producer: confluent_kafka.Producer, topic: str, values: bytes | memoryview, ends: np.ndarray,
+                 keys: list[bytes | None]) -> tuple[int, int]:
+    """Enqueue records ``values[ends[i-1]:ends[i]]`` on a confluent-kafka producer's own handle, in C, with no
+    delivery callback (exactly-once: its transaction's commit acknowledges them). Returns (records enqueued,
+    librdkafka's error code for the first one refused, 0 when none was)."""
+    if not isinstance(producer, confluent_kafka.Producer):
+        raise TypeError(f"a confluent_kafka.Producer is needed, got {type(producer).__name__}")
+    assert _nativeproduce is not None
+    enqueued, error = _nativeproduce.produce_into(producer, topic, values,  # type: ignore[arg-type]
+                                                  np.ascontiguousarray(ends, dtype=np.int64), keys)
+    return int(enqueued), int(error)
+
+
 class NativeInput:
     """Input records of a ``confluent_kafka.Consumer``'s subscription, taken in C as ``Records``.
 

@@ -47,8 +47,6 @@ def native_topic(settings: WorkerSettings, carries_source: bool) -> str | None:
     ``carries_source``: the prediction schema has the input_* fields (else provenance goes in headers)."""
     if not settings.native_producer:
         why_not: str | None = "--no-native-producer"
-    elif settings.exactly_once:
-        why_not = "exactly-once (transactions need confluent-kafka's producer)"
     elif settings.provenance_headers or not carries_source:
         why_not = "provenance headers"
     else:
@@ -56,7 +54,10 @@ def native_topic(settings: WorkerSettings, carries_source: bool) -> str | None:
     if why_not is not None:
         log.info("predictions published through confluent-kafka (native producer off: %s)", why_not)
         return None
-    log.info("predictions published through the native producer (stream._nativeproduce)")
+    if settings.exactly_once:
+        log.info("predictions enqueued in C on the transactional producer (stream._nativeproduce.produce_into)")
+    else:
+        log.info("predictions published through the native producer (stream._nativeproduce)")
     return settings.output_topic
 
 
@@ -147,10 +148,11 @@ class GuardedCalls:
 class Publisher:
     """Wraps the confluent-kafka Producer; callers serve its delivery reports (see the module's docstring).
 
-    With ``native_topic`` (never in a transaction), records for that topic given to ``produce_joined`` go
-    through a second client in C (stream.native) that counts their delivery reports per span: one slot per
-    span, completed slots settled here under the same lock as the confluent callbacks. Dead letters and
-    records with headers stay on the confluent-kafka producer."""
+    With ``native_topic``, records for that topic given to ``produce_joined`` go through C (stream.native): at
+    least once, a second client that counts their delivery reports per span (one slot per span, completed slots
+    settled here under the same lock as the confluent callbacks); in a transaction, the confluent-kafka
+    producer's own handle, one librdkafka call per batch and no delivery callback (the commit acknowledges
+    them). Dead letters and records with headers take the confluent-kafka producer's ``produce``."""
 
     def __init__(self, config: dict[str, Any], *, on_span_done: Callable[[SpanDelivery], None],
                  native_topic: str | None = None, connection: ConnectionWatch | None = None) -> None:
@@ -170,6 +172,8 @@ class Publisher:
         self._native_open = False
         self._native_spans: dict[int, tuple[SpanDelivery, int]] = {}  # slot -> (its span's delivery, records)
         self._free_slots: list[int] = []
+        # Exactly-once: the output topic whose records are enqueued in C on the transactional producer's handle.
+        self._native_txn_topic = native_topic if self.transactional else None
         if native_topic is not None and not self.transactional:
             # Its librdkafka lines would go to stderr (a C client has no Python logger): only critical ones; the
             # other producer and the consumer, on the same brokers, report the rest through the worker's log.
@@ -225,6 +229,9 @@ class Publisher:
                        row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
         """Queue one record per row, ``values[ends[i-1]:ends[i]]``, for the span of its input partition. Through
         the C client when ``topic`` is its topic, else split into values for ``produce_many``."""
+        if topic == self._native_txn_topic:
+            self._produce_into(topic, values, ends, keys)
+            return
         native = self._native
         if native is None or topic != native.topic:
             starts = np.concatenate(([0], ends[:-1])).tolist()
@@ -249,6 +256,25 @@ class Publisher:
             raise PublishError("produce", str(exc)) from exc
         if enqueued < len(slots):
             raise PublishError("produce", "publisher closed while the local queue was full")
+
+    def _produce_into(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None]) -> None:
+        """Exactly-once: enqueue the records on the transactional producer's handle, in C; a full local queue is
+        waited out by serving the producer (the backpressure), anything else librdkafka refuses fails the batch
+        (and so its transaction)."""
+        view, ends = memoryview(values), np.ascontiguousarray(ends, dtype=np.int64)
+        at, n = 0, len(keys)
+        while at < n:
+            base = int(ends[at - 1]) if at else 0
+            enqueued, code = native.produce_into(self._producer, topic, view[base:], ends[at:] - base,
+                                                 keys[at:] if at else keys)
+            at += enqueued
+            if code == 0:
+                break
+            if code != KafkaError._QUEUE_FULL:
+                raise PublishError("produce", KafkaError(code))
+            if self._closing:
+                raise PublishError("produce", "publisher closed while the local queue was full")
+            self._serve(0.001)
 
     def _settle(self, done: np.ndarray) -> None:
         """Acknowledge the spans whose native records are all delivered; record native failures. Caller holds

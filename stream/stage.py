@@ -5,7 +5,7 @@ The queue holds at most ``max_inflight_batches`` batches (slots released as the 
 for the stop sentinel. Publishing order is the queue's order; after a failure nothing more is published, after a
 batch abandoned while stopping nothing more is committed, and batches of a rewound epoch are dropped. On a GPU
 the thread keeps one batch ahead: the next batch is decoded, copied and queued on the device while the host
-waits for, encodes and publishes the one before (never under exactly-once: one batch per transaction).
+waits for, encodes and publishes the one before (never under exactly-once).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class ProcessingStage:
                         # Nothing next: make sure the last batch goes out now (Publisher.send_now). Still busy for
                         # the adaptive batch policy, so records arriving meanwhile join the next batch.
                         sent = False
-                        self._serve(lambda: publisher.send_now(_SEND_WINDOW_S))
+                        self._run(lambda: publisher.send_now(_SEND_WINDOW_S))
                         continue
                     if self._busy:
                         self._busy = False
@@ -105,7 +105,7 @@ class ProcessingStage:
                     try:
                         item = self._queue.get(timeout=_SERVE_EVERY_S)
                     except queue.Empty:  # idle: acknowledge what was delivered meanwhile
-                        self._serve(publisher.serve)
+                        self._run(publisher.serve)
                         continue
             else:
                 try:
@@ -117,6 +117,10 @@ class ProcessingStage:
             if item is None:
                 if ahead is not None:
                     self._complete(ahead)
+                if self._failed():
+                    self._transactions.abort(publisher)
+                elif self._transactions.is_open():  # a batch joined it as the stop sentinel was queued
+                    self._run(lambda: self._transactions.commit(publisher))
                 return
             self._busy = True
             sent = True
@@ -125,14 +129,18 @@ class ProcessingStage:
                 self._queue_wait(time.monotonic() - item.queued_at)
             if self._failed():
                 ahead = None
-                continue  # drain without work: nothing after a failure may be published
+                self._transactions.abort(publisher)  # nothing after a failure may be published
+                continue  # drain without work
             if abandoned:
                 continue  # stopping, and an earlier batch was left undone: nothing after it may be committed
             if self._transactions.stale(item.epoch):
                 continue  # consumed before a rewind: it will be consumed again
             try:
                 if self._exactly_once:
-                    self._transactions.process(item, self._processor, publisher)
+                    txns = self._transactions
+                    txns.process(item, self._processor, publisher)
+                    if txns.due() or self._queue.empty():  # nothing to join it now: commit
+                        txns.commit(publisher)
                 elif self._pipelined:
                     begun = self._processor.begin(item)
                     if ahead is not None:
@@ -148,10 +156,10 @@ class ProcessingStage:
             except BaseException as exc:
                 self._fail(exc)
 
-    def _serve(self, serve: Callable[[], None]) -> None:
-        """Serve delivery reports; an exception from a callback fails the worker instead of the thread."""
+    def _run(self, call: Callable[[], None]) -> None:
+        """Run ``call``; an exception from it fails the worker instead of the thread."""
         try:
-            serve()
+            call()
         except BaseException as exc:
             self._fail(exc)
 

@@ -13,6 +13,7 @@ class WorkerSummary:
     committed: int = 0
     batches: int = 0
     batched_records: int = 0
+    transactions: int = 0  # exactly-once: committed transactions
     error: str | None = None
     exit_code: int = 0
     first_consumed_at: float | None = None  # wall-clock seconds
@@ -26,4 +27,5 @@ class WorkerSummary:
         return (f"consumed={self.consumed} predicted={self.predicted} dead_lettered={self.dead_lettered} "
                 f"committed={self.committed} "
                 f"batches={self.batches} mean_batch_size={self.mean_batch_size:.1f}"
+                + (f" transactions={self.transactions}" if self.transactions else "")
                 + (f" error={self.error!r}" if self.error else ""))

@@ -1,14 +1,18 @@
-"""Exactly-once: one Kafka transaction per micro-batch, and the rewind after an aborted one.
+"""Exactly-once: Kafka transactions spanning one or more micro-batches, and the rewind after an aborted one.
 
-On the processor thread (`process`):
-1. begin a transaction; 2. decode, run the model, produce the batch's predictions and dead letters in it;
-3. add the batch's input offsets (``send_offsets_to_transaction`` with the group metadata captured when the batch
-   was consumed) and commit; 4. the spans are acknowledged at once, the commit having delivered them all.
-An abortable error aborts the transaction and marks the epoch the batch was consumed in as rewound: the
+On the processor thread (`process`, then `commit`):
+1. begin a transaction if none is open; 2. decode, run the model, produce the batch's predictions and dead
+   letters in it; 3. while more batches are queued and the transaction is younger than the transaction
+   interval (100 ms by default, like Kafka Streams' commit interval under exactly-once), the next batch joins it;
+   4. otherwise add the input offsets of all its batches (``send_offsets_to_transaction`` with the group
+   metadata captured when the latest was consumed) and commit; the spans are acknowledged at once, the commit
+   having delivered them all. A processor that runs out of queued batches commits at once, so a transaction
+   never waits for input and a revoke or a shutdown (which wait for in-flight records) is never held by one.
+An abortable error aborts the transaction and marks the epoch its batches were consumed in as rewound: the
 processor drops every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
 seeks every assigned partition back to its committed offset, starting the next epoch. A fatal error (fenced: a
 zombie) stops the worker. A transaction aborted after outliving ``transaction.timeout.ms`` stops it too:
-rewinding would replay the same batch into the same timeout forever.
+rewinding would replay the same batches into the same timeout forever.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -26,7 +32,7 @@ from stream.errors import StreamError, TransactionError
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker, fmt_partitions
 from stream.processing import BatchProcessor, Dispatched
-from stream.publish import Publisher
+from stream.publish import Publisher, SpanDelivery
 from stream.records import Records
 
 log = logging.getLogger(__name__)
@@ -34,13 +40,26 @@ _NOT_FETCHING = frozenset({KafkaError._STATE, KafkaError._PREV_IN_PROGRESS})  # 
 _REWIND_QUERY_TIMEOUT_S = 2.0  # longest wait for committed offsets before trying again
 
 
+@dataclass
+class _OpenTransaction:
+    started: float
+    epoch: int  # every batch of a transaction is of one epoch: a rewind follows only an abort
+    offsets: dict[int, int] = field(default_factory=dict)  # input partition -> next offset
+    deliveries: list[SpanDelivery] = field(default_factory=list)
+    group_metadata: Any = None  # the latest batch's
+    batches: int = 0
+
+
 class Transactions:
     """The epoch batches are consumed in, and the batch transactions. Without exactly-once the epoch stays 0 and
     nothing is ever rewound."""
 
     def __init__(self, metrics: StreamMetrics, input_topic: str, timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = 0.1) -> None:
         self.timeout_s = timeout_s  # transaction.timeout.ms
+        self.interval_s = interval_s  # queued batches join an open transaction this long (0: one batch each)
+        self._open: _OpenTransaction | None = None  # the processor thread's, only
+        self.committed = 0  # transactions committed
         self.epoch = 0  # bumped by each rewind
         self.rewind_after: int | None = None  # the epoch whose batches the processor abandoned
         self._rewind_warned: int | None = None  # the pending rewind whose slow offset read was logged
@@ -57,31 +76,61 @@ class Transactions:
         return self.rewind_after is not None and epoch <= self.rewind_after
 
     # -- processor thread -----------------------------------------------------------------------------------
+    def is_open(self) -> bool:
+        """A transaction holds produced batches not committed yet."""
+        return self._open is not None
+
+    def due(self) -> bool:
+        """The open transaction has lasted the transaction interval: commit it before another batch joins."""
+        return self._open is not None and self._clock() - self._open.started >= self.interval_s
+
     def process(self, batch: Dispatched, processor: BatchProcessor, publisher: Publisher) -> None:
-        timeout_s = self.timeout_s
-        started = self._clock()
-        publisher.begin_transaction()
+        """Produce the batch's outputs inside the open transaction, beginning one if none is open. Call `commit`
+        when no batch follows at once or when `due`."""
+        txn = self._open
+        if txn is None:
+            publisher.begin_transaction()
+            txn = self._open = _OpenTransaction(self._clock(), batch.epoch)
         try:
             processor.process(batch)
             faults.reach("after-produce")
-            offsets = [TopicPartition(self._input_topic, p, d.span.last + 1) for p, d in batch.deliveries.items()]
+        except BaseException:
+            self._open = None
+            with contextlib.suppress(TransactionError):
+                publisher.abort_transaction(self.timeout_s)
+            raise
+        for partition, delivery in batch.deliveries.items():
+            txn.offsets[partition] = delivery.span.last + 1  # batches of a partition come in offset order
+            txn.deliveries.append(delivery)
+        txn.group_metadata = batch.group_metadata
+        txn.batches += 1
+
+    def commit(self, publisher: Publisher) -> None:
+        """Add the open transaction's input offsets to it and commit it; on an abortable error abort it and mark
+        its epoch for the rewind."""
+        txn, self._open = self._open, None
+        if txn is None:
+            return
+        timeout_s = self.timeout_s
+        try:
+            offsets = [TopicPartition(self._input_topic, p, offset) for p, offset in txn.offsets.items()]
             faults.reach("in-transaction")
             committing = self._clock()
-            publisher.commit_transaction(offsets, batch.group_metadata, timeout_s)
+            publisher.commit_transaction(offsets, txn.group_metadata, timeout_s)
             self._metrics.commit_seconds.labels("transaction").observe(self._clock() - committing)
         except TransactionError as exc:
-            elapsed = self._clock() - started
+            elapsed = self._clock() - txn.started
             if exc.producer_replaced:  # a stuck call: its producer fenced, its transaction aborted by that
                 self._metrics.transactions_aborted.inc()
-                self.rewind_after = batch.epoch
+                self.rewind_after = txn.epoch
                 return
             if elapsed >= timeout_s:
                 raise StreamError(
-                    f"a batch's transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "
+                    f"a transaction took {elapsed:.1f}s, longer than transaction.timeout.ms "
                     f"({timeout_s:.0f}s), and was aborted ({exc}); raise KAFKA_PRODUCER_TRANSACTION_TIMEOUT_MS "
                     "or lower --max-batch-size") from exc
             # Adding the offsets can time out while the coordinator moves (a broker killed or paused, this
-            # process frozen): nothing is committed yet, so the transaction is aborted and the batch rewound
+            # process frozen): nothing is committed yet, so the transaction is aborted and its batches rewound
             # like any abortable error. A commit that timed out is not aborted: it may have committed.
             timed_out_before_commit = exc.operation == "send offsets to transaction" and exc.retriable
             if exc.fatal or not (exc.requires_abort or timed_out_before_commit):
@@ -89,18 +138,27 @@ class Transactions:
             log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)
             publisher.abort_transaction(timeout_s)
             self._metrics.transactions_aborted.inc()
-            self.rewind_after = batch.epoch
+            self.rewind_after = txn.epoch
             return
         except BaseException:
             with contextlib.suppress(TransactionError):
                 publisher.abort_transaction(timeout_s)
             raise
-        elapsed = self._clock() - started
+        self.committed += 1
+        self._metrics.transaction_batches.observe(txn.batches)
+        elapsed = self._clock() - txn.started
         if elapsed > timeout_s / 2:
-            log.warning("a batch transaction took %.1fs, over half of transaction.timeout.ms (%.0fs): "
+            log.warning("a transaction took %.1fs, over half of transaction.timeout.ms (%.0fs): "
                         "raise it or lower --max-batch-size", elapsed, timeout_s)
-        for delivery in batch.deliveries.values():
+        for delivery in txn.deliveries:
             delivery.acknowledge_all()
+
+    def abort(self, publisher: Publisher) -> None:
+        """Abort the open transaction, if any, without a rewind: the worker is failing."""
+        if self._open is not None:
+            self._open = None
+            with contextlib.suppress(TransactionError):
+                publisher.abort_transaction(self.timeout_s)
 
     # -- poll thread ----------------------------------------------------------------------------------------
     def rewind(self, consumer: Consumer, batcher: MicroBatcher[Records], tracker: OffsetTracker) -> None:

@@ -6,7 +6,7 @@
         exactly-once rewinds (`transactions`); stop-at-end; shutdown.
     processing stage (`stage`, its own thread):  decode -> one forward pass -> encode -> produce
         (`processing`, `publish`), and the delivery reports that acknowledge spans and so advance the commit
-        positions; exactly-once: one transaction per batch (`transactions`).
+        positions; exactly-once: transactions of one or more batches (`transactions`).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Worker:
                                     exactly_once=s.exactly_once, clock=clock)
         self._transactions = Transactions(
             self.metrics, s.input_topic, int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0,
-            clock)
+            clock, interval_s=s.transaction_interval_ms / 1000.0)
         max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
         self._rebalancer = Rebalancer(
             self._batcher, self._tracker, self._stalls, self._committer, self._pause, self.metrics,
@@ -184,6 +184,7 @@ class Worker:
         if self._failure is not None:
             self._summary.error = f"{type(self._failure).__name__}: {self._failure}"
             self._summary.exit_code = 1
+        self._summary.transactions = self._transactions.committed
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 

@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120),
 PARTITIONS = 6
 
 
-def _read(bootstrap: str, topic: str, count: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader", "enable.auto.commit": False})
+def _read(bootstrap: str, topic: str, count: int,
+          isolation: str = "read_uncommitted") -> list[tuple[int, bytes | None, bytes | None]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader", "enable.auto.commit": False,
+                         "isolation.level": isolation})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     found: list[tuple[int, bytes | None, bytes | None]] = []
     try:
@@ -190,3 +192,47 @@ def test_native_input_follows_a_cooperative_rebalance(broker: BrokerInfo, unique
             if source is not None and consumer is not None:
                 source.close()
                 consumer.close()
+
+
+def test_in_a_transaction_records_go_out_on_the_producers_own_handle_and_only_a_commit_shows_them(
+        broker: BrokerInfo, unique_name: Callable[[str], str]) -> None:
+    """Exactly-once: ``produce_into`` enqueues on the transactional producer itself (a local queue of 500 records
+    makes the 3,000 wait for room), keyed like confluent-kafka; an aborted transaction's records are never seen by
+    a read_committed reader, a committed one's are, each once."""
+    if not broker.hides_aborted_transactions:
+        pytest.skip(f"{broker.kind} shows aborted transactions to read_committed readers")
+    out, reference = unique_name("txn-out"), unique_name("txn-ref")
+    create_topics(broker.bootstrap, [out, reference], PARTITIONS)
+    n = 3000
+    keys: list[bytes | None] = [None if i % 10 == 0 else b"account-%d" % (i % 97) for i in range(n)]
+    row_partitions = np.zeros(n, dtype=np.int64)
+    tracker = OffsetTracker()
+    tracker.assign([("in", 0)])
+    publisher = Publisher({"bootstrap.servers": broker.bootstrap, "transactional.id": unique_name("txn"),
+                           "linger.ms": 5, "queue.buffering.max.messages": 500}, on_span_done=lambda d: None,
+                          native_topic=out)
+    publisher.init_transactions(30.0)
+
+    def produce(tag: bytes, first: int) -> list[bytes]:
+        values = [b"%s-%d" % (tag, i) for i in range(n)]
+        ends = np.cumsum([len(v) for v in values]).astype(np.int64)
+        delivery = SpanDelivery(publisher, tracker.dispatch(("in", 0), first, first + n - 1, n))
+        publisher.produce_joined(out, b"".join(values), ends, keys, row_partitions, {0: delivery})
+        return values
+
+    publisher.begin_transaction()
+    produce(b"aborted", 0)
+    publisher.abort_transaction(30.0)
+    publisher.begin_transaction()
+    committed = produce(b"committed", n)
+    publisher._producer.commit_transaction(30.0)
+    assert publisher.failure() is None
+    publisher.close(5.0)
+    confluent = Producer({"bootstrap.servers": broker.bootstrap})
+    for k, v in zip(keys, committed, strict=True):
+        confluent.produce(reference, v, k)
+    assert confluent.flush(30) == 0
+    got = _read(broker.bootstrap, out, n, "read_committed")
+    assert sorted(v for _, _, v in got) == sorted(committed), "the committed transaction's records, each once"
+    expected = {v: p for p, _, v in _read(broker.bootstrap, reference, n)}
+    assert all(p == expected[v] and k == keys[committed.index(v)] for p, k, v in got if k is not None)

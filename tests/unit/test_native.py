@@ -138,10 +138,11 @@ def test_records_for_another_topic_go_through_confluent_kafka() -> None:
 
 
 @needs_native
-def test_a_transactional_publisher_never_uses_it() -> None:
+def test_a_transactional_publisher_has_no_second_client_and_enqueues_on_its_own_handle() -> None:
     publisher = Publisher({**UNREACHABLE, "transactional.id": "t"}, on_span_done=lambda d: None,
                           native_topic="out")
-    assert publisher.native_topic is None
+    assert publisher.native_topic is None and publisher._native is None
+    assert publisher._native_txn_topic == "out"
 
 
 @needs_native

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,11 +10,14 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream.batching import MicroBatcher
+from stream.deadline import Deadline
 from stream.errors import TransactionError
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
 from stream.processing import Dispatched
+from stream.publish import SpanDelivery
 from stream.records import Records
+from stream.stage import ProcessingStage
 from stream.transactions import Transactions
 
 TOPIC = "in"
@@ -124,6 +128,7 @@ def test_a_batch_whose_producer_was_replaced_is_rewound_not_fatal_however_long_i
     publisher = ReplacingPublisher()
     processor = SimpleNamespace(process=lambda b: None)
     txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    txns.commit(publisher)  # type: ignore[arg-type]
     assert txns.pending() and txns.stale(0)
     assert publisher.calls == ["begin"], "the fenced transaction is not aborted again"
     assert metrics.transactions_aborted._value.get() == 1
@@ -146,9 +151,191 @@ def test_offsets_that_time_out_abort_and_rewind_but_a_commit_that_times_out_stop
     txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
     publisher = TimingOutPublisher("send offsets to transaction")
     txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    txns.commit(publisher)  # type: ignore[arg-type]
     assert txns.pending() and publisher.calls == ["begin", "abort"], "nothing committed yet: aborted, rewound"
     txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
     publisher = TimingOutPublisher("commit transaction")
+    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
     with pytest.raises(TransactionError):  # it may have committed: aborting could not undo that
-        txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+        txns.commit(publisher)  # type: ignore[arg-type]
     assert not txns.pending()
+
+
+class TxnPublisher:
+    """A transactional publisher that records its calls and the offsets each commit carried."""
+
+    transactional = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.committed: list[list[tuple[str, int, int]]] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, offsets: list[TopicPartition], metadata: object, timeout_s: float) -> None:
+        self.calls.append("commit")
+        self.committed.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.calls.append("abort")
+
+    def span_done(self, delivery: SpanDelivery) -> None:
+        pass
+
+    def serve(self) -> None:
+        pass
+
+    def send_now(self, window_s: float = 0.0) -> None:
+        pass
+
+
+def span_batch(tracker: OffsetTracker, publisher: TxnPublisher, spans: dict[int, tuple[int, int]],
+               metadata: object = None) -> Dispatched:
+    """A batch holding records ``first..last`` of each partition in ``spans``."""
+    deliveries = {p: SpanDelivery(publisher, tracker.dispatch((TOPIC, p), first, last, last - first + 1))  # type: ignore[arg-type]
+                  for p, (first, last) in spans.items()}
+    n = sum(last - first + 1 for first, last in spans.values())
+    return Dispatched(Records.build([b"x"] * n, [None] * n, [0] * n, range(n)), np.zeros(n, np.int32),
+                      np.zeros(n, np.int64), deliveries, group_metadata=metadata)
+
+
+def test_batches_that_join_a_transaction_commit_together_and_only_its_commit_acknowledges_them() -> None:
+    metrics = StreamMetrics()
+    txns = Transactions(metrics, TOPIC, 60.0, clock=lambda: 0.0, interval_s=0.1)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0), (TOPIC, 1)])
+    publisher = TxnPublisher()
+    processor = SimpleNamespace(process=lambda b: None)
+    for spans, metadata in (({0: (0, 4)}, "gen1"), ({0: (5, 9), 1: (0, 2)}, "gen1"), ({1: (3, 3)}, "gen2")):
+        txns.process(span_batch(tracker, publisher, spans, metadata), processor, publisher)  # type: ignore[arg-type]
+    assert txns.is_open() and not txns.due() and publisher.calls == ["begin"]
+    assert tracker.committable() == {}, "nothing acknowledged before the commit"
+    txns.commit(publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "commit"] and not txns.is_open()
+    assert publisher.committed == [[(TOPIC, 0, 10), (TOPIC, 1, 4)]], "each partition's next offset, once"
+    assert tracker.committable() == {(TOPIC, 0): 10, (TOPIC, 1): 4}
+    assert metrics.transaction_batches._sum.get() == 3
+
+
+def test_a_transaction_is_due_after_its_interval_and_interval_zero_is_one_batch_each() -> None:
+    now = [0.0]
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: now[0], interval_s=0.1)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = TxnPublisher()
+    processor = SimpleNamespace(process=lambda b: None)
+    assert not txns.due(), "nothing open: nothing due"
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    now[0] = 0.099
+    assert not txns.due()
+    now[0] = 0.1
+    assert txns.due()
+    once = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0, interval_s=0.0)
+    once.process(span_batch(tracker, publisher, {0: (2, 3)}), processor, publisher)  # type: ignore[arg-type]
+    assert once.due()
+
+
+def test_a_batch_that_fails_aborts_the_whole_open_transaction_and_acknowledges_none_of_it() -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = TxnPublisher()
+
+    def process(batch: Dispatched) -> None:
+        if len(batch.records) == 3:
+            raise RuntimeError("model failed")
+
+    processor = SimpleNamespace(process=process)
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        txns.process(span_batch(tracker, publisher, {0: (2, 4)}), processor, publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "abort"] and not txns.is_open()
+    assert tracker.committable() == {}
+    txns.commit(publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "abort"], "nothing left to commit"
+
+
+def test_an_aborted_commit_marks_the_transactions_epoch_for_the_rewind() -> None:
+    class Abortable(TxnPublisher):
+        def commit_transaction(self, offsets: list[TopicPartition], metadata: object, timeout_s: float) -> None:
+            raise TransactionError("commit transaction", KafkaError(
+                KafkaError._TIMED_OUT, "abortable", txn_requires_abort=True))
+
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = Abortable()
+    processor = SimpleNamespace(process=lambda b: None)
+    for spans in ({0: (0, 1)}, {0: (2, 3)}):
+        txns.process(span_batch(tracker, publisher, spans), processor, publisher)  # type: ignore[arg-type]
+    txns.commit(publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "abort"] and txns.pending() and txns.stale(0)
+    assert tracker.committable() == {}
+
+
+def eos_stage(txns: Transactions, publisher: TxnPublisher, processed: list[int], failures: list[BaseException],
+              inflight: int) -> ProcessingStage:
+    processor = SimpleNamespace(process=lambda b: processed.append(len(b.records)))
+    return ProcessingStage(processor, publisher, txns, max_inflight_batches=inflight, torch_threads=1,  # type: ignore[arg-type]
+                           pipelined=False, exactly_once=True, fail=failures.append, failed=lambda: bool(failures))
+
+
+@pytest.mark.parametrize(("interval_s", "transactions"), [(60.0, 1), (0.0, 3)])
+def test_the_stage_joins_queued_batches_into_one_transaction_up_to_the_interval(interval_s: float,
+                                                                                 transactions: int) -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 120.0, interval_s=interval_s)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher, processed, failures = TxnPublisher(), [], []  # type: ignore[var-annotated]
+    stage = eos_stage(txns, publisher, processed, failures, inflight=3)
+    for first in (0, 2, 4):
+        batch = span_batch(tracker, publisher, {0: (first, first + 1)})
+        assert stage.offer(lambda b=batch: b, 0)  # type: ignore[misc]
+    stage.start()
+    stage.finish(Deadline(30.0))
+    assert not failures and processed == [2, 2, 2]
+    assert publisher.calls == ["begin", "commit"] * transactions
+    assert publisher.committed[-1] == [(TOPIC, 0, 6)] and tracker.committable() == {(TOPIC, 0): 6}
+
+
+def test_a_stage_with_nothing_queued_commits_its_transaction_at_once() -> None:
+    """A lone batch is never held open waiting for another (a revoke or a shutdown waits for its records)."""
+    txns = Transactions(StreamMetrics(), TOPIC, 120.0, interval_s=60.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher, processed, failures = TxnPublisher(), [], []  # type: ignore[var-annotated]
+    stage = eos_stage(txns, publisher, processed, failures, inflight=2)
+    stage.start()
+    try:
+        batch = span_batch(tracker, publisher, {0: (0, 4)})
+        assert stage.offer(lambda: batch, 0)
+        deadline, acknowledged = Deadline(5.0), {}
+        while not acknowledged and not deadline.passed():
+            threading.Event().wait(0.005)
+            acknowledged = tracker.committable()
+        assert acknowledged == {(TOPIC, 0): 5} and publisher.calls == ["begin", "commit"]
+    finally:
+        stage.finish(Deadline(10.0))
+
+
+def test_a_failed_worker_aborts_the_open_transaction_instead_of_committing_it() -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 120.0, interval_s=60.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher, processed, failures = TxnPublisher(), [], []  # type: ignore[var-annotated]
+    stage = eos_stage(txns, publisher, processed, failures, inflight=3)
+    for first in (0, 2):
+        batch = span_batch(tracker, publisher, {0: (first, first + 1)})
+        assert stage.offer(lambda b=batch: b, 0)  # type: ignore[misc]
+    # The first batch opens the transaction; the poll thread fails before the second is taken.
+    original = txns.process
+
+    def process_then_fail(batch: Dispatched, processor: object, pub: object) -> None:
+        original(batch, processor, pub)  # type: ignore[arg-type]
+        failures.append(RuntimeError("poll thread failed"))
+
+    txns.process = process_then_fail  # type: ignore[method-assign]
+    stage.start()
+    stage.finish(Deadline(30.0))
+    assert publisher.calls == ["begin", "abort"] and tracker.committable() == {}
