@@ -20,6 +20,7 @@ class Drain:
     peak_rss_mib: float | None = None
     rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
     mean_batch_size: float | None = None  # the worker's, from its summaries
+    transactions: int | None = None  # the worker's under exactly-once, from its summaries
 
     @property
     def rate(self) -> float:
@@ -110,6 +111,13 @@ def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
 
 DRAIN_METHODS = {
     "passthrough": "a per-record Python loop: consume, produce the same bytes, commit (no decode, no model)",
+    "jvm-flush": "a JVM kafka-clients loop (stream/bench/jvm/PassThrough.java): poll, send the same bytes, flush, "
+                 "commitAsync; no decode, no model",
+    "jvm-pipelined": "the same JVM loop without a flush per poll: offsets committed every 100 ms up to each "
+                     "partition's first unacknowledged send",
+    "kafka-streams": "Kafka Streams stream(in).to(out), at-least-once, one stream thread (StreamsPassThrough.java)",
+    "quix-apply": "Quix Streams 3.28.1, sdf.apply per record (decode, one forward pass of one, encode), to_topic",
+    "quix-sink": "Quix Streams 3.28.1, a BatchingSink: one forward pass per checkpoint batch of a partition",
     "naive": "a per-record Python loop with fastavro decode/encode and one forward pass per record",
     "faust": "faust-streaming, batches of the worker's default size, one forward pass per batch",
     "handtuned": "a hand-written confluent-kafka loop: consume() batches, numpy decode, one forward pass",
@@ -131,18 +139,49 @@ def format_methods(report: dict[str, Any]) -> list[str]:
     return [f"{d['name']}: {DRAIN_METHODS.get(d['name'], '')}" for d in report["drain"]]
 
 
-def format_table(report: dict[str, Any]) -> list[list[str]]:
+def references(report: dict[str, Any]) -> dict[str, float]:
+    """The rates the drain table divides by: the pass-through limit (the faster JVM loop), Quix's best variant,
+    and the broker's consume and produce limits (Kafka's own tools), where measured."""
     rates = {d["name"]: d["rate"] for d in report["drain"]}
-    rows = [["contender", "events", "seconds", "events/s", "x limit", "x hand-tuned", "x faust", "peak RSS MiB",
-             "RSS growth"]]
+    out: dict[str, float] = {}
+    limit = report.get("limit") or rates.get("passthrough")
+    if limit:
+        out["limit"] = limit
+    quix = [rates[n] for n in ("quix-apply", "quix-sink") if n in rates]
+    if quix:
+        out["quix"] = max(quix)
+    alone = report.get("broker_alone") or {}
+    if alone:
+        out["consume"] = alone["consume"]["fetch_records_per_s"]
+        out["produce"] = alone["produce"]["records_per_s"]
+    return out
+
+
+def format_table(report: dict[str, Any]) -> list[list[str]]:
+    refs = references(report)
+    rows = [["contender", "events", "seconds", "events/s", "x limit", "x Quix best", "x broker consume",
+             "x broker produce", "peak RSS MiB", "RSS growth"]]
     for d in report["drain"]:
         growth = d.get("rss_growth")
         rows.append([d["name"], f"{d['events']:,}", f"{d['seconds']:.2f}", f"{d['rate']:,.0f}",
-                     f"{d['ratio_to_limit']:.2f}" if d["ratio_to_limit"] else "-",
-                     *(f"{d['rate'] / rates[peer]:.2f}" if rates.get(peer) else "-" for peer in ("handtuned", "faust")),
+                     *(f"{d['rate'] / refs[k]:.2f}" if k in refs else "-" for k in ("limit", "quix", "consume",
+                                                                                     "produce")),
                      f"{d['peak_rss_mib']:.0f}" if d["peak_rss_mib"] else "-",
                      f"{growth[0]:.0f}->{growth[1]:.0f} MiB ({growth[2]:+.1%})" if growth else "-"])
     return rows
+
+
+def format_broker_alone(report: dict[str, Any]) -> str | None:
+    """One line on the broker's own limits, measured in the same run."""
+    alone = report.get("broker_alone")
+    if not alone:
+        return None
+    c, p, e = alone["consume"], alone["produce"], alone["end_to_end"]
+    return (f"the broker alone (Kafka's tools, same run): ConsumerPerformance {c['fetch_records_per_s']:,.0f} "
+            f"records/s ({c['records_per_s']:,.0f} with its group join); ProducerPerformance "
+            f"{p['records_per_s']:,.0f} records/s of {alone['record_size']} bytes (acks=all, lz4, 5 ms linger; "
+            f"p99 {p['p99_ms']:.0f} ms); EndToEndLatency (one record at a time, acks=all) p50 {e['p50_ms']:.0f} ms, "
+            f"p99 {e['p99_ms']:.0f} ms, p99.9 {e['p999_ms']:.0f} ms")
 
 
 def format_gc(gc: dict[str, Any] | None) -> str:
@@ -153,13 +192,18 @@ def format_gc(gc: dict[str, Any] | None) -> str:
 
 def format_latency(report: dict[str, Any]) -> list[list[str]]:
     rows = [["max_wait_ms", "batches", "load", "offered ev/s", "p50 ms", "p99 ms", "p99.9 ms", "from event p50",
-             "from event p99", "mean batch", "CPU worker/broker/generator", "broker GC pauses"]]
+             "from event p99", "broker floor p99", "p99 - floor - wait", "mean batch", "CPU worker/broker/generator",
+             "broker GC pauses"]]
+    floors = {(f["load"], f["max_wait_ms"]): f for f in report.get("floor", [])}
     for r in report["latency"]:
         policy = "fixed" if "fixed" in r["settings"] else "adaptive"
         cpu = r.get("cpu_cores") or {}
+        floor = floors.get((r["load"], r["max_wait_ms"])) if policy == "adaptive" else None
         rows.append([f"{r['max_wait_ms']:g}", policy, f"{r['load']:.0%}", f"{r['offered_rate']:,.0f}",
                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p999_ms']:.1f}", f"{r['from_event_p50_ms']:.1f}",
-                     f"{r['from_event_p99_ms']:.1f}", f"{r['mean_batch_size']:.1f}",
+                     f"{r['from_event_p99_ms']:.1f}", f"{floor['p99_ms']:.1f}" if floor else "-",
+                     f"{r['p99_ms'] - floor['p99_ms'] - r['max_wait_ms']:+.1f}" if floor else "-",
+                     f"{r['mean_batch_size']:.1f}",
                      " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in ("worker", "broker", "generator")),
                      format_gc(r.get("broker_gc"))])
     return rows

@@ -22,6 +22,7 @@ import numpy as np
 
 from producers.load import produce_events
 from stream.bench import BEFORE_FIELD_PLANS
+from stream.bench.floor import measure_floor
 from stream.bench.probes import (
     PERCENTILES,
     CpuSampler,
@@ -60,7 +61,15 @@ class BenchConfig:
     loads: tuple[float, ...] = (0.1, 0.5, 0.9)
     fixed_policy_loads: tuple[float, ...] = (0.1, 0.5)  # the same loads with --batch-policy fixed, to compare
     waits_ms: tuple[float, ...] = (5.0, 20.0)
-    contenders: tuple[str, ...] = ("passthrough", "naive", "faust", "handtuned")
+    contenders: tuple[str, ...] = ("passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust",
+                                   "handtuned", "quix-apply", "quix-sink")
+    quix_apply_events: int = 100_000  # Quix's per-record apply runs at a few thousand events/s here
+    # The broker alone: Kafka's ConsumerPerformance over the pre-produced topic, ProducerPerformance with records
+    # of the demo events' mean size, and EndToEndLatency (one record at a time) this many records.
+    broker_tools: bool = True
+    end_to_end_records: int = 5_000
+    # The broker's latency floor (stream.bench.floor) at these loads of the latency steps, beside them.
+    floor_loads: tuple[float, ...] = (0.1, 0.5)
     # One unreported step at this load (0: none) before the latency steps, for the broker's sake: the steps'
     # topics append with LogAppendTime, a path the drains before them never took, and in a full run the
     # first two steps at 50 % and 90 % load spent their first seconds behind while the later ones did not.
@@ -92,9 +101,9 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="stream-bench-"))
         self.input = f"bench-in-{self.run}"
 
-    def topic(self, stem: str, log_append_time: bool = False) -> str:
+    def topic(self, stem: str, log_append_time: bool = False, partitions: int = PARTITIONS) -> str:
         name = f"bench-{stem}-{self.run}"
-        create_topics(self.bootstrap, [name], PARTITIONS,
+        create_topics(self.bootstrap, [name], partitions,
                       config={"message.timestamp.type": "LogAppendTime"} if log_append_time else None)
         return name
 
@@ -118,6 +127,45 @@ class Bench:
         if not found:
             raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
         result = json.loads(found[0])
+        return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
+
+    def quix_contender(self, name: str, events: int) -> Drain:
+        """A Quix Streams contender (`stream.bench.quix`, in its own venv) draining ``events``."""
+        from stream.bench import quix
+
+        out = self.topic(f"{name}-out")
+        cmd, env = quix.command(name, ["--bootstrap", self.bootstrap, "--input", self.input, "--output", out,
+                                       "--group", f"bench-{name}-{self.run}", "--events", str(events),
+                                       "--model-dir", str(self.model_dir)])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
+        found = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"events"')]
+        if proc.returncode != 0 or not found:
+            raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        result = json.loads(found[-1])
+        return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
+
+    def broker_alone(self) -> dict[str, Any]:
+        """Kafka's own tools on this broker: consume the pre-produced topic, produce as many records of the demo
+        events' mean size, and the one-record-at-a-time end-to-end latency."""
+        from stream.bench import jvm
+
+        size = mean_event_bytes()
+        return {
+            "record_size": size,
+            "consume": jvm.consumer_performance(self.bootstrap, self.input, self.cfg.events,
+                                                f"bench-consumer-perf-{self.run}"),
+            "produce": jvm.producer_performance(self.bootstrap, self.topic("producer-perf"), self.cfg.events, size),
+            "end_to_end": jvm.end_to_end_latency(self.bootstrap, self.topic("e2e", partitions=1),
+                                                 self.cfg.end_to_end_records, size)}
+
+    def jvm_contender(self, name: str, main_class: str, *args: str) -> Drain:
+        """A JVM contender (`stream.bench.jvm`) draining the pre-produced events into its own output topic."""
+        from stream.bench.jvm import run_contender
+
+        out = self.topic(f"{name}-out")
+        result = run_contender(main_class, ["--bootstrap", self.bootstrap, "--input", self.input, "--output", out,
+                                            "--group", f"bench-{name}-{self.run}", "--events", str(self.cfg.events),
+                                            *args])
         return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
 
     def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
@@ -161,7 +209,8 @@ class Bench:
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         batches = sum(s["batches"] for s in summaries)
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
-                     sum(s["batched_records"] for s in summaries) / batches if batches else None)
+                     sum(s["batched_records"] for s in summaries) / batches if batches else None,
+                     sum(s.get("transactions", 0) for s in summaries) or None)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:
@@ -297,6 +346,30 @@ class Bench:
         }
 
 
+def mean_event_bytes(sample: int = 10_000) -> int:
+    """The mean encoded size of the pre-produced demo events (the same generator, a sample of them)."""
+    from producers.events import generate_events
+    from stream.codec import SchemaRegistry, encode
+    from stream.models.demo import EVENT_SCHEMA
+
+    schema = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
+    values = [encode(schema, r) for r in generate_events(sample, seed=2026).records()]
+    return round(sum(map(len, values)) / len(values))
+
+
+JVM_CONTENDERS = {  # name -> (class in stream/bench/jvm, its arguments)
+    "jvm-flush": ("PassThrough", "--mode", "flush"),
+    "jvm-pipelined": ("PassThrough", "--mode", "pipelined"),
+    "kafka-streams": ("StreamsPassThrough", "--guarantee", "at-least-once"),
+}
+
+
+def pass_through_limit(drains: list[Drain]) -> float | None:
+    """The faster JVM pass-through's rate (the Python one's where neither ran)."""
+    jvm = [d.rate for d in drains if d.name in ("jvm-flush", "jvm-pipelined")]
+    return max(jvm) if jvm else next((d.rate for d in drains if d.name == "passthrough"), None)
+
+
 def versions(broker: str) -> dict[str, str]:
     """Versions for a report; ``broker`` is ``kafka``, ``tansu`` or ``given cluster``."""
     from importlib.metadata import PackageNotFoundError, version
@@ -337,10 +410,25 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
                       broker.gc_log if broker is not None else None)
         report["preproduce_rate"] = bench.prepare()
         drains: list[Drain] = []
-        caps = {"naive": cfg.naive_events, "faust": cfg.faust_events}
+        jdk = all(shutil.which(tool) for tool in ("java", "javac", "mvn"))
+        if not jdk:
+            report["skipped"] = "the JVM contenders and Kafka's tools: no java, javac and mvn on PATH"
+            console_print(f"bench: skipping {report['skipped']}")
+        caps = {"naive": cfg.naive_events, "faust": cfg.faust_events, "quix-apply": cfg.quix_apply_events}
         for name in cfg.contenders:
+            if name in JVM_CONTENDERS and not jdk:
+                continue
             console_print(f"bench: {name} ...")
-            drains.append(bench.contender(name, min(cfg.events, caps.get(name, cfg.events))))
+            events = min(cfg.events, caps.get(name, cfg.events))
+            if name in JVM_CONTENDERS:
+                drains.append(bench.jvm_contender(name, *JVM_CONTENDERS[name]))
+            elif name.startswith("quix-"):
+                drains.append(bench.quix_contender(name, events))
+            else:
+                drains.append(bench.contender(name, events))
+        if cfg.broker_tools and jdk:
+            console_print("bench: the broker alone (ConsumerPerformance, ProducerPerformance, EndToEndLatency) ...")
+            report["broker_alone"] = bench.broker_alone()
         tree = checkout_revision(cfg.before, bench.work / "before") if cfg.before else None
         if cfg.before and tree is None:
             report["before"] = {"revision": cfg.before, "skipped": "this clone does not have that revision"}
@@ -367,7 +455,8 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
             drains.append(bench.generic_drain(cfg.generic_events))
         if cfg.text is not None:
             report["text"] = run_text_bench(bench, cfg.text, console_print)
-        limit = next((d.rate for d in drains if d.name == "passthrough"), None)
+        limit = pass_through_limit(drains)
+        report["limit"] = limit
         report["drain"] = [{**asdict(d), "rate": d.rate, "ratio_to_limit": (d.rate / limit) if limit else None,
                             "rss_growth": d.rss_growth()} for d in drains]
         capacity = next(d.rate for d in drains if d.name == "worker-default")
@@ -393,6 +482,11 @@ def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: st
                     console_print(f"bench: latency at {load:.0%} load, max_wait_ms={wait:g}, {policy} batches ...")
                     extra = [] if policy == "adaptive" else ["--batch-policy", "fixed"]
                     report["latency"].append(bench.latency(capacity, load, wait, extra, "" if extra else "-fixed"))
+                    if policy == "adaptive" and load in cfg.floor_loads:
+                        console_print(f"bench: the broker's own latency floor at {load:.0%} load ...")
+                        floor = measure_floor(servers, capacity * load, cfg.latency_seconds, cfg.warmup_seconds,
+                                              wait)
+                        report.setdefault("floor", []).append({**floor, "load": load})
     except BaseException:
         if bench is not None:
             console_print(f"bench: worker logs and summaries kept in {bench.work}")

@@ -26,7 +26,13 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from stream.bench.report import format_before, format_latency, format_methods, format_table
+    from stream.bench.report import (
+        format_before,
+        format_broker_alone,
+        format_latency,
+        format_methods,
+        format_table,
+    )
 
     def table(rows: list[list[str]]) -> list[str]:
         return ["| " + " | ".join(row) + " |" for row in [rows[0], ["---"] * len(rows[0]), *rows[1:]]]
@@ -36,9 +42,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"{v['confluent_kafka']}, librdkafka {v['librdkafka']}, broker {v['broker']}; "
              f"{report['config']['events']:,} pre-produced events", "", *table(format_table(report)), ""]
     lines += [f"- {line}" for line in format_methods(report)]
-    before = format_before(report)
-    if before:
-        lines += ["", before]
+    for line in (format_before(report), format_broker_alone(report)):
+        if line:
+            lines += ["", line]
     if report.get("latency"):
         lines += ["", f"Latency under load (loads are fractions of {report['capacity']:,.0f} events/s, the smaller of "
                       "the default drain and the live rate):", "", *table(format_latency(report))]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.bench.report import format_before, format_latency, format_methods, format_table
+from stream.bench.report import format_before, format_broker_alone, format_latency, format_methods, format_table
 from stream.bench.revisions import ROOT, checkout_revision
 from stream.bench.runner import BenchConfig, run_bench
 from stream.bench.summarize import markdown
@@ -22,23 +22,39 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path: Path) -> None:
     cfg = BenchConfig(events=5_000, naive_events=100, faust_events=1_000, latency_seconds=1.0, warmup_seconds=0.5,
                       loads=(0.1, 0.5), fixed_policy_loads=(0.1,), waits_ms=(5.0,), results=tmp_path / "results",
-                      generic_events=2_000, before="HEAD", before_rounds=2, text=quick_text_config())
+                      generic_events=2_000, before="HEAD", before_rounds=2, text=quick_text_config(),
+                      end_to_end_records=200)
     worktrees = _worktrees()
     report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
-    assert names == ["passthrough", "naive", "faust", "handtuned", "worker-default", "worker-before", "worker-best",
-                     "worker-best-x2", "worker-generic", "worker-live"]
+    assert names == ["passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust", "handtuned",
+                     "quix-apply", "quix-sink", "worker-default", "worker-before", "worker-best", "worker-best-x2",
+                     "worker-generic", "worker-live"]
+    rates = {d["name"]: d["rate"] for d in report["drain"]}
+    # The pass-through limit is the faster JVM loop; every row is divided by it, Quix's best and the broker's own.
+    assert report["limit"] == max(rates["jvm-flush"], rates["jvm-pipelined"])
+    alone = report["broker_alone"]
+    assert alone["consume"]["records"] >= 5_000 and alone["consume"]["fetch_records_per_s"] > 0
+    assert alone["produce"]["records"] == 5_000 and alone["produce"]["records_per_s"] > 0
+    assert alone["record_size"] > 100 and alone["end_to_end"]["p50_ms"] <= alone["end_to_end"]["p99_ms"]
+    assert "ConsumerPerformance" in (format_broker_alone(report) or "")
+    row = format_table(report)[names.index("worker-default") + 1]
+    assert row[4:8] == [f"{rates['worker-default'] / ref:.2f}" for ref in (
+        report["limit"], max(rates["quix-apply"], rates["quix-sink"]), alone["consume"]["fetch_records_per_s"],
+        alone["produce"]["records_per_s"])]
+    # The broker's latency floor beside the adaptive steps at 10 % and 50 % load.
+    assert [(f["load"], f["max_wait_ms"]) for f in report["floor"]] == [(0.1, 5.0), (0.5, 5.0)]
+    assert all(f["events"] > 0 and f["p50_ms"] <= f["p99_ms"] for f in report["floor"])
     # The demo layout against a revision's worker (here HEAD's, built in a worktree that is gone afterwards).
     before = report["before"]
     assert before["rounds"] == 2 and len(before["current_rates"]) == len(before["before_rates"]) == 2
-    assert report["drain"][4]["rate"] == min(before["current_rates"])  # the lower middle of two
-    assert report["drain"][5]["rate"] == min(before["before_rates"])
+    assert rates["worker-default"] == min(before["current_rates"])  # the lower middle of two
+    assert rates["worker-before"] == min(before["before_rates"])
     assert before["pair_ratios"] == [c / b for c, b in zip(before["current_rates"], before["before_rates"],
                                                                    strict=True)]
     assert "median drain ratio" in (format_before(report) or "")
     assert _worktrees() == worktrees
     # The latency steps' loads are fractions of the smaller of the drain and the live (generator running) rate.
-    rates = {d["name"]: d["rate"] for d in report["drain"]}
     assert report["capacity_drain"] == rates["worker-default"] and report["capacity_live"] == rates["worker-live"]
     assert report["capacity"] == min(rates["worker-default"], rates["worker-live"])
     assert {r["offered_rate"] for r in report["latency"]} == {report["capacity"] * 0.1, report["capacity"] * 0.5}

@@ -1,0 +1,122 @@
+"""Exactly-once against at-least-once: ``python -m stream.bench.guarantees``.
+
+The worker at defaults drains the same pre-produced demo events under ``--guarantee at-least-once`` and
+``--guarantee exactly-once`` in interleaved rounds (at-least-once first in even rounds, second in odd ones), each
+a fresh consumer group and output topic on one local Apache Kafka; with ``--streams``, a Kafka Streams
+``stream(in).to(out)`` pass-through (``stream/bench/jvm/StreamsPassThrough.java``) does the same under
+``at_least_once`` and ``exactly_once_v2`` in each round. Prints every drain and the exactly-once / at-least-once
+ratio of each round and of the medians, and writes them to ``--results`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stream.bench.report import Drain
+from stream.bench.revisions import ROOT
+from stream.bench.runner import Bench, BenchConfig
+
+GUARANTEES = ("at-least-once", "exactly-once")
+
+
+def ratios(drains: list[dict[str, Any]], contender: str) -> dict[str, Any]:
+    """Per round and over the medians: the exactly-once drain rate over the at-least-once one of ``contender``."""
+    rate = {(d["round"], d["guarantee"]): d["rate"] for d in drains if d["contender"] == contender}
+    rounds = sorted({r for r, _ in rate})
+    pairs = [rate[(r, "exactly-once")] / rate[(r, "at-least-once")] for r in rounds]
+    medians = {g: statistics.median(rate[(r, g)] for r in rounds) for g in GUARANTEES}
+    return {"pair_ratios": pairs, "medians": medians,
+            "ratio": medians["exactly-once"] / medians["at-least-once"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stream.bench.guarantees", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="drains of each guarantee, interleaved (3)")
+    parser.add_argument("--streams", action="store_true",
+                        help="also a Kafka Streams pass-through under both guarantees (needs a JDK and Maven)")
+    parser.add_argument("--bootstrap-servers", default=None, help="default: start a local Apache Kafka")
+    parser.add_argument("--results", type=Path, default=None, help="write the drains here as JSON")
+    parser.add_argument("worker_args", nargs="*", help="extra worker flags for both guarantees (after --)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.events < 1:
+        parser.error("--rounds and --events must be at least 1")
+    from stream.broker import start_kafka
+    from stream.kafka_config import KafkaHeap
+    from stream.models.demo import DEFAULT_MODEL_DIR
+    from stream.models.train_demo import ensure_trained
+
+    rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    model_dir = ensure_trained(DEFAULT_MODEL_DIR)
+    if args.streams:  # resolved and compiled before any timing
+        from stream.bench.jvm import ensure_compiled
+
+        ensure_compiled()
+    broker = None if args.bootstrap_servers else start_kafka(heap=KafkaHeap.for_benchmark())
+    bench: Bench | None = None
+    try:
+        bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
+        bench = Bench(bootstrap, BenchConfig(events=args.events), model_dir,
+                      broker.pid if broker is not None else None)
+        bench.prepare()
+        drains: list[dict[str, Any]] = []
+
+        def record(r: int, contender: str, guarantee: str, drain: Drain) -> None:
+            drains.append({"round": r, "contender": contender, "guarantee": guarantee, "events": drain.events,
+                           "seconds": drain.seconds, "rate": drain.rate, "mean_batch_size": drain.mean_batch_size,
+                           "transactions": drain.transactions})
+            txns = f", {drain.transactions:,} transactions" if drain.transactions else ""
+            print(f"round {r} {contender} {guarantee}: {drain.events:,} events in {drain.seconds:.2f} s, "
+                  f"{drain.rate:,.0f} events/s{txns}", flush=True)
+
+        for r in range(args.rounds):
+            order = GUARANTEES if r % 2 == 0 else GUARANTEES[::-1]
+            for guarantee in order:
+                name = f"worker-{guarantee}-{r}"
+                record(r, "worker", guarantee,
+                       bench.worker_drain(name, ["--guarantee", guarantee, *args.worker_args]))
+            if args.streams:
+                for guarantee in order:
+                    record(r, "kafka-streams", guarantee, bench.jvm_contender(
+                        f"streams-{guarantee}-{r}", "StreamsPassThrough", "--guarantee", guarantee))
+        report: dict[str, Any] = {
+            "method": f"{args.rounds} interleaved rounds of drains of {args.events:,} pre-produced demo events on "
+                      "one local Apache Kafka, a fresh group and output topic each; the worker at defaults with "
+                      "--stop-at-end (timed from its first consumed record to its last commit)"
+                      + ("; Kafka Streams stream(in).to(out), one stream thread" if args.streams else ""),
+            "revision": rev, "worker_args": args.worker_args, "drains": drains,
+            "worker": ratios(drains, "worker"), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if args.streams:
+            report["kafka-streams"] = ratios(drains, "kafka-streams")
+        for contender in ("worker", "kafka-streams") if args.streams else ("worker",):
+            c = report[contender]
+            print(f"{contender}: median at-least-once {c['medians']['at-least-once']:,.0f} events/s, exactly-once "
+                  f"{c['medians']['exactly-once']:,.0f}: exactly-once / at-least-once {c['ratio']:.2f} (rounds "
+                  + ", ".join(f"{x:.2f}" for x in c["pair_ratios"]) + ")", flush=True)
+        if args.results is not None:
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(json.dumps(report, indent=2) + "\n")
+        return 0
+    except BaseException:
+        if bench is not None:
+            print(f"worker logs kept in {bench.work}", file=sys.stderr)
+        raise
+    finally:
+        if broker is not None:
+            broker.stop()
+        if bench is not None:
+            shutil.rmtree(bench.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

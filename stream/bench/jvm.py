@@ -1,0 +1,169 @@
+"""The benchmark's JVM contenders and the broker's own tools: kafka-clients pass-throughs and a Kafka Streams
+topology (Java sources in ``stream/bench/jvm/``, compiled here with the JDK), and Kafka's ``ConsumerPerformance``,
+``ProducerPerformance`` and ``EndToEndLatency`` (kafka-tools). Their jars come from Maven Central into the cache,
+like the broker's; the compiled classes are cached by a hash of the sources."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from stream.broker import KAFKA_VERSION, SLF4J_VERSION, cache_dir
+from stream.errors import BrokerError
+
+log = logging.getLogger(__name__)
+SOURCES = Path(__file__).resolve().parent / "jvm"
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.stream</groupId><artifactId>kafka-bench-runtime</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-streams</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-nop</artifactId><version>{slf4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+def bench_libs_dir() -> Path:
+    return cache_dir() / f"kafka-{KAFKA_VERSION}" / "bench-libs"
+
+
+def ensure_bench_jars() -> Path:
+    """kafka-streams and kafka-tools (with their dependencies) from Maven Central, once; returns the folder."""
+    libs = bench_libs_dir()
+    if (libs / ".complete").is_file():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None or shutil.which("java") is None:
+        raise BrokerError("the JVM contenders need `java` (17+) and `mvn` on PATH")
+    home = libs.parent / "bench-pom"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION))
+    log.info("resolving kafka-streams and kafka-tools %s with Maven into %s", KAFKA_VERSION, libs)
+    proc = subprocess.run(
+        [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+        cwd=home, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"maven could not resolve the benchmark's Kafka jars:\n{proc.stdout[-2000:]}"
+                          f"{proc.stderr[-2000:]}")
+    (libs / ".complete").write_text(KAFKA_VERSION + "\n")
+    return libs
+
+
+def ensure_compiled() -> Path:
+    """The contenders' classes, compiled with ``javac`` against the benchmark's jars (once per source hash)."""
+    sources = sorted(SOURCES.glob("*.java"))
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:16]
+    out = cache_dir() / f"kafka-{KAFKA_VERSION}" / f"bench-classes-{digest}"
+    if (out / ".complete").is_file():
+        return out
+    javac = shutil.which("javac")
+    if javac is None:
+        raise BrokerError("the JVM contenders need `javac` (a JDK 17+) on PATH")
+    libs = ensure_bench_jars()
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([javac, "-d", str(out), "-cp", f"{libs}/*", "--release", "17", *map(str, sources)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    (out / ".complete").write_text(digest + "\n")
+    return out
+
+
+def java_command(main_class: str, *args: str, heap_mib: int = 1024) -> list[str]:
+    """``java`` with the benchmark's jars and classes on the class path, running ``main_class``."""
+    java = shutil.which("java") or "java"
+    classpath = f"{ensure_compiled()}:{ensure_bench_jars()}/*"
+    return [java, f"-Xms{heap_mib}m", f"-Xmx{heap_mib}m", "-XX:+UseG1GC", "-cp", classpath, main_class, *args]
+
+
+def run_contender(main_class: str, args: list[str], timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Run a JVM contender; its JSON result line (``events``, ``first_ts``, ``last_ts``)."""
+    proc = subprocess.run(java_command(main_class, *args), capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"events"')]
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{main_class} failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return dict(json.loads(found[-1]))
+
+
+# ---------------------------------------------------------------------------------------- the broker's own tools
+def _tool(main_class: str, args: list[str], timeout_s: float) -> str:
+    proc = subprocess.run(java_command(f"org.apache.kafka.tools.{main_class}", *args, heap_mib=512),
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{main_class} failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def consumer_performance(bootstrap: str, topic: str, records: int, group: str,
+                         timeout_s: float = 1800.0) -> dict[str, float]:
+    """Kafka's ``ConsumerPerformance``: ``records`` consumed from ``topic`` by one consumer; its records/s over
+    the fetch time (``fetch.nMsg.sec``, without the group join) and over the whole run (``nMsg.sec``)."""
+    out = _tool("ConsumerPerformance", ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records",
+                                        str(records), "--group", group, "--timeout", "60000"], timeout_s)
+    return parse_consumer_performance(out)
+
+
+def parse_consumer_performance(out: str) -> dict[str, float]:
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("start.time"))
+    names = [n.strip() for n in lines[header].split(",")]
+    values = [v.strip() for v in lines[header + 1].split(",")]
+    row = dict(zip(names, values, strict=True))
+    return {"records": float(row["data.consumed.in.nMsg"]), "records_per_s": float(row["nMsg.sec"]),
+            "fetch_records_per_s": float(row["fetch.nMsg.sec"]), "mb_per_s": float(row["MB.sec"])}
+
+
+def producer_performance(bootstrap: str, topic: str, records: int, record_size: int,
+                         timeout_s: float = 1800.0) -> dict[str, float]:
+    """Kafka's ``ProducerPerformance``: ``records`` of ``record_size`` bytes as fast as the broker takes them,
+    with the worker's producer settings (acks=all, idempotent, lz4, 5 ms linger)."""
+    out = _tool("ProducerPerformance", [
+        "--topic", topic, "--num-records", str(records), "--record-size", str(record_size), "--throughput", "-1",
+        "--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "enable.idempotence=true",
+        "compression.type=lz4", "linger.ms=5"], timeout_s)
+    return parse_producer_performance(out)
+
+
+_PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+                       r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99.9th")
+
+
+def parse_producer_performance(out: str) -> dict[str, float]:
+    found = [m for m in (_PRODUCED.search(ln) for ln in out.splitlines()) if m]
+    if not found:
+        raise RuntimeError(f"no ProducerPerformance summary in: {out[-1000:]}")
+    m = found[-1]
+    return {"records": float(m[1]), "records_per_s": float(m[2]), "mb_per_s": float(m[3]),
+            "avg_latency_ms": float(m[4]), "p50_ms": float(m[6]), "p99_ms": float(m[8]), "p999_ms": float(m[9])}
+
+
+def end_to_end_latency(bootstrap: str, topic: str, records: int, record_size: int,
+                       timeout_s: float = 900.0) -> dict[str, float]:
+    """Kafka's ``EndToEndLatency``: one record at a time, sent with acks=all and waited for, then consumed;
+    p50/p99/p99.9 in whole milliseconds, as the tool prints them."""
+    out = _tool("EndToEndLatency", ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records",
+                                    str(records), "--producer-acks", "all", "--record-size", str(record_size)],
+                timeout_s)
+    return parse_end_to_end_latency(out)
+
+
+_E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
+_E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99.9th = (\d+)")
+
+
+def parse_end_to_end_latency(out: str) -> dict[str, float]:
+    avg, pct = _E2E_AVG.search(out), _E2E_PCT.search(out)
+    if avg is None or pct is None:
+        raise RuntimeError(f"no EndToEndLatency summary in: {out[-1000:]}")
+    return {"avg_ms": float(avg[1]), "p50_ms": float(pct[1]), "p99_ms": float(pct[2]), "p999_ms": float(pct[3])}
