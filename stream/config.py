@@ -168,7 +168,7 @@ class WorkerSettings(BaseSettings):
         default=True,
         description="take input records through the C extension stream._nativeconsume (whole batches from "
                     "librdkafka into one buffer, no Message object per record) where it is built; the "
-                    "confluent-kafka consumer keeps the group, commits and callbacks; at-least-once only")
+                    "confluent-kafka consumer keeps the group, commits, seeks and callbacks")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -29,13 +29,7 @@ class Intake:
     @classmethod
     def open(cls, consumer: Consumer, settings: WorkerSettings, clock: Callable[[], float]) -> Intake:
         """The C consumer when it can be used, else confluent-kafka's; logs the choice."""
-        why_not = None
-        if not settings.native_consumer:
-            why_not = "--no-native-consumer"
-        elif settings.exactly_once:
-            why_not = "exactly-once (its rewinds are tested with confluent-kafka's consume)"
-        else:
-            why_not = native.unavailable()
+        why_not = "--no-native-consumer" if not settings.native_consumer else native.unavailable()
         if why_not is None:
             try:
                 source = native.NativeInput(consumer, settings.input_topic)
