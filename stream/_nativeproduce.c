@@ -169,6 +169,32 @@ static int enter(Producer *self) {
     return 0;
 }
 
+/* Points msgs[i] at value i of ``values`` (``end``: each value's end offset in it) and at key i of ``keys``
+ * (bytes or None), everything else zeroed. -1 with an exception set on bad input. */
+static int fill_messages(rd_kafka_message_t *msgs, Py_ssize_t n, const Py_buffer *values, const int64_t *end,
+                         PyObject *keys) {
+    int64_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (end[i] < start) {
+            PyErr_SetString(PyExc_ValueError, "ends must not decrease");
+            return -1;
+        }
+        memset(&msgs[i], 0, sizeof msgs[i]);
+        msgs[i].payload = (char *)values->buf + start;
+        msgs[i].len = (size_t)(end[i] - start);
+        start = end[i];
+        if (PyBytes_Check(key)) {
+            msgs[i].key = PyBytes_AS_STRING(key);
+            msgs[i].key_len = (size_t)PyBytes_GET_SIZE(key);
+        } else if (key != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* produce(values, ends, keys, slots) -> records enqueued. values: one buffer holding every value back to back;
  * ends: int64 end offset of each value in it; keys: list of bytes or None; slots: int32 slot of each record.
  * A full local queue is waited out by serving delivery reports (1 ms polls) until everything is enqueued or
@@ -201,22 +227,11 @@ static PyObject *Producer_produce(Producer *self, PyObject *args) {
         self->msgs_cap = n;
     }
     rd_kafka_message_t *msgs = self->msgs;
-    int64_t start = 0;
+    if (fill_messages(msgs, n, &values, end, keys) < 0)
+        goto out;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (end[i] < start || slot[i] < 0 || slot[i] >= self->nslots) {
-            PyErr_SetString(PyExc_ValueError, "ends must not decrease and slots must be in range");
-            goto out;
-        }
-        memset(&msgs[i], 0, sizeof msgs[i]);
-        msgs[i].payload = (char *)values.buf + start;
-        msgs[i].len = (size_t)(end[i] - start);
-        start = end[i];
-        if (PyBytes_Check(key)) {
-            msgs[i].key = PyBytes_AS_STRING(key);
-            msgs[i].key_len = (size_t)PyBytes_GET_SIZE(key);
-        } else if (key != Py_None) {
-            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None");
+        if (slot[i] < 0 || slot[i] >= self->nslots) {
+            PyErr_SetString(PyExc_ValueError, "slots must be in range");
             goto out;
         }
         msgs[i]._private = (void *)(intptr_t)slot[i];
@@ -439,24 +454,8 @@ static PyObject *produce_into(PyObject *module, PyObject *args) {
         PyErr_NoMemory();
         goto out;
     }
-    int64_t start = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (end[i] < start) {
-            PyErr_SetString(PyExc_ValueError, "ends must not decrease");
-            goto out;
-        }
-        msgs[i].payload = (char *)values.buf + start;
-        msgs[i].len = (size_t)(end[i] - start);
-        start = end[i];
-        if (PyBytes_Check(key)) {
-            msgs[i].key = PyBytes_AS_STRING(key);
-            msgs[i].key_len = (size_t)PyBytes_GET_SIZE(key);
-        } else if (key != Py_None) {
-            PyErr_SetString(PyExc_TypeError, "keys must be bytes or None");
-            goto out;
-        }
-    }
+    if (fill_messages(msgs, n, &values, end, keys) < 0)
+        goto out;
     Py_ssize_t enqueued = n;
     int error = 0;
     Py_BEGIN_ALLOW_THREADS
