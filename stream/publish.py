@@ -145,6 +145,14 @@ class GuardedCalls:
             done.set()
 
 
+def _failed_transaction() -> TransactionError:
+    """librdkafka refuses records once the open transaction has failed (an abortable error reported by its
+    broker thread: e.g. the sequence gap left by requests an abort purged, which needs the epoch bump an abort
+    makes): abort it and rewind."""
+    return TransactionError("produce", KafkaError(
+        KafkaError._STATE, "the open transaction has failed and must be aborted", txn_requires_abort=True))
+
+
 class Publisher:
     """Wraps the confluent-kafka Producer; callers serve its delivery reports (see the module's docstring).
 
@@ -173,7 +181,7 @@ class Publisher:
         self._native_spans: dict[int, tuple[SpanDelivery, int]] = {}  # slot -> (its span's delivery, records)
         self._free_slots: list[int] = []
         # Exactly-once: the output topic whose records are enqueued in C on the transactional producer's handle.
-        self._native_txn_topic = native_topic if self.transactional else None
+        self._native_txn_topic = native_topic if self.transactional and native.unavailable() is None else None
         if native_topic is not None and not self.transactional:
             # Its librdkafka lines would go to stderr (a C client has no Python logger): only critical ones; the
             # other producer and the consumer, on the same brokers, report the rest through the worker's log.
@@ -220,6 +228,10 @@ class Publisher:
                     # unconnected producer).
                     produce(topic, value, key, -1, callback, None, 0, hdrs)
                     break
+                except KafkaException as exc:
+                    if self.transactional and exc.args and exc.args[0].code() == KafkaError._STATE:
+                        raise _failed_transaction() from exc
+                    raise
                 except BufferError:
                     if self._closing:
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
@@ -270,6 +282,8 @@ class Publisher:
             at += enqueued
             if code == 0:
                 break
+            if code == KafkaError._STATE:
+                raise _failed_transaction()
             if code != KafkaError._QUEUE_FULL:
                 raise PublishError("produce", KafkaError(code))
             if self._closing:

@@ -94,6 +94,17 @@ class Transactions:
         try:
             processor.process(batch)
             faults.reach("after-produce")
+        except TransactionError as exc:
+            self._open = None
+            if exc.fatal or not exc.requires_abort:
+                with contextlib.suppress(TransactionError):
+                    publisher.abort_transaction(self.timeout_s)
+                raise
+            log.warning("transaction failed while producing, rewinding to the last committed offsets: %s", exc)
+            publisher.abort_transaction(self.timeout_s)
+            self._metrics.transactions_aborted.inc()
+            self.rewind_after = txn.epoch
+            return
         except BaseException:
             self._open = None
             with contextlib.suppress(TransactionError):

@@ -339,3 +339,26 @@ def test_a_failed_worker_aborts_the_open_transaction_instead_of_committing_it() 
     stage.start()
     stage.finish(Deadline(30.0))
     assert publisher.calls == ["begin", "abort"] and tracker.committable() == {}
+
+
+def test_a_transaction_that_fails_while_producing_is_aborted_and_rewound_not_fatal() -> None:
+    """librdkafka refuses records once the open transaction has failed (e.g. the sequence gap an earlier abort's
+    purged requests leave): the publisher says so as an abortable TransactionError, and the batches are rewound."""
+    from stream.publish import _failed_transaction
+
+    metrics = StreamMetrics()
+    txns = Transactions(metrics, TOPIC, 60.0, clock=lambda: 0.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = TxnPublisher()
+
+    def process(batch: Dispatched) -> None:
+        if len(batch.records) == 3:
+            raise _failed_transaction()
+
+    processor = SimpleNamespace(process=process)
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    txns.process(span_batch(tracker, publisher, {0: (2, 4)}), processor, publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "abort"] and not txns.is_open()
+    assert txns.pending() and txns.stale(0) and metrics.transactions_aborted._value.get() == 1
+    assert tracker.committable() == {}
