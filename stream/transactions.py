@@ -95,20 +95,14 @@ class Transactions:
             processor.process(batch)
             faults.reach("after-produce")
         except TransactionError as exc:
-            self._open = None
             if exc.fatal or not exc.requires_abort:
-                with contextlib.suppress(TransactionError):
-                    publisher.abort_transaction(self.timeout_s)
+                self.abort(publisher)
                 raise
-            log.warning("transaction failed while producing, rewinding to the last committed offsets: %s", exc)
-            publisher.abort_transaction(self.timeout_s)
-            self._metrics.transactions_aborted.inc()
-            self.rewind_after = txn.epoch
+            self._open = None
+            self._abort_and_rewind(publisher, txn.epoch, exc)
             return
         except BaseException:
-            self._open = None
-            with contextlib.suppress(TransactionError):
-                publisher.abort_transaction(self.timeout_s)
+            self.abort(publisher)
             raise
         for partition, delivery in batch.deliveries.items():
             txn.offsets[partition] = delivery.span.last + 1  # batches of a partition come in offset order
@@ -146,10 +140,7 @@ class Transactions:
             timed_out_before_commit = exc.operation == "send offsets to transaction" and exc.retriable
             if exc.fatal or not (exc.requires_abort or timed_out_before_commit):
                 raise
-            log.warning("transaction aborted, rewinding to the last committed offsets: %s", exc)
-            publisher.abort_transaction(timeout_s)
-            self._metrics.transactions_aborted.inc()
-            self.rewind_after = txn.epoch
+            self._abort_and_rewind(publisher, txn.epoch, exc)
             return
         except BaseException:
             with contextlib.suppress(TransactionError):
@@ -163,6 +154,13 @@ class Transactions:
                         "raise it or lower --max-batch-size", elapsed, timeout_s)
         for delivery in txn.deliveries:
             delivery.acknowledge_all()
+
+    def _abort_and_rewind(self, publisher: Publisher, epoch: int, error: TransactionError) -> None:
+        """An abortable error: abort the transaction and have the batches of ``epoch`` consumed again."""
+        log.warning("transaction aborted, rewinding to the last committed offsets: %s", error)
+        publisher.abort_transaction(self.timeout_s)
+        self._metrics.transactions_aborted.inc()
+        self.rewind_after = epoch
 
     def abort(self, publisher: Publisher) -> None:
         """Abort the open transaction, if any, without a rewind: the worker is failing."""

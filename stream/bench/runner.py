@@ -121,13 +121,7 @@ class Bench:
                self.input, "--output", out, "--group", f"bench-{name}-{self.run}", "--events", str(events),
                "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH), "--wait-ms", str(PEER_WAIT_MS),
                "--data-dir", str(self.work / f"{name}-data")]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-        # faust routes print() through its logger (stderr): look for the result line in both streams.
-        found = [ln[ln.index('{"events"'):] for ln in (proc.stdout + proc.stderr).splitlines() if '{"events"' in ln]
-        if not found:
-            raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        result = json.loads(found[0])
-        return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
+        return _drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False))
 
     def quix_contender(self, name: str, events: int) -> Drain:
         """A Quix Streams contender (`stream.bench.quix`, in its own venv) draining ``events``."""
@@ -137,12 +131,8 @@ class Bench:
         cmd, env = quix.command(name, ["--bootstrap", self.bootstrap, "--input", self.input, "--output", out,
                                        "--group", f"bench-{name}-{self.run}", "--events", str(events),
                                        "--model-dir", str(self.model_dir)])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
-        found = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"events"')]
-        if proc.returncode != 0 or not found:
-            raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        result = json.loads(found[-1])
-        return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
+        return _drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env,
+                                              check=False))
 
     def broker_alone(self) -> dict[str, Any]:
         """Kafka's own tools on this broker: consume the pre-produced topic, produce as many records of the demo
@@ -344,6 +334,16 @@ class Bench:
             # The broker's stop-the-world collections in the same window (None: no log of a broker of our own).
             "broker_gc": gc_pauses(self.broker_gc_log, *window) if self.broker_gc_log is not None else None,
         }
+
+
+def _drain_of(name: str, proc: subprocess.CompletedProcess[str]) -> Drain:
+    """A contender process's drain, from the JSON line it printed (``events``, ``first_ts``, ``last_ts``). faust
+    routes print() through its logger (stderr): the line is looked for in both streams."""
+    found = [ln[ln.index('{"events"'):] for ln in (proc.stdout + proc.stderr).splitlines() if '{"events"' in ln]
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    result = json.loads(found[-1])
+    return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
 
 
 def mean_event_bytes(sample: int = 10_000) -> int:
