@@ -6,6 +6,14 @@ a fresh consumer group and output topic on one local Apache Kafka; with ``--stre
 ``stream(in).to(out)`` pass-through (``stream/bench/jvm/StreamsPassThrough.java``) does the same under
 ``at_least_once`` and ``exactly_once_v2`` in each round. Prints every drain and the exactly-once / at-least-once
 ratio of each round and of the medians, and writes them to ``--results`` as JSON.
+
+Then the latency a ``read_committed`` reader pays: at each of ``--latency-loads`` (fractions of the worker's
+live at-least-once capacity, measured first as ``make bench`` does), the worker under each guarantee with a
+paced load generator and a separate ``read_committed`` reader process on the output topic; per guarantee, the
+p50/p99/p99.9 from an input record's append to its prediction's append (*pipeline*) and to the reader's receipt
+of it (*visible*). Under at-least-once the two differ by the reader's own fetch; under exactly-once also by the
+wait for the transaction's commit, so exactly-once's visible p99 minus at-least-once's at the same load is what
+transactions add for such readers.
 """
 
 from __future__ import annotations
@@ -37,6 +45,39 @@ def ratios(drains: list[dict[str, Any]], contender: str) -> dict[str, Any]:
             "ratio": medians["exactly-once"] / medians["at-least-once"]}
 
 
+VISIBLE_KEYS = ("load", "offered_rate", "achieved_rate", "events", "p50_ms", "p99_ms", "p999_ms",
+                "visible_isolation", "visible_p50_ms", "visible_p99_ms", "visible_p999_ms", "mean_batch_size",
+                "transactions", "batches_per_transaction", "cpu_cores", "broker_gc")
+
+
+def visibility_steps(bench: Bench, loads: list[float], capacity: float | None,
+                     worker_args: list[str]) -> dict[str, Any]:
+    """The read_committed latency steps (see the module's doc), guarantees interleaved per load."""
+    if capacity is None:
+        print("live at-least-once capacity ...", flush=True)
+        capacity = bench.live_capacity(min(bench.cfg.events, bench.cfg.live_events)).rate
+    steps: list[dict[str, Any]] = []
+    for i, load in enumerate(loads):
+        for guarantee in GUARANTEES if i % 2 == 0 else GUARANTEES[::-1]:
+            step = bench.latency(capacity, load, bench.cfg.waits_ms[0], ["--guarantee", guarantee, *worker_args],
+                                 f"-{guarantee}", reader="read_committed")
+            steps.append({"guarantee": guarantee, **{k: step[k] for k in VISIBLE_KEYS if k in step}})
+            txns = (f", {step['transactions']:,.0f} transactions of {step['batches_per_transaction']:.2f} batches"
+                    if "transactions" in step else "")
+            print(f"{load:.0%} load ({step['offered_rate']:,.0f} events/s) {guarantee}: pipeline p50/p99/p99.9 "
+                  f"{step['p50_ms']:.0f}/{step['p99_ms']:.0f}/{step['p999_ms']:.0f} ms, read_committed visible "
+                  f"{step['visible_p50_ms']:.0f}/{step['visible_p99_ms']:.0f}/{step['visible_p999_ms']:.0f} ms"
+                  f"{txns}", flush=True)
+    added = {}
+    for load in loads:
+        by = {s["guarantee"]: s for s in steps if s["load"] == load}
+        added[str(load)] = by["exactly-once"]["visible_p99_ms"] - by["at-least-once"]["visible_p99_ms"]
+        print(f"{load:.0%} load: exactly-once adds {added[str(load)]:+.0f} ms to a read_committed reader's p99",
+              flush=True)
+    return {"capacity": capacity, "max_wait_ms": bench.cfg.waits_ms[0], "steps": steps,
+            "added_visible_p99_ms": added}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stream.bench.guarantees", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,10 +87,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="also a Kafka Streams pass-through under both guarantees (needs a JDK and Maven)")
     parser.add_argument("--bootstrap-servers", default=None, help="default: start a local Apache Kafka")
     parser.add_argument("--results", type=Path, default=None, help="write the drains here as JSON")
+    parser.add_argument("--latency-loads", default="0.1,0.5,0.9",
+                        help="fractions of the live at-least-once capacity for the read_committed latency steps, "
+                             "comma-separated (0.1,0.5,0.9); empty: none")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="measured seconds per step (10)")
+    parser.add_argument("--capacity", type=float, default=None,
+                        help="events/s the loads are fractions of (default: measure the live capacity)")
     parser.add_argument("worker_args", nargs="*", help="extra worker flags for both guarantees (after --)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.events < 1:
         parser.error("--rounds and --events must be at least 1")
+    try:
+        loads = [float(x) for x in args.latency_loads.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--latency-loads: not a comma-separated list of numbers: {args.latency_loads!r}")
+    if any(not 0 < x <= 1 for x in loads) or args.latency_seconds <= 0 or (args.capacity or 1) <= 0:
+        parser.error("--latency-loads must be in (0, 1], --latency-seconds and --capacity positive")
     from stream.broker import start_kafka
     from stream.kafka_config import KafkaHeap
     from stream.models.demo import DEFAULT_MODEL_DIR
@@ -66,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     bench: Bench | None = None
     try:
         bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
-        bench = Bench(bootstrap, BenchConfig(events=args.events), model_dir,
-                      broker.pid if broker is not None else None)
+        bench = Bench(bootstrap, BenchConfig(events=args.events, latency_seconds=args.latency_seconds), model_dir,
+                      broker.pid if broker is not None else None, broker.gc_log if broker is not None else None)
         bench.prepare()
         drains: list[dict[str, Any]] = []
 
@@ -98,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             "worker": ratios(drains, "worker"), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         if args.streams:
             report["kafka-streams"] = ratios(drains, "kafka-streams")
+        if loads:
+            report["visibility"] = visibility_steps(bench, loads, args.capacity, args.worker_args)
         for contender in ("worker", "kafka-streams") if args.streams else ("worker",):
             c = report[contender]
             print(f"{contender}: median at-least-once {c['medians']['at-least-once']:,.0f} events/s, exactly-once "

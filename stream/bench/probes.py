@@ -131,8 +131,9 @@ def read_all(bootstrap: str, topic: str, count: int, deadline: float) -> list[Me
 
 def read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: int,
                     timeout_s: float = 180.0) -> tuple[np.ndarray, bool]:
-    """Rows of (event ts_ms, pipeline ms, from-event ms, batch size), one per prediction, and whether every
-    timestamp was the broker's append time (a broker that ignores LogAppendTime gives producers' CreateTime).
+    """Rows of (event ts_ms, pipeline ms, from-event ms, batch size, input append ms, output partition, output
+    offset), one per prediction, and whether every timestamp was the broker's append time (a broker that ignores
+    LogAppendTime gives producers' CreateTime).
 
     Pipeline latency joins each prediction to its input record through the input partition and offset that
     the prediction carries."""
@@ -144,14 +145,33 @@ def read_latencies(bootstrap: str, input_topic: str, output_topic: str, count: i
         log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
         appended[(m.partition(), m.offset())] = ts
     registry = SchemaRegistry.from_dir()
-    rows = np.empty((count, 4), dtype=np.float64)
+    rows = np.empty((count, 7), dtype=np.float64)
     for i, m in enumerate(read_all(bootstrap, output_topic, count, deadline)):
         ts_type, ts = m.timestamp()
         log_append = log_append and ts_type == TIMESTAMP_LOG_APPEND_TIME
         record = decode(registry, m.value())[1]
         source = input_source(record, headers_of(m))[1:]
-        rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"])
+        rows[i] = (record["event_ts_ms"], ts - appended[source], ts - record["event_ts_ms"], record["batch_size"],
+                   appended[source], m.partition(), m.offset())
     return rows, log_append
+
+
+def visible_latencies(rows: np.ndarray, receipts: np.ndarray) -> np.ndarray:
+    """For each row of :func:`read_latencies`, ms from its input record's append to a reader's receipt of its
+    prediction (``receipts``: rows of (partition, offset, receipt ms) from ``stream.bench.visibility``). A
+    prediction the reader never got raises: the reader is given the same count and must have read them all."""
+    def key(partition: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        return partition.astype(np.int64) * (1 << 40) + offset.astype(np.int64)
+
+    got = key(receipts[:, 0], receipts[:, 1])
+    order = np.argsort(got)
+    want = key(rows[:, 5], rows[:, 6])
+    at = np.clip(np.searchsorted(got[order], want), 0, max(len(got) - 1, 0))
+    if len(got) == 0 or not np.array_equal(got[order][at], want):
+        missing = int(np.sum(got[order][at] != want)) if len(got) else len(want)
+        raise RuntimeError(f"the reader did not receive {missing} of {len(want)} predictions")
+    visible: np.ndarray = receipts[order[at], 2] - rows[:, 4]
+    return visible
 
 
 _GC_PAUSE = re.compile(r"^\[(\d+)ms\].*\bGC\(\d+\) Pause .* (\d+(?:\.\d+)?)ms$")

@@ -32,6 +32,7 @@ from stream.bench.probes import (
     read_latencies,
     rss_mib,
     scrape,
+    visible_latencies,
     wait_assigned,
 )
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
@@ -269,7 +270,7 @@ class Bench:
 
     # ------------------------------------------------------------------ latency under load
     def latency(self, capacity: float, load: float, wait_ms: float, extra: list[str] | None = None,
-                label: str = "") -> dict[str, Any]:
+                label: str = "", reader: str | None = None) -> dict[str, Any]:
         """The worker under a steady offered load: a separate load-generator process paces events at
         ``load`` x ``capacity``; events of its first ``warmup_seconds`` (from the first event it stamped) are
         not counted (fetch start, first batches).
@@ -277,7 +278,11 @@ class Bench:
         Two latencies per prediction, both from broker clocks where possible: *pipeline* = input record's
         append time -> its prediction's append time (both topics LogAppendTime; what the worker controls);
         *from event* = the event's ``ts_ms`` (stamped by the generator) -> prediction append (adds the
-        upstream producer's linger and send)."""
+        upstream producer's linger and send).
+
+        ``reader`` (an ``isolation.level``): a third, *visible* = input append -> the moment a separate reader
+        process with that isolation (``stream.bench.visibility``, started before the load) received the
+        prediction; under exactly-once, ``read_committed`` readers wait for the transaction's commit."""
         tag = f"{int(load * 100)}-{int(wait_ms)}{label}"
         inp = self.topic(f"lat-in-{tag}", log_append_time=True)
         out = self.topic(f"lat-out-{tag}", log_append_time=True)
@@ -290,8 +295,12 @@ class Bench:
         rate = capacity * load
         warmup = self.cfg.warmup_seconds
         count = max(int(rate * (self.cfg.latency_seconds + warmup)), 1)
+        receipts_path = self.work / f"lat-{tag}-receipts.npy"
+        visibility: subprocess.Popen[str] | None = None
         try:
             wait_assigned(worker)
+            if reader is not None:
+                visibility = start_reader(self.bootstrap, out, count, reader, wait_ms, receipts_path)
             with CpuSampler() as sampler:
                 sampler.watch("worker", worker.pid)
                 sampler.watch("broker", self.broker_pid)
@@ -310,15 +319,29 @@ class Bench:
                 raise RuntimeError(f"load generator failed: {gen_out[-1000:]}{gen_err[-2000:]}")
             rows, log_append = read_latencies(self.bootstrap, inp, out, count)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            receipts = finish_reader(visibility, receipts_path) if visibility is not None else None
         finally:
+            if visibility is not None and visibility.poll() is None:
+                visibility.kill()
+                visibility.wait()
             worker.terminate()
         # Warm-up is timed from the first event the generator stamped: its own start-up (a Python process
         # importing numpy and the client, ~1 s here) is not load.
-        steady = rows[rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0]
+        counted = rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0
+        steady = rows[counted]
         # The same window for CPU: from the end of the warm-up to the last event the generator stamped.
         window = (rows[:, 0].min() / 1000.0 + warmup, rows[:, 0].max() / 1000.0)
         cpu = sampler.cores(*window)
         pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
+        seen: dict[str, Any] = {}
+        if receipts is not None:
+            visible = visible_latencies(rows, receipts)[counted]
+            seen = {"visible_isolation": reader,
+                    **{f"visible_{name}_ms": float(np.percentile(visible, q)) for name, q in PERCENTILES}}
+        batches = metric(metrics, "stream_transaction_batches_count")
+        if batches:
+            seen["transactions"] = batches
+            seen["batches_per_transaction"] = (metric(metrics, "stream_transaction_batches_sum") or 0.0) / batches
         return {
             "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
             "offered_rate": rate, "achieved_rate": generator_rate(gen_out), "events": len(steady),
@@ -333,7 +356,38 @@ class Bench:
             "cpu_cores": cpu,
             # The broker's stop-the-world collections in the same window (None: no log of a broker of our own).
             "broker_gc": gc_pauses(self.broker_gc_log, *window) if self.broker_gc_log is not None else None,
+            **seen,
         }
+
+
+def start_reader(bootstrap: str, topic: str, count: int, isolation: str, wait_ms: float,
+                 out: Path) -> subprocess.Popen[str]:
+    """A ``stream.bench.visibility`` process reading ``topic`` with ``isolation`` (``fetch.wait.max.ms`` as the
+    worker's), once it says it is fetching."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stream.bench.visibility", "--bootstrap-servers", bootstrap, "--topic", topic,
+         "--count", str(count), "--isolation", isolation, "--fetch-wait-ms", str(max(int(wait_ms), 1)),
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    line = proc.stdout.readline() if proc.stdout is not None else ""
+    if line.strip() != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        raise RuntimeError(f"visibility reader did not start: {line}{err[-2000:]}")
+    return proc
+
+
+def finish_reader(proc: subprocess.Popen[str], out: Path, timeout_s: float = 120.0) -> np.ndarray:
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise RuntimeError(f"visibility reader did not finish: {err[-2000:]}") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"visibility reader failed ({proc.returncode}): {err[-2000:]}")
+    receipts: np.ndarray = np.load(out)
+    return receipts
 
 
 def _drain_of(name: str, proc: subprocess.CompletedProcess[str]) -> Drain:

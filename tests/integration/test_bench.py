@@ -106,6 +106,31 @@ def _worktrees() -> str:
     return subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
+def test_guarantees_compares_drains_and_what_read_committed_readers_wait(broker: BrokerInfo,
+                                                                         tmp_path: Path) -> None:
+    from stream.bench.guarantees import main as guarantees
+
+    if broker.kind != "kafka":
+        pytest.skip("exactly-once needs Apache Kafka")
+    out = tmp_path / "guarantees.json"
+    assert guarantees(["--bootstrap-servers", broker.bootstrap, "--events", "3000", "--rounds", "1",
+                       "--latency-loads", "0.1", "--latency-seconds", "1", "--capacity", "20000",
+                       "--results", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(d["guarantee"], d["events"]) for d in report["drains"]] == [("at-least-once", 3000),
+                                                                        ("exactly-once", 3000)]
+    steps = report["visibility"]["steps"]
+    assert [(s["guarantee"], s["load"], s["offered_rate"]) for s in steps] == [
+        ("at-least-once", 0.1, 2000.0), ("exactly-once", 0.1, 2000.0)]
+    for s in steps:
+        assert s["visible_isolation"] == "read_committed" and s["events"] > 0
+        # A reader receives a prediction after it was appended (append times are whole ms).
+        assert s["visible_p50_ms"] >= s["p50_ms"] - 1 and s["visible_p50_ms"] <= s["visible_p99_ms"]
+    assert "transactions" not in steps[0] and steps[1]["transactions"] >= 1
+    assert report["visibility"]["added_visible_p99_ms"] == {
+        "0.1": steps[1]["visible_p99_ms"] - steps[0]["visible_p99_ms"]}
+
+
 def test_a_revision_this_clone_lacks_is_not_compared(tmp_path: Path) -> None:
     assert checkout_revision("0" * 40, tmp_path / "tree") is None
     assert not (tmp_path / "tree").exists()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stream.bench.guarantees import ratios
 from stream.bench.jvm import parse_consumer_performance, parse_end_to_end_latency, parse_producer_performance
+from stream.bench.probes import visible_latencies
 from stream.bench.report import Drain, format_broker_alone, format_table, references
 from stream.bench.runner import pass_through_limit
 
@@ -64,3 +66,14 @@ def test_the_guarantees_ratio_is_taken_per_round_and_over_the_medians() -> None:
     assert result["pair_ratios"] == [0.8, 0.8]
     assert result["medians"] == {"at-least-once": 425.0, "exactly-once": 340.0}
     assert result["ratio"] == 340.0 / 425.0
+
+
+def test_a_readers_receipts_are_joined_to_predictions_by_output_partition_and_offset() -> None:
+    # read_latencies rows: (event ts, pipeline, from event, batch size, input append ms, out partition, offset)
+    rows = np.array([[0, 0, 0, 1, 1000.0, 0, 5], [0, 0, 0, 1, 1002.0, 1, 5], [0, 0, 0, 1, 1004.0, 0, 6]])
+    receipts = np.array([[1, 5, 1050.0], [0, 6, 1010.0], [0, 5, 1003.0], [2, 0, 1.0]])  # any order, extras
+    assert visible_latencies(rows, receipts).tolist() == [3.0, 48.0, 6.0]
+    with pytest.raises(RuntimeError, match="did not receive 1 of 3"):
+        visible_latencies(rows, receipts[1:])
+    with pytest.raises(RuntimeError, match="did not receive 3 of 3"):
+        visible_latencies(rows, np.empty((0, 3)))
