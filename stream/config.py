@@ -252,6 +252,11 @@ class WorkerSettings(BaseSettings):
             # replica aborts its predecessor's open transaction at once instead of after transaction.timeout.ms.
             conf["transactional.id"] = self.transactional_id or (
                 f"{self.group_id}-{socket.gethostname()}-{os.getpid()}")
+            # librdkafka retries a request the coordinator answers CONCURRENT_TRANSACTIONS (the previous commit's
+            # markers not yet written, which back-to-back transactions meet every time) after retry.backoff.ms,
+            # 100 by default: that wait was most of exactly-once's added latency (docs/performance.md, "What a
+            # read_committed reader waits"). Java's producer backs off 20 ms on that error.
+            conf.setdefault("retry.backoff.ms", 20)
             timeout_ms = int(conf.setdefault("transaction.timeout.ms", 60_000))
             if timeout_ms <= self.max_wait_ms + self.transaction_interval_ms + 1000:
                 raise ConfigError(

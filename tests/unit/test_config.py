@@ -83,6 +83,13 @@ def test_pass_through_and_client_specific_prefixes() -> None:
     assert s.producer_config({"KAFKA_PRODUCER_LINGER_MS": "2"})["linger.ms"] == "2"
 
 
+def test_transactions_retry_a_busy_coordinator_after_20_ms_unless_told_otherwise() -> None:
+    eos = load_settings({**BASE, "guarantee": "exactly-once"}, environ={})
+    assert eos.producer_config({})["retry.backoff.ms"] == 20
+    assert eos.producer_config({"KAFKA_PRODUCER_RETRY_BACKOFF_MS": "50"})["retry.backoff.ms"] == "50"
+    assert "retry.backoff.ms" not in load_settings(BASE, environ={}).producer_config({})
+
+
 def test_settings_that_break_the_guarantee_are_refused() -> None:
     s = load_settings(BASE, environ={})
     with pytest.raises(ConfigError, match=r"enable\.auto\.commit"):
