@@ -20,7 +20,7 @@ help:
 	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, its demo-layout drain against 41686ef, and --model minilm against the model alone"
 	@echo "make bench-text  the benchmark's model-bound section alone (--model minilm against the model alone)"
 	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
-	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them"
+	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them; what a read_committed reader waits at 10 % and 50 % load"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 

@@ -252,10 +252,11 @@ class WorkerSettings(BaseSettings):
             # replica aborts its predecessor's open transaction at once instead of after transaction.timeout.ms.
             conf["transactional.id"] = self.transactional_id or (
                 f"{self.group_id}-{socket.gethostname()}-{os.getpid()}")
-            # librdkafka retries a request the coordinator answers CONCURRENT_TRANSACTIONS (the previous commit's
-            # markers not yet written, which back-to-back transactions meet every time) after retry.backoff.ms,
+            # The coordinator answers CONCURRENT_TRANSACTIONS while the previous commit's markers are being
+            # written, which back-to-back transactions often meet; librdkafka retries AddPartitionsToTxn after a
+            # fixed 20 ms (as Java does) but AddOffsetsToTxn (send_offsets_to_transaction) after retry.backoff.ms,
             # 100 by default: that wait was most of exactly-once's added latency (docs/performance.md, "What a
-            # read_committed reader waits"). Java's producer backs off 20 ms on that error.
+            # read_committed reader waits").
             conf.setdefault("retry.backoff.ms", 20)
             timeout_ms = int(conf.setdefault("transaction.timeout.ms", 60_000))
             if timeout_ms <= self.max_wait_ms + self.transaction_interval_ms + 1000:

@@ -309,14 +309,7 @@ class Bench:
                      "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
                 sampler.watch("generator", generator.pid)
-                try:
-                    gen_out, gen_err = generator.communicate(timeout=self.cfg.latency_seconds + warmup + 300)
-                except subprocess.TimeoutExpired:
-                    generator.kill()
-                    gen_out, gen_err = generator.communicate()
-                    raise RuntimeError(f"load generator did not finish: {gen_out[-1000:]}{gen_err[-2000:]}") from None
-            if generator.returncode != 0:
-                raise RuntimeError(f"load generator failed: {gen_out[-1000:]}{gen_err[-2000:]}")
+                gen_out = finish(generator, "load generator", self.cfg.latency_seconds + warmup + 300)
             rows, log_append = read_latencies(self.bootstrap, inp, out, count)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             receipts = finish_reader(visibility, receipts_path) if visibility is not None else None
@@ -377,15 +370,21 @@ def start_reader(bootstrap: str, topic: str, count: int, isolation: str, wait_ms
     return proc
 
 
-def finish_reader(proc: subprocess.Popen[str], out: Path, timeout_s: float = 120.0) -> np.ndarray:
+def finish(proc: subprocess.Popen[str], what: str, timeout_s: float) -> str:
+    """The stdout of a helper process that must exit 0 within ``timeout_s`` (killed if it does not)."""
     try:
-        _, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, err = proc.communicate()
-        raise RuntimeError(f"visibility reader did not finish: {err[-2000:]}") from None
+        out, err = proc.communicate()
+        raise RuntimeError(f"{what} did not finish: {out[-1000:]}{err[-2000:]}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"visibility reader failed ({proc.returncode}): {err[-2000:]}")
+        raise RuntimeError(f"{what} failed ({proc.returncode}): {out[-1000:]}{err[-2000:]}")
+    return out
+
+
+def finish_reader(proc: subprocess.Popen[str], out: Path, timeout_s: float = 120.0) -> np.ndarray:
+    finish(proc, "visibility reader", timeout_s)
     receipts: np.ndarray = np.load(out)
     return receipts
 

@@ -26,8 +26,9 @@ from stream.topics import partitions_of
 
 
 def read_receipts(bootstrap: str, topic: str, count: int, isolation: str, fetch_wait_ms: int, poll_ms: float,
-                  timeout_s: float, ready: bool = True) -> np.ndarray:
-    """Rows of (partition, offset, receipt ms since the epoch), at most ``count``, in arrival order."""
+                  timeout_s: float) -> np.ndarray:
+    """Rows of (partition, offset, receipt ms since the epoch), at most ``count``, in arrival order. Prints
+    ``ready`` once it is assigned and fetching."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-visibility-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False, "isolation.level": isolation,
                          "fetch.wait.max.ms": fetch_wait_ms})
@@ -42,8 +43,7 @@ def read_receipts(bootstrap: str, topic: str, count: int, isolation: str, fetch_
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(bootstrap, topic)])
         first = consumer.consume(min(count, 100_000), 0.5)  # connects and starts fetching before the load begins
-        if ready:
-            print("ready", flush=True)
+        print("ready", flush=True)
         batch = first
         while True:
             now_ms = time.time() * 1000.0
