@@ -84,6 +84,7 @@ class ChaosResult:
     failed_sends_found: int = 0  # of those, how many were written after all (a failure can be "maybe")
     faults: list[Fault] = field(default_factory=list)
     recovery: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    duplicate_details: list[str] = field(default_factory=list)  # where the first repeated ids were written
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -336,6 +337,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         aborted_records_seen_uncommitted=uncommitted_extra(cfg.bootstrap, output_topic, len(verifier.outputs)),
         worker_failures=failures, send_failures=len(failed_ids) + load.poison_failed,
         failed_sends_found=sum(1 for e in failed_ids if e in ids), faults=faults, recovery=recovery_table(faults),
+        duplicate_details=verifier.duplicate_details(),
     )
     verifier.close()
     return result

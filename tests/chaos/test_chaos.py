@@ -126,5 +126,6 @@ def assert_consistent(result: Any, guarantee: str) -> None:
     assert result.order_violations == 0
     assert result.commit_problems == []
     assert result.hanging_transactions == []
+    assert bool(result.duplicate_details) == (result.duplicates > 0)  # where each repeat was written, when any
     if guarantee == "exactly-once":
-        assert result.duplicates == 0
+        assert result.duplicates == 0, result.duplicate_details

@@ -24,8 +24,8 @@ class Verifier:
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in (output_topic, dlq_topic)
                               for p in partitions_of(bootstrap, t)])
         self.output_topic = output_topic
-        # (topic, partition) -> list of (input partition, input offset, event id or None)
-        self.outputs: list[tuple[str, int, int, int, str]] = []
+        # (topic, partition, input partition, input offset, event id, offset, timestamp) per record read
+        self.outputs: list[tuple[str, int, int, int, str, int, int]] = []
         self._ids: dict[str, int] = defaultdict(int)
         self.violations: list[tuple[str, int, int, int, int, str]] = []
         self.append_ms: list[int] = []  # the output records' timestamps (append times on the chaos topics)
@@ -49,7 +49,7 @@ class Verifier:
                 event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
             src = input_source(record, headers)[1:]
             self._ids[event_id] += 1
-            self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id))
+            self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id, m.offset(), m.timestamp()[1]))
             n += 1
         return n
 
@@ -74,12 +74,22 @@ class Verifier:
     def dead_letter_counts(self) -> dict[str, int]:
         return {k[4:]: v for k, v in self._ids.items() if k.startswith("dlq:")}
 
+    def duplicate_details(self, limit: int = 20) -> list[str]:
+        """Where the first ``limit`` ids read more than once were written: each copy's topic, partition, offset and
+        timestamp, and the input record it names (to tell a replayed batch from a record written twice)."""
+        repeated = {k for k, v in self._ids.items() if v > 1}
+        copies: dict[str, list[str]] = defaultdict(list)
+        for topic, partition, src_p, src_off, event_id, offset, ts in self.outputs:
+            if event_id in repeated and (event_id in copies or len(copies) < limit):
+                copies[event_id].append(f"{topic}[{partition}]@{offset} ts={ts} from input[{src_p}]@{src_off}")
+        return [f"{event_id}: " + "; ".join(where) for event_id, where in copies.items()]
+
     def order_violations(self) -> int:
         """Per (output partition, input partition): input offsets must increase, repeats dropped."""
         last: dict[tuple[str, int, int], int] = {}
         seen: set[tuple[int, int]] = set()
         violations = 0
-        for topic, partition, src_p, src_off, event_id in self.outputs:
+        for topic, partition, src_p, src_off, event_id, _, _ in self.outputs:
             if (src_p, src_off) in seen:
                 continue  # a repeat (at-least-once replay)
             seen.add((src_p, src_off))
