@@ -68,6 +68,7 @@ class FreezeResult:
     stall_warnings: int  # "stalled:" lines the replicas logged
     load: str
     logs: Path
+    duplicate_details: list[str] = field(default_factory=list)  # where the first repeated ids were written
 
     def ok(self) -> bool:
         return (self.drain_s is not None and self.lost == 0 and self.order_violations == 0
@@ -139,6 +140,7 @@ def run_freeze_thaw(cfg: FreezeConfig, log: bool = False) -> FreezeResult:
             verifier.read_more(2.0)
             ids = verifier.id_counts()
             order_violations = verifier.order_violations()
+            duplicate_details = verifier.duplicate_details(dead_letters=False)  # as duplicates counts them
         finally:
             verifier.close()
     finally:
@@ -152,7 +154,8 @@ def run_freeze_thaw(cfg: FreezeConfig, log: bool = False) -> FreezeResult:
                                         end_offsets(cfg.bootstrap, input_topic)),
         hanging_transactions=hanging_transactions(cfg.bootstrap, [output_topic, dlq_topic]),
         exit_codes=codes, stall_warnings=sum(p.output().count(" stalled: ") for p in fleet.all()),
-        load=produced["summary"].line() if "summary" in produced else "load generator failed", logs=cfg.workdir)
+        load=produced["summary"].line() if "summary" in produced else "load generator failed", logs=cfg.workdir,
+        duplicate_details=duplicate_details)
 
 
 def _commit() -> str:

@@ -74,10 +74,11 @@ class Verifier:
     def dead_letter_counts(self) -> dict[str, int]:
         return {k[4:]: v for k, v in self._ids.items() if k.startswith("dlq:")}
 
-    def duplicate_details(self, limit: int = 20) -> list[str]:
+    def duplicate_details(self, limit: int = 20, dead_letters: bool = True) -> list[str]:
         """Where the first ``limit`` ids read more than once were written: each copy's topic, partition, offset and
-        timestamp, and the input record it names (to tell a replayed batch from a record written twice)."""
-        repeated = {k for k, v in self._ids.items() if v > 1}
+        timestamp, and the input record it names (to tell a replayed batch from a record written twice).
+        ``dead_letters``: dead-letter records' repeats too."""
+        repeated = {k for k, v in self._ids.items() if v > 1 and (dead_letters or not k.startswith("dlq:"))}
         copies: dict[str, list[str]] = defaultdict(list)
         for topic, partition, src_p, src_off, event_id, offset, ts in self.outputs:
             if event_id in repeated and (event_id in copies or len(copies) < limit):
