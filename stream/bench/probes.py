@@ -163,12 +163,15 @@ def visible_latencies(rows: np.ndarray, receipts: np.ndarray) -> np.ndarray:
     def key(partition: np.ndarray, offset: np.ndarray) -> np.ndarray:
         return partition.astype(np.int64) * (1 << 40) + offset.astype(np.int64)
 
-    got = key(receipts[:, 0], receipts[:, 1])
-    order = np.argsort(got)
     want = key(rows[:, 5], rows[:, 6])
-    at = np.clip(np.searchsorted(got[order], want), 0, max(len(got) - 1, 0))
-    if len(got) == 0 or not np.array_equal(got[order][at], want):
-        missing = int(np.sum(got[order][at] != want)) if len(got) else len(want)
+    if len(receipts) == 0:
+        raise RuntimeError(f"the reader did not receive {len(want)} of {len(want)} predictions")
+    keys = key(receipts[:, 0], receipts[:, 1])
+    order = np.argsort(keys)
+    got = keys[order]
+    at = np.minimum(np.searchsorted(got, want), len(got) - 1)
+    missing = int(np.sum(got[at] != want))
+    if missing:
         raise RuntimeError(f"the reader did not receive {missing} of {len(want)} predictions")
     visible: np.ndarray = receipts[order[at], 2] - rows[:, 4]
     return visible

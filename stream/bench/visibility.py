@@ -7,7 +7,7 @@ offset, wall-clock ms at which ``consume()`` returned it), to ``--out`` as a Num
 the input record's append to this receipt is the latency such a reader pays, transaction commit included.
 
 Receipt times are stamped when ``consume()`` returns, which waits at most ``--poll-ms`` (2 ms) for more records:
-that is the bound on the stamping error. Prints ``ready`` once the partitions are assigned and fetched from.
+that is the bound on the stamping error. Prints ``ready`` once it is assigned and fetching.
 Exits 0 when ``--count`` records were read, 1 when the deadline passed first (the rows read are written anyway).
 """
 

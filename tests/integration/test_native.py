@@ -235,6 +235,8 @@ def test_in_a_transaction_records_go_out_on_the_producers_own_handle_and_only_a_
             publisher.abort_transaction(30.0)
             continue
         break
+    else:
+        pytest.fail("three transactions in a row failed while producing")
     publisher._producer.commit_transaction(30.0)
     assert publisher.failure() is None
     publisher.close(5.0)
