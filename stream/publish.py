@@ -12,9 +12,11 @@ raises the recorded error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +36,14 @@ SEND_OFFSETS_TIMEOUT_S = 20.0  # longest a transaction's send_offsets_to_transac
 SEND_OFFSETS_GRACE_S = 5.0  # ... and how long past that it may block before its producer is taken as stuck
 ABORT_SLICE_S = 1.0  # an abort waits this long at a time, delivery reports served in between
 MAX_STUCK_PRODUCERS = 3  # stuck producers whose calls never returned, before the worker gives up
+# Fatal errors of the idempotence state (a sequence number the broker and librdkafka disagree on, after a request
+# that may or may not have been written timed out): fatal to that producer, not to the transactional id. A fresh
+# producer takes over, as from a stuck one. Fencing (a newer instance owns the id) and authorization stay fatal.
+REPLACEABLE_FATAL = frozenset({
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.DUPLICATE_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT, KafkaError._GAPLESS_GUARANTEE})
+MAX_REPLACEMENTS = 3  # broken producers replaced within REPLACEMENT_WINDOW_S before the worker gives up
+REPLACEMENT_WINDOW_S = 600.0
 Headers = list[tuple[str, str | bytes | None]]
 # Provenance headers: the input record a dead-letter record (always) or a prediction (--provenance-headers, or
 # a prediction schema without the input_* fields) answers.
@@ -171,6 +181,8 @@ class Publisher:
         self._in_transaction = False
         self._guard = GuardedCalls()
         self._abandoned: list[tuple[Producer, threading.Thread]] = []  # stuck producers, their calls still blocked
+        self._broken: KafkaError | None = None  # a replaceable fatal error of the transactional producer
+        self._replaced_at: list[float] = []  # when broken producers were replaced (monotonic)
         self._on_span_done = on_span_done
         self._failures: list[PublishError] = []
         self._lock = threading.Lock()
@@ -195,7 +207,10 @@ class Publisher:
         return self._native.topic if self._native is not None else None
 
     def _on_client_error(self, err: KafkaError) -> None:
-        if err.fatal():
+        if err.fatal() and self.transactional and err.code() in REPLACEABLE_FATAL:
+            self._broken = err  # the processor replaces the producer at its next transactional step
+            log.error("transactional producer: %s (a fresh producer takes over)", err)
+        elif err.fatal():
             self.record_failure(PublishError("producer", err), None)
         elif self._connection is None or not self._connection.error("producer", err):
             log.warning("producer: %s", err)
@@ -231,6 +246,8 @@ class Publisher:
                 except KafkaException as exc:
                     if self.transactional and exc.args and exc.args[0].code() == KafkaError._STATE:
                         raise _failed_transaction() from exc
+                    if self.transactional and exc.args and exc.args[0].code() == KafkaError._FATAL:
+                        self._serve(0.0)  # its error callback says which fatal error (`broken`)
                     raise
                 except BufferError:
                     if self._closing:
@@ -284,6 +301,8 @@ class Publisher:
                 break
             if code == KafkaError._STATE:
                 raise _failed_transaction()
+            if code == KafkaError._FATAL:
+                self._serve(0.0)  # its error callback says which fatal error (`broken`)
             if code != KafkaError._QUEUE_FULL:
                 raise PublishError("produce", KafkaError(code))
             if self._closing:
@@ -384,9 +403,35 @@ class Publisher:
                 break
             except KafkaException as exc:
                 error = TransactionError("abort transaction", exc.args[0])
+                if error.fatal and error.code in REPLACEABLE_FATAL and self._broken is None:
+                    self._broken = exc.args[0]
                 if error.fatal or error.code != KafkaError._TIMED_OUT or deadline.passed():
                     raise error from exc
         self._in_transaction = False
+
+    def broken(self) -> KafkaError | None:
+        """The replaceable fatal error the transactional producer is in (`REPLACEABLE_FATAL`), if any."""
+        return self._broken
+
+    def replace_broken_producer(self, timeout_s: float) -> None:
+        """A fresh producer with the same transactional id takes over from one in a replaceable fatal state: its
+        init fences the broken one and aborts whatever transaction it left open (the caller rewinds it). More
+        than ``MAX_REPLACEMENTS`` within ``REPLACEMENT_WINDOW_S`` stop the worker (a fresh process starts clean)."""
+        now = time.monotonic()
+        self._replaced_at = [t for t in self._replaced_at if now - t < REPLACEMENT_WINDOW_S] + [now]
+        if len(self._replaced_at) > MAX_REPLACEMENTS:
+            raise StreamError(f"the transactional producer broke {len(self._replaced_at)} times within "
+                              f"{REPLACEMENT_WINDOW_S:.0f}s (last: {self._broken}); stopping")
+        log.error("the transactional producer is in a fatal state (%s); a fresh producer with the same "
+                  "transactional id takes over and the open transaction's batches are consumed again", self._broken)
+        old = self._producer
+        with self._serving:
+            self._producer = Producer(self._config)
+            self._in_transaction = False
+            self._broken = None
+        with contextlib.suppress(KafkaException, RuntimeError):
+            old.purge()  # its records belong to the transaction the new producer's init aborts
+        self.init_transactions(timeout_s)
 
     def _replace_stuck_producer(self, deadline: Deadline) -> None:
         self._abandoned = [(p, t) for p, t in self._abandoned if t.is_alive()]  # their calls returned at last
@@ -401,6 +446,7 @@ class Publisher:
         with self._serving:
             self._producer = Producer(self._config)
             self._in_transaction = False
+            self._broken = None
         self.init_transactions(max(deadline.left(), SEND_OFFSETS_TIMEOUT_S))
 
     def _txn_call(self, operation: str, call: Callable[[float], object], deadline: Deadline,
@@ -412,6 +458,8 @@ class Publisher:
                 return
             except KafkaException as exc:
                 error = TransactionError(operation, exc.args[0])
+                if error.fatal and error.code in REPLACEABLE_FATAL and self._broken is None:
+                    self._broken = exc.args[0]
                 if (not error.retriable or error.fatal or error.requires_abort or attempt == attempts
                         or deadline.passed()):
                     raise error from exc

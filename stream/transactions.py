@@ -3,22 +3,27 @@
 On the processor thread (`process`, then `commit`):
 1. begin a transaction if none is open; 2. decode, run the model, produce the batch's predictions and dead
    letters in it; 3. while more batches are queued and the transaction is younger than the transaction
-   interval (100 ms by default, like Kafka Streams' commit interval under exactly-once), the next batch joins it;
-   4. otherwise add the input offsets of all its batches (``send_offsets_to_transaction`` with the group
-   metadata captured when the latest was consumed) and commit; the spans are acknowledged at once, the commit
-   having delivered them all. A processor that runs out of queued batches commits at once, so a transaction
-   never waits for input and a revoke or a shutdown (which wait for in-flight records) is never held by one.
+   interval (100 ms by default, like Kafka Streams' commit interval under exactly-once), the next batch joins it
+   if it was consumed under the same group metadata (generation and member; a batch of a newer generation has
+   the open transaction committed first, under its own); 4. otherwise add the input offsets of all its batches
+   (``send_offsets_to_transaction`` with that group metadata) and commit; the spans are acknowledged at once,
+   the commit having delivered them all. A processor that runs out of queued batches commits at once, so a
+   transaction never waits for input and a revoke or a shutdown (which wait for in-flight records) is never
+   held by one. A batch consumed while the consumer was out of its group (no generation, no member id: see
+   `is_member`) is never produced or committed: its epoch is rewound.
 An abortable error aborts the transaction and marks the epoch its batches were consumed in as rewound: the
 processor drops every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
-seeks every assigned partition back to its committed offset, starting the next epoch. A fatal error (fenced: a
-zombie) stops the worker. A transaction aborted after outliving ``transaction.timeout.ms`` stops it too:
-rewinding would replay the same batches into the same timeout forever.
+seeks every assigned partition back to its committed offset, starting the next epoch. A fatal error of the
+producer's idempotence state (`publish.REPLACEABLE_FATAL`) has a fresh producer take over and is rewound the same
+way; any other fatal error (fenced: a zombie) stops the worker. A transaction aborted after outliving
+``transaction.timeout.ms`` stops it too: rewinding would replay the same batches into the same timeout forever.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +43,33 @@ from stream.records import Records
 log = logging.getLogger(__name__)
 _NOT_FETCHING = frozenset({KafkaError._STATE, KafkaError._PREV_IN_PROGRESS})  # what seek() says of such a partition
 _REWIND_QUERY_TIMEOUT_S = 2.0  # longest wait for committed offsets before trying again
+_CGMD_MAGIC = b"CGMDv2:"  # librdkafka's serialised consumer group metadata (rd_kafka_consumer_group_metadata_write)
+
+
+def group_membership(metadata: object) -> tuple[int, str] | None:
+    """The (generation, member id) in the consumer group metadata confluent-kafka hands out: librdkafka's
+    serialised form, "CGMDv2:", the generation as a native int32, then the NUL-terminated group id and member id.
+    None for anything else (a layout this code does not know)."""
+    if not isinstance(metadata, bytes) or not metadata.startswith(_CGMD_MAGIC):
+        return None
+    at = len(_CGMD_MAGIC)
+    if len(metadata) < at + 4:
+        return None
+    (generation,) = struct.unpack_from("=i", metadata, at)
+    fields = metadata[at + 4:].split(b"\0", 2)
+    if len(fields) < 3:
+        return None
+    return generation, fields[1].decode("utf-8", "replace")
+
+
+def is_member(metadata: object) -> bool:
+    """The metadata names a generation and a member. A consumer the group has evicted (a session timed out: a
+    frozen process, a cut network, a paused broker) or that is rejoining has neither, and Kafka accepts a
+    transactional offset commit without them whatever the group's state (the generation check is skipped for
+    transactional commits, to serve old clients): its batches would be committed while another member processes
+    the same records. A layout this code does not know passes (the broker's own checks are all there is)."""
+    membership = group_membership(metadata)
+    return membership is None or (membership[0] >= 0 and membership[1] != "")
 
 
 @dataclass
@@ -46,7 +78,7 @@ class _OpenTransaction:
     epoch: int  # every batch of a transaction is of one epoch: a rewind follows only an abort
     offsets: dict[int, int] = field(default_factory=dict)  # input partition -> next offset
     deliveries: list[SpanDelivery] = field(default_factory=list)
-    group_metadata: Any = None  # the latest batch's
+    group_metadata: Any = None  # that of every batch of it: one group generation, one member
     batches: int = 0
 
 
@@ -88,13 +120,30 @@ class Transactions:
         """Produce the batch's outputs inside the open transaction, beginning one if none is open. Call `commit`
         when no batch follows at once or when `due`."""
         txn = self._open
+        if txn is not None and batch.group_metadata != txn.group_metadata:
+            # The group moved on since the open transaction's batches were consumed: they are committed under
+            # their own generation (refused if it is over), never under this batch's, which the broker would
+            # accept for partitions this member no longer holds.
+            self.commit(publisher)
+            txn = None
+            if self.stale(batch.epoch):
+                return  # that commit was aborted: this batch is rewound with it
+        if not is_member(batch.group_metadata):
+            log.warning("a batch was consumed while this consumer was out of its group (evicted or rejoining): "
+                        "not committed; rewinding to the last committed offsets")
+            self.rewind_after = batch.epoch
+            return
         if txn is None:
+            if publisher.broken() is not None:  # it broke after its last transaction ended: nothing to rewind
+                publisher.replace_broken_producer(self.timeout_s)
             publisher.begin_transaction()
-            txn = self._open = _OpenTransaction(self._clock(), batch.epoch)
+            txn = self._open = _OpenTransaction(self._clock(), batch.epoch, group_metadata=batch.group_metadata)
         try:
             processor.process(batch)
             faults.reach("after-produce")
         except TransactionError as exc:
+            if self._replaced_broken(publisher, txn.epoch):
+                return
             if exc.fatal or not exc.requires_abort:
                 self.abort(publisher)
                 raise
@@ -102,12 +151,13 @@ class Transactions:
             self._abort_and_rewind(publisher, txn.epoch, exc)
             return
         except BaseException:
+            if self._replaced_broken(publisher, txn.epoch):
+                return
             self.abort(publisher)
             raise
         for partition, delivery in batch.deliveries.items():
             txn.offsets[partition] = delivery.span.last + 1  # batches of a partition come in offset order
             txn.deliveries.append(delivery)
-        txn.group_metadata = batch.group_metadata
         txn.batches += 1
 
     def commit(self, publisher: Publisher) -> None:
@@ -128,6 +178,8 @@ class Transactions:
             if exc.producer_replaced:  # a stuck call: its producer fenced, its transaction aborted by that
                 self._metrics.transactions_aborted.inc()
                 self.rewind_after = txn.epoch
+                return
+            if self._replaced_broken(publisher, txn.epoch):
                 return
             if elapsed >= timeout_s:
                 raise StreamError(
@@ -158,9 +210,25 @@ class Transactions:
     def _abort_and_rewind(self, publisher: Publisher, epoch: int, error: TransactionError) -> None:
         """An abortable error: abort the transaction and have the batches of ``epoch`` consumed again."""
         log.warning("transaction aborted, rewinding to the last committed offsets: %s", error)
-        publisher.abort_transaction(self.timeout_s)
+        try:
+            publisher.abort_transaction(self.timeout_s)
+        except TransactionError:
+            if not self._replaced_broken(publisher, epoch):
+                raise
+            return
         self._metrics.transactions_aborted.inc()
         self.rewind_after = epoch
+
+    def _replaced_broken(self, publisher: Publisher, epoch: int) -> bool:
+        """The producer is in a replaceable fatal state (`Publisher.broken`): a fresh one takes over, its init
+        aborting the open transaction, whose epoch is rewound. False when the producer is not broken so."""
+        if publisher.broken() is None:
+            return False
+        self._open = None
+        publisher.replace_broken_producer(self.timeout_s)
+        self._metrics.transactions_aborted.inc()
+        self.rewind_after = epoch
+        return True
 
     def abort(self, publisher: Publisher) -> None:
         """Abort the open transaction, if any, without a rewind: the worker is failing."""

@@ -167,6 +167,62 @@ def test_too_many_stuck_producers_at_once_stop_the_worker(monkeypatch: pytest.Mo
         producer.release.set()
 
 
+def fatal(code: int) -> KafkaException:
+    return KafkaException(KafkaError(code, "as librdkafka raises it", fatal=True))
+
+
+@pytest.mark.parametrize("code", [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError._FENCED])
+def test_a_fatal_idempotence_error_hands_over_to_a_fresh_producer_but_fencing_stays_fatal(
+        monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    class Broken(FakeTxnProducer):
+        def send_offsets_to_transaction(self, offsets: object, metadata: object, timeout: float) -> None:
+            self.calls.append("send_offsets")
+            if self is FakeTxnProducer.instances[0]:
+                raise fatal(code)
+
+        def purge(self) -> None:
+            self.calls.append("purge")
+
+    FakeTxnProducer.instances = []
+    monkeypatch.setattr(publish, "Producer", Broken)
+    publisher = Publisher({"transactional.id": "t"}, on_span_done=lambda d: None)
+    publisher.init_transactions(5.0)
+    publisher.begin_transaction()
+    with pytest.raises(TransactionError) as raised:
+        publisher.commit_transaction([TopicPartition("in", 0, 5)], object(), 60.0)
+    assert raised.value.fatal
+    if code == KafkaError._FENCED:
+        assert publisher.broken() is None, "a newer instance owns the transactional id: the worker stops"
+        return
+    assert publisher.broken() is not None and publisher.broken().code() == code  # type: ignore[union-attr]
+    publisher.replace_broken_producer(5.0)
+    old, fresh = FakeTxnProducer.instances
+    assert old.calls == ["init", "begin", "send_offsets", "purge"]
+    assert fresh.calls == ["init"], "the fresh producer's init fences the broken one and aborts its transaction"
+    assert publisher.broken() is None
+    publisher.abort_transaction(5.0)  # nothing open on the fresh producer
+    publisher.begin_transaction()
+    publisher.commit_transaction([TopicPartition("in", 0, 9)], object(), 60.0)
+    assert fresh.calls == ["init", "begin", "send_offsets", "commit"]
+    for _ in range(publish.MAX_REPLACEMENTS - 1):
+        publisher._broken = KafkaError(code, "again", fatal=True)
+        publisher.replace_broken_producer(5.0)
+    publisher._broken = KafkaError(code, "again", fatal=True)
+    with pytest.raises(StreamError, match="broke 4 times"):
+        publisher.replace_broken_producer(5.0)
+
+
+def test_a_fatal_idempotence_error_from_the_error_callback_is_not_a_worker_failure() -> None:
+    publisher = Publisher({"transactional.id": "t", **UNREACHABLE}, on_span_done=lambda d: None)
+    publisher._on_client_error(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "desync", fatal=True))
+    assert publisher.failure() is None and publisher.broken() is not None
+    publisher._on_client_error(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    assert publisher.failure() is not None, "fencing fails the worker"
+    plain = Publisher(UNREACHABLE, on_span_done=lambda d: None)
+    plain._on_client_error(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "desync", fatal=True))
+    assert plain.failure() is not None, "an idempotent (non-transactional) producer has nothing to rewind"
+
+
 def test_an_abort_is_retried_in_slices_with_the_delivery_reports_served_between(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """librdkafka's abort times out while the transaction's delivery reports wait to be served."""

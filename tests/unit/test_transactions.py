@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 from types import SimpleNamespace
 
@@ -18,9 +19,28 @@ from stream.processing import Dispatched
 from stream.publish import SpanDelivery
 from stream.records import Records
 from stream.stage import ProcessingStage
-from stream.transactions import Transactions
+from stream.transactions import Transactions, group_membership, is_member
 
 TOPIC = "in"
+
+
+def cgmd(generation: int, member: str, group: str = "grp") -> bytes:
+    """Consumer group metadata as confluent-kafka hands it out (librdkafka's serialised form; the layout of
+    bytes read from a real consumer: "CGMDv2:", native int32 generation, group id, member id, a flag byte)."""
+    return b"CGMDv2:" + struct.pack("=i", generation) + group.encode() + b"\0" + member.encode() + b"\0\x01"
+
+
+def test_group_membership_reads_the_generation_and_member_of_librdkafkas_metadata() -> None:
+    # As read from a consumer of a local Kafka: joined at generation 3, and before joining.
+    joined = b"CGMDv2:\x03\x00\x00\x00grp-abc\x00rdkafka-7920b5d0-e646-48ac-af66-60427c827f88\x00\x01"
+    unjoined = b"CGMDv2:\xff\xff\xff\xffgrp-abc\x00\x00\x01"
+    assert group_membership(joined) == (3, "rdkafka-7920b5d0-e646-48ac-af66-60427c827f88")
+    assert group_membership(unjoined) == (-1, "")
+    assert is_member(joined) and not is_member(unjoined)
+    assert not is_member(cgmd(5, "")) and not is_member(cgmd(-1, "m")), "both are needed"
+    for unknown in (b"CGMDv3:\x01\x00\x00\x00g\x00m\x00", b"CGMDv2:\x01", b"CGMDv2:\x01\x00\x00\x00g", None, "x"):
+        assert group_membership(unknown) is None
+        assert is_member(unknown), "a layout it does not know is left to the broker"
 
 
 class RewindConsumer:
@@ -119,6 +139,9 @@ class ReplacingPublisher:
     def abort_transaction(self, timeout_s: float) -> None:
         self.calls.append("abort")
 
+    def broken(self) -> KafkaError | None:
+        return None
+
 
 def test_a_batch_whose_producer_was_replaced_is_rewound_not_fatal_however_long_it_took() -> None:
     clock = iter([0.0, 90.0, 90.0])  # the stuck call outlived transaction.timeout.ms (60 s)
@@ -180,6 +203,9 @@ class TxnPublisher:
     def abort_transaction(self, timeout_s: float) -> None:
         self.calls.append("abort")
 
+    def broken(self) -> KafkaError | None:
+        return None
+
     def span_done(self, delivery: SpanDelivery) -> None:
         pass
 
@@ -207,8 +233,8 @@ def test_batches_that_join_a_transaction_commit_together_and_only_its_commit_ack
     tracker.assign([(TOPIC, 0), (TOPIC, 1)])
     publisher = TxnPublisher()
     processor = SimpleNamespace(process=lambda b: None)
-    for spans, metadata in (({0: (0, 4)}, "gen1"), ({0: (5, 9), 1: (0, 2)}, "gen1"), ({1: (3, 3)}, "gen2")):
-        txns.process(span_batch(tracker, publisher, spans, metadata), processor, publisher)  # type: ignore[arg-type]
+    for spans in ({0: (0, 4)}, {0: (5, 9), 1: (0, 2)}, {1: (3, 3)}):
+        txns.process(span_batch(tracker, publisher, spans, cgmd(1, "m")), processor, publisher)  # type: ignore[arg-type]
     assert txns.is_open() and not txns.due() and publisher.calls == ["begin"]
     assert tracker.committable() == {}, "nothing acknowledged before the commit"
     txns.commit(publisher)  # type: ignore[arg-type]
@@ -216,6 +242,83 @@ def test_batches_that_join_a_transaction_commit_together_and_only_its_commit_ack
     assert publisher.committed == [[(TOPIC, 0, 10), (TOPIC, 1, 4)]], "each partition's next offset, once"
     assert tracker.committable() == {(TOPIC, 0): 10, (TOPIC, 1): 4}
     assert metrics.transaction_batches._sum.get() == 3
+
+
+def test_a_batch_of_a_new_generation_has_the_open_transaction_committed_under_its_own_first() -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0, interval_s=60.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0), (TOPIC, 1)])
+    metadata: list[object] = []
+
+    class Recording(TxnPublisher):
+        def commit_transaction(self, offsets: list[TopicPartition], md: object, timeout_s: float) -> None:
+            metadata.append(md)
+            super().commit_transaction(offsets, md, timeout_s)
+
+    publisher = Recording()
+    processor = SimpleNamespace(process=lambda b: None)
+    txns.process(span_batch(tracker, publisher, {1: (0, 4)}, cgmd(1, "m")), processor, publisher)  # type: ignore[arg-type]
+    txns.process(span_batch(tracker, publisher, {0: (0, 2)}, cgmd(3, "m")), processor, publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "commit", "begin"], "partition 1 is not committed under generation 3"
+    assert publisher.committed == [[(TOPIC, 1, 5)]] and metadata == [cgmd(1, "m")]
+    txns.commit(publisher)  # type: ignore[arg-type]
+    assert publisher.committed[1] == [(TOPIC, 0, 3)] and metadata[1] == cgmd(3, "m")
+
+
+def test_a_batch_consumed_out_of_the_group_is_rewound_never_produced_or_committed() -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0, interval_s=60.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = TxnPublisher()
+    processed: list[int] = []
+    processor = SimpleNamespace(process=lambda b: processed.append(len(b.records)))
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}, cgmd(2, "m")), processor, publisher)  # type: ignore[arg-type]
+    # Evicted (a session timed out): librdkafka's metadata has no generation and no member until it rejoins.
+    txns.process(span_batch(tracker, publisher, {0: (2, 4)}, cgmd(-1, "")), processor, publisher)  # type: ignore[arg-type]
+    assert processed == [2], "the evicted batch never reached the model or the producer"
+    assert publisher.calls == ["begin", "commit"] and publisher.committed == [[(TOPIC, 0, 2)]]
+    assert txns.pending() and txns.stale(0) and not txns.is_open()
+    assert tracker.committable() == {(TOPIC, 0): 2}
+
+
+class BreakingPublisher(TxnPublisher):
+    """Its commit fails with a fatal error of the idempotence state, as librdkafka's sequence desync does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken_by: KafkaError | None = None
+
+    def broken(self) -> KafkaError | None:
+        return self.broken_by
+
+    def replace_broken_producer(self, timeout_s: float) -> None:
+        self.calls.append("replace")
+        self.broken_by = None
+
+    def commit_transaction(self, offsets: list[TopicPartition], metadata: object, timeout_s: float) -> None:
+        if self.calls.count("begin") == 1:
+            self.broken_by = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "desync", fatal=True)
+            raise TransactionError("send offsets to transaction", self.broken_by)
+        super().commit_transaction(offsets, metadata, timeout_s)
+
+
+def test_a_producer_broken_by_a_fatal_idempotence_error_is_replaced_and_its_transaction_rewound() -> None:
+    txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher = BreakingPublisher()
+    processor = SimpleNamespace(process=lambda b: None)
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    txns.commit(publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "replace"] and txns.pending() and txns.stale(0)
+    assert tracker.committable() == {}
+    # Broken while idle (its error callback said so): replaced before the next transaction begins, no rewind.
+    publisher.broken_by = KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "idle", fatal=True)
+    txns.epoch = 1  # rewound, as the poll thread's rewind does
+    tracker.forget([(TOPIC, 0)])
+    tracker.assign([(TOPIC, 0)])
+    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    assert publisher.calls == ["begin", "replace", "replace", "begin"] and txns.is_open()
 
 
 def test_a_transaction_is_due_after_its_interval_and_interval_zero_is_one_batch_each() -> None:
