@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaError
+
+# What a group-coordinator request (committed offsets) answers while the coordinator is slow, moving or
+# restarting (NOT_COORDINATOR is seen on a fresh cluster's first group and after a broker restart): ask again.
+_COORDINATOR_AWAY = frozenset({
+    KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT, KafkaError._WAIT_COORD,
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def coordinator_away(error: object) -> bool:
+    """``error`` (a KafkaException's argument) is transient: the same request can be made again later."""
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _COORDINATOR_AWAY)
+
 
 class StreamError(Exception):
     """Root of every error this project raises on purpose."""

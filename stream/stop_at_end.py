@@ -6,18 +6,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
 from stream.committer import Committer
+from stream.errors import coordinator_away
 from stream.topics import end_offsets
 
 log = logging.getLogger(__name__)
 _CHECK_EVERY_S = 0.25
-
-
-# The group coordinator moving or loading, or not answering in time: the committed offsets are asked again.
-_TRANSIENT = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT})
 
 
 class StopAtEnd:
@@ -51,7 +47,7 @@ class StopAtEnd:
                 committed = self._consumer.committed([TopicPartition(self._topic, p) for p in pending], timeout=10)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                if not isinstance(error, KafkaError) or not (error.retriable() or error.code() in _TRANSIENT):
+                if not coordinator_away(error):
                     raise
                 # NOT_COORDINATOR seen on a fresh cluster's first group: asked again at the next check.
                 log.debug("stop-at-end: committed offsets not read (%s); asking again", error)

@@ -33,7 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from stream import faults
 from stream.batching import MicroBatcher
-from stream.errors import StreamError, TransactionError
+from stream.errors import StreamError, TransactionError, coordinator_away
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker, fmt_partitions
 from stream.processing import BatchProcessor, Dispatched
@@ -247,14 +247,16 @@ class Transactions:
             committed = consumer.committed(assignment, timeout=_REWIND_QUERY_TIMEOUT_S)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not isinstance(error, KafkaError) or error.code() != KafkaError._TIMED_OUT:
+            if not coordinator_away(error):
                 raise
-            # The coordinator did not answer in time (a stalled process, a slow broker): what is consumed
-            # meanwhile belongs to the aborted epoch and is dropped by the processor.
+            # The coordinator did not answer in time (a stalled process, a slow broker) or is moving (a broker
+            # killed or restarted): what is consumed meanwhile belongs to the aborted epoch and is dropped by the
+            # processor.
             if self._rewind_warned != self.rewind_after:
                 self._rewind_warned = self.rewind_after
-                log.warning("rewind: committed offsets not read yet (%s); trying again (an open transaction of "
-                            "the partitions' previous owner holds them until it ends or times out)", error)
+                log.warning("rewind: committed offsets not read yet (%s); trying again (the group coordinator is "
+                            "moving, or an open transaction of the partitions' previous owner holds them until it "
+                            "ends or times out)", error)
             return
         unread = [tp for tp in committed if tp.error is not None]
         if unread:

@@ -47,8 +47,10 @@ class RewindConsumer:
     """committed() times out ``timeouts`` times, then answers offset 7 for every partition; seek() fails with
     ``seek_errors[partition]`` where given."""
 
-    def __init__(self, timeouts: int, partitions: int = 1, seek_errors: dict[int, int] | None = None) -> None:
+    def __init__(self, timeouts: int, partitions: int = 1, seek_errors: dict[int, int] | None = None,
+                 error: int = KafkaError._TIMED_OUT) -> None:
         self.timeouts = timeouts
+        self.error = error
         self.partitions = partitions
         self.seek_errors = seek_errors or {}
         self.seeks: list[tuple[str, int, int]] = []
@@ -59,7 +61,7 @@ class RewindConsumer:
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         if self.timeouts:
             self.timeouts -= 1
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+            raise KafkaException(KafkaError(self.error))
         return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
 
     def seek(self, tp: TopicPartition) -> None:
@@ -94,11 +96,14 @@ def test_a_rewind_drops_the_aborted_epoch_and_seeks_to_the_committed_offsets() -
     assert consumer.seeks == [(TOPIC, 0, 7)] and len(batcher) == 0 and tracker.in_flight() == 0
 
 
-def test_a_rewind_whose_committed_offsets_time_out_stays_pending_and_is_tried_again() -> None:
-    """A coordinator that does not answer in time (seen when a replica was frozen mid-call) must not fail the
-    worker; the rewind is retried by the next loop."""
+@pytest.mark.parametrize("error", [KafkaError._TIMED_OUT, KafkaError.NOT_COORDINATOR,
+                                   KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
+def test_a_rewind_whose_committed_offsets_time_out_stays_pending_and_is_tried_again(error: int) -> None:
+    """A coordinator that does not answer in time (seen when a replica was frozen mid-call) or has moved (seen in
+    the long chaos run after a broker restart: NOT_COORDINATOR) must not fail the worker; the rewind is retried by
+    the next loop."""
     txns, batcher, tracker = aborted()
-    consumer = RewindConsumer(timeouts=1)
+    consumer = RewindConsumer(timeouts=1, error=error)
     txns.rewind(consumer, batcher, tracker)  # type: ignore[arg-type]
     assert txns.pending() and consumer.seeks == [] and len(batcher) == 1
     txns.rewind(consumer, batcher, tracker)  # type: ignore[arg-type]
