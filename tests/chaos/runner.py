@@ -145,14 +145,16 @@ class Fleet:
             self.bridge.heal()
         return "replica " + ",".join(map(str, self.isolate))
 
-    def reap(self) -> list[int]:
-        """Slots whose process exited; returns them (exit codes are checked by the caller)."""
+    def reap(self) -> list[tuple[int, WorkerProcess]]:
+        """Slots whose process exited, each with that process (exit codes are checked by the caller)."""
         gone = [slot for slot, p in self.live.items() if p.proc.poll() is not None]
+        reaped = []
         for slot in gone:
             proc = self.live.pop(slot)
             proc.kill()  # already dead: reaps it and closes its log
             self.finished.append(proc)
-        return gone
+            reaped.append((slot, proc))
+        return reaped
 
     def stop(self, slot: int) -> int:
         proc = self.live.pop(slot)
@@ -243,14 +245,14 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     deadline = time.monotonic() + cfg.timeout_s
     while (kills < cfg.kills or pending_faults) and time.monotonic() < deadline:
         time.sleep(cfg.kill_interval_s * rng.uniform(0.5, 1.5))
-        for slot in fleet.reap():
-            code = fleet.finished[-1].proc.returncode
+        for slot, gone in fleet.reap():  # two may exit at once: each its own code and output
+            code = gone.proc.returncode
             if code == -9 and slot in armed:
                 kills += 1
                 phase_kills[armed.pop(slot)] += 1
                 fleet.start(slot)
             else:
-                failures.append(f"replica {slot} exited {code}: {fleet.finished[-1].output()[-1500:]}")
+                failures.append(f"replica {slot} exited {code}: {gone.output()[-1500:]}")
                 fleet.start(slot)
         for slot, since in list(armed_at.items()):
             if slot in armed and slot in fleet.live and time.monotonic() - since > 20:
