@@ -17,6 +17,8 @@ def table(report: dict[str, Any]) -> str:
             ("replica freezes", lambda r: str(r["freezes"])),
             ("lost", lambda r: str(r["lost"])),
             ("duplicates (read_committed)", lambda r: f"{r['duplicates']:,}"),
+            ("of which the input held twice", lambda r: str(r["upstream_repeats"]) if "upstream_repeats" in r
+             else "not counted"),
             ("order violations", lambda r: str(r["order_violations"])),
             ("dead-lettered / bad records sent", lambda r: f"{r['dead_lettered']:,} / {r['poison_injected']:,}"),
             ("committed == end offsets", lambda r: "no" if r["commit_problems"] else "yes"),

@@ -85,6 +85,7 @@ class ChaosResult:
     faults: list[Fault] = field(default_factory=list)
     recovery: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     duplicate_details: list[str] = field(default_factory=list)  # where the first repeated ids were written
+    upstream_repeats: int = 0  # of the duplicates, those whose copies name different input records
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -96,8 +97,8 @@ class ChaosResult:
                           for k, v in self.recovery.items())
         return (f"chaos: events={self.events} kills={self.kills} freezes={self.freezes} rebalances={self.rebalances} "
                 f"lost={self.lost} "
-                f"duplicates={self.duplicates} order_violations={self.order_violations} "
-                f"dead_lettered={self.dead_lettered}/{self.poison_injected} "
+                f"duplicates={self.duplicates} (upstream {self.upstream_repeats}) "
+                f"order_violations={self.order_violations} dead_lettered={self.dead_lettered}/{self.poison_injected} "
                 f"phase_kills={','.join(f'{k}:{v}' for k, v in self.phase_kills.items())} "
                 f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)} "
                 f"send_failures={self.send_failures}" + (f" {faults}" if faults else ""))
@@ -339,7 +340,7 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         aborted_records_seen_uncommitted=uncommitted_extra(cfg.bootstrap, output_topic, len(verifier.outputs)),
         worker_failures=failures, send_failures=len(failed_ids) + load.poison_failed,
         failed_sends_found=sum(1 for e in failed_ids if e in ids), faults=faults, recovery=recovery_table(faults),
-        duplicate_details=verifier.duplicate_details(),
+        duplicate_details=verifier.duplicate_details(), upstream_repeats=verifier.upstream_repeats(),
     )
     verifier.close()
     return result

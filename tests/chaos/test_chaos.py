@@ -127,5 +127,6 @@ def assert_consistent(result: Any, guarantee: str) -> None:
     assert result.commit_problems == []
     assert result.hanging_transactions == []
     assert bool(result.duplicate_details) == (result.duplicates > 0)  # where each repeat was written, when any
+    assert 0 <= getattr(result, "upstream_repeats", 0) <= result.duplicates
     if guarantee == "exactly-once":
         assert result.duplicates == 0, result.duplicate_details

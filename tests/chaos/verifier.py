@@ -85,6 +85,15 @@ class Verifier:
                 copies[event_id].append(f"{topic}[{partition}]@{offset} ts={ts} from input[{src_p}]@{src_off}")
         return [f"{event_id}: " + "; ".join(where) for event_id, where in copies.items()]
 
+    def upstream_repeats(self) -> int:
+        """Output repeats that are not the workers': copies of one id that name different input records, so the
+        input held the event more than once (an idempotent producer that had to bump its epoch after a request
+        that may have been written timed out can write it twice). Exactly-once is one output per input record."""
+        records: dict[str, set[tuple[int, int]]] = defaultdict(set)
+        for _, _, src_p, src_off, event_id, _, _ in self.outputs:
+            records[event_id].add((src_p, src_off))
+        return sum(len(r) - 1 for r in records.values() if len(r) > 1)
+
     def order_violations(self) -> int:
         """Per (output partition, input partition): input offsets must increase, repeats dropped."""
         last: dict[tuple[str, int, int], int] = {}
