@@ -87,8 +87,9 @@ class Verifier:
 
     def upstream_repeats(self) -> int:
         """Output repeats that are not the workers': copies of one id that name different input records, so the
-        input held the event more than once (an idempotent producer that had to bump its epoch after a request
-        that may have been written timed out can write it twice). Exactly-once is one output per input record."""
+        input held the event more than once (a producer that sends again a record whose delivery failed though it
+        was written: the load generator never does, so this stays 0 unless something upstream repeats).
+        Exactly-once is one output per input record."""
         records: dict[str, set[tuple[int, int]]] = defaultdict(set)
         for _, _, src_p, src_off, event_id, _, _ in self.outputs:
             records[event_id].add((src_p, src_off))
