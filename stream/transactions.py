@@ -9,7 +9,7 @@ On the processor thread (`process`, then `commit`):
    (``send_offsets_to_transaction`` with that group metadata) and commit; the spans are acknowledged at once,
    the commit having delivered them all. A processor that runs out of queued batches commits at once, so a
    transaction never waits for input and a revoke or a shutdown (which wait for in-flight records) is never
-   held by one. A batch consumed while the consumer was out of its group (no generation, no member id: see
+   held by one. A batch consumed while the consumer was out of its group (no generation or no member id: see
    `is_member`) is never produced or committed: its epoch is rewound.
 An abortable error aborts the transaction and marks the epoch its batches were consumed in as rewound: the
 processor drops every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
@@ -64,10 +64,12 @@ def group_membership(metadata: object) -> tuple[int, str] | None:
 
 def is_member(metadata: object) -> bool:
     """The metadata names a generation and a member. A consumer the group has evicted (a session timed out: a
-    frozen process, a cut network, a paused broker) or that is rejoining has neither, and Kafka accepts a
-    transactional offset commit without them whatever the group's state (the generation check is skipped for
-    transactional commits, to serve old clients): its batches would be committed while another member processes
-    the same records. A layout this code does not know passes (the broker's own checks are all there is)."""
+    frozen process, a cut network, a paused broker) lacks the member id (librdkafka clears it at once, before the
+    application is told the partitions are lost), and one whose join failed with ILLEGAL_GENERATION lacks the
+    generation. Kafka accepts a transactional offset commit that names neither, whatever the group's state (the
+    check is skipped for transactional commits, to serve old clients): its batches would be committed while
+    another member processes the same records. Either one missing is refused here. A layout this code does not
+    know passes (the broker's own checks are all there is)."""
     membership = group_membership(metadata)
     return membership is None or (membership[0] >= 0 and membership[1] != "")
 
