@@ -206,9 +206,17 @@ class Publisher:
         """The topic whose records ``produce_joined`` sends through the C client, if any."""
         return self._native.topic if self._native is not None else None
 
+    def _note_broken(self, err: KafkaError) -> bool:
+        """Remember a replaceable fatal error of the transactional producer (the first one): the processor
+        replaces the producer at its next transactional step. False for any other error."""
+        if not (self.transactional and err.fatal() and err.code() in REPLACEABLE_FATAL):
+            return False
+        if self._broken is None:
+            self._broken = err
+        return True
+
     def _on_client_error(self, err: KafkaError) -> None:
-        if err.fatal() and self.transactional and err.code() in REPLACEABLE_FATAL:
-            self._broken = err  # the processor replaces the producer at its next transactional step
+        if self._note_broken(err):
             log.error("transactional producer: %s (a fresh producer takes over)", err)
         elif err.fatal():
             self.record_failure(PublishError("producer", err), None)
@@ -403,8 +411,7 @@ class Publisher:
                 break
             except KafkaException as exc:
                 error = TransactionError("abort transaction", exc.args[0])
-                if error.fatal and error.code in REPLACEABLE_FATAL and self._broken is None:
-                    self._broken = exc.args[0]
+                self._note_broken(exc.args[0])
                 if error.fatal or error.code != KafkaError._TIMED_OUT or deadline.passed():
                     raise error from exc
         self._in_transaction = False
@@ -424,14 +431,9 @@ class Publisher:
                               f"{REPLACEMENT_WINDOW_S:.0f}s (last: {self._broken}); stopping")
         log.error("the transactional producer is in a fatal state (%s); a fresh producer with the same "
                   "transactional id takes over and the open transaction's batches are consumed again", self._broken)
-        old = self._producer
-        with self._serving:
-            self._producer = Producer(self._config)
-            self._in_transaction = False
-            self._broken = None
         with contextlib.suppress(KafkaException, RuntimeError):
-            old.purge()  # its records belong to the transaction the new producer's init aborts
-        self.init_transactions(timeout_s)
+            self._producer.purge()  # its records belong to the transaction the new producer's init aborts
+        self._take_over(timeout_s)
 
     def _replace_stuck_producer(self, deadline: Deadline) -> None:
         self._abandoned = [(p, t) for p, t in self._abandoned if t.is_alive()]  # their calls returned at last
@@ -443,11 +445,16 @@ class Publisher:
         log.error("send offsets to transaction did not return within its timeout (a librdkafka bug: "
                   "confluentinc/librdkafka#5456); a fresh transactional producer takes over and the batch is "
                   "consumed again")
+        self._take_over(max(deadline.left(), SEND_OFFSETS_TIMEOUT_S))
+
+    def _take_over(self, timeout_s: float) -> None:
+        """A fresh producer with the same transactional id replaces the current one; its init fences the old one
+        and aborts the transaction that one left open."""
         with self._serving:
             self._producer = Producer(self._config)
             self._in_transaction = False
             self._broken = None
-        self.init_transactions(max(deadline.left(), SEND_OFFSETS_TIMEOUT_S))
+        self.init_transactions(timeout_s)
 
     def _txn_call(self, operation: str, call: Callable[[float], object], deadline: Deadline,
                   attempts: int = 3) -> None:
@@ -458,8 +465,7 @@ class Publisher:
                 return
             except KafkaException as exc:
                 error = TransactionError(operation, exc.args[0])
-                if error.fatal and error.code in REPLACEABLE_FATAL and self._broken is None:
-                    self._broken = exc.args[0]
+                self._note_broken(exc.args[0])
                 if (not error.retriable or error.fatal or error.requires_abort or attempt == attempts
                         or deadline.passed()):
                     raise error from exc
