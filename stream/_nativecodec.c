@@ -42,14 +42,34 @@ static void release(Buf *b, int n) {
         if (b[i].held) PyBuffer_Release(&b[i].view);
 }
 
-/* Strict UTF-8 check of the bytes, as Python's decoder does it (only called when a byte is >= 0x80). */
-static int valid_utf8(const char *s, Py_ssize_t n) {
-    PyObject *text = PyUnicode_DecodeUTF8(s, n, "strict");
-    if (text == NULL) {
-        PyErr_Clear();
-        return 0;
+/* Strict UTF-8 check of the bytes, accepting exactly what Python's strict decoder accepts (no overlong forms, no
+ * surrogates, nothing past U+10FFFF); needs no GIL. Only called when a byte is >= 0x80. */
+static int valid_utf8(const char *text, Py_ssize_t n) {
+    const unsigned char *s = (const unsigned char *)text, *end = s + n;
+    while (s < end) {
+        const unsigned char c = *s;
+        if (c < 0x80) {
+            s++;
+            continue;
+        }
+        Py_ssize_t len;
+        unsigned char lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;      /* overlong */
+            else if (c == 0xED) hi = 0x9F; /* surrogates */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;      /* overlong */
+            else if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
+        } else
+            return 0;
+        if (end - s < len || s[1] < lo || s[1] > hi) return 0;
+        for (Py_ssize_t k = 2; k < len; k++)
+            if ((s[k] & 0xC0) != 0x80) return 0;
+        s += len;
     }
-    Py_DECREF(text);
     return 1;
 }
 
@@ -178,13 +198,21 @@ static inline int any_nonfinite(const char *p, Py_ssize_t count, Py_ssize_t widt
     return bad;
 }
 
+/* Bytes held by a Python object, read without the GIL: a reader default value as its column stores it (NULL: the
+ * default is null), or an output constant. */
+typedef struct {
+    const char *bytes;
+    Py_ssize_t size;
+} BytesView;
+
 typedef struct {
     const int32_t *prog;
     Py_ssize_t prog_len;
     const unsigned char *p, *end;
     Col *cols;
     Py_ssize_t ncols, row;
-    PyObject *defaults; /* list of bytes: the reader's default values, stored as their column stores them */
+    const BytesView *defaults; /* the reader's default values (held by the caller's tuple while the GIL is released) */
+    Py_ssize_t ndefaults;
     int err;
     const char *msg;
     int32_t fail;
@@ -432,14 +460,19 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
         for (int32_t j = 0; j < d; j++) {
             const int32_t col = prog[at + 1 + 2 * j], which = prog[at + 2 + 2 * j];
             Col *c = &r->cols[col];
-            PyObject *value = PyList_GET_ITEM(r->defaults, which);
+            if (which < 0 || which >= r->ndefaults) {
+                r->err = ERR_CORRUPT;
+                r->msg = "a default out of the plan's defaults";
+                return -1;
+            }
+            const BytesView *value = &r->defaults[which];
             c->written = 1;
-            if (value == Py_None) {
+            if (value->bytes == NULL) {
                 c->null = 1;
                 continue;
             }
-            const Py_ssize_t n = PyBytes_GET_SIZE(value);
-            const char *src = PyBytes_AS_STRING(value);
+            const Py_ssize_t n = value->size;
+            const char *src = value->bytes;
             if (c->var) {
                 if (room(r, c, n / st_size[c->storage]) < 0) return -1;
                 memcpy(c->values + c->at * st_size[c->storage], src, n);
@@ -463,36 +496,65 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
     }
 }
 
+/* A record not taken, kept in C while the GIL is released: turned into Python objects afterwards. */
+typedef struct {
+    int64_t raw;
+    int err;
+    const char *msg; /* a static message, or NULL: `fail` indexes the plan's reasons */
+    int32_t fail;
+} RowError;
+
 /* run_plan(program, defaults, values, rows, skip, columns, index) -> (taken, errors)
  *
  * values: as for scan_events (a list of bytes, or (buffer, starts, lengths)); rows: int64 positions of the
  * records to decode, each read from byte `skip` (past its header). columns: a list of (storage, var, nullable,
  * values, valid, offsets, finite) with values of `len(rows)` items (scalar) or of capacity items (variable),
  * valid uint8 (nullable), offsets int64 (len(rows) + 1, variable), finite uint8 (or None; columns of reals:
- * whether the row's values are all finite, checked as they are copied). index (int64, len(rows)) receives each taken row's raw
- * position. errors: [(raw position, reason, message or fail index)] for the records not taken, reason 1
- * corrupt-avro, 2 incompatible-schema. */
+ * whether the row's values are all finite, checked as they are copied). index (int64, len(rows)) receives each
+ * taken row's raw position. errors: [(raw position, reason, message or fail index)] for the records not taken,
+ * reason 1 corrupt-avro, 2 incompatible-schema. The rows are decoded without the GIL when the values are the
+ * joined form. */
 static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *prog_obj, *defaults, *values, *rows_obj, *cols_obj, *index_obj;
+    PyObject *prog_obj, *defaults_obj, *values, *rows_obj, *cols_obj, *index_obj;
     Py_ssize_t skip;
-    if (!PyArg_ParseTuple(args, "OO!OOnO!O", &prog_obj, &PyList_Type, &defaults, &values, &rows_obj, &skip,
+    if (!PyArg_ParseTuple(args, "OO!OOnO!O", &prog_obj, &PyList_Type, &defaults_obj, &values, &rows_obj, &skip,
                           &PyList_Type, &cols_obj, &index_obj))
         return NULL;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(defaults); k++) {
-        PyObject *d = PyList_GET_ITEM(defaults, k);
+    /* A tuple of the defaults keeps them alive, whatever happens to the list, while the GIL is released. */
+    PyObject *defaults = PySequence_Tuple(defaults_obj);
+    if (defaults == NULL) return NULL;
+    const Py_ssize_t ndefaults = PyTuple_GET_SIZE(defaults);
+    BytesView *dflt = PyMem_Calloc(ndefaults ? ndefaults : 1, sizeof(BytesView));
+    if (dflt == NULL) {
+        Py_DECREF(defaults);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < ndefaults; k++) {
+        PyObject *d = PyTuple_GET_ITEM(defaults, k);
         if (d != Py_None && !PyBytes_CheckExact(d)) {
             PyErr_SetString(PyExc_TypeError, "defaults: bytes or None");
+            Py_DECREF(defaults);
+            PyMem_Free(dflt);
             return NULL;
+        }
+        if (d != Py_None) {
+            dflt[k].bytes = PyBytes_AS_STRING(d);
+            dflt[k].size = PyBytes_GET_SIZE(d);
         }
     }
     PyObject *result = NULL, *errors = NULL;
+    RowError *failed = NULL;
     Buf in[3];
     memset(in, 0, sizeof in);
     Values v;
     memset(&v, 0, sizeof v);
     const Py_ssize_t ncols = PyList_GET_SIZE(cols_obj);
     Col *cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(Col));
-    if (cols == NULL) return PyErr_NoMemory();
+    if (cols == NULL) {
+        Py_DECREF(defaults);
+        PyMem_Free(dflt);
+        return PyErr_NoMemory();
+    }
     if (get_buf(prog_obj, &in[0], 4, 0, 0, "program") < 0 || get_buf(rows_obj, &in[1], 8, 0, 0, "rows") < 0)
         goto done;
     const Py_ssize_t n = in[1].view.len / 8;
@@ -524,21 +586,22 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
             c->offsets[0] = 0;
         }
     }
-    errors = PyList_New(0);
-    if (errors == NULL) goto cols_done;
     Run r = {.prog = in[0].view.buf, .prog_len = in[0].view.len / 4, .cols = cols, .ncols = ncols,
-             .defaults = defaults};
+             .defaults = dflt, .ndefaults = ndefaults};
     const int64_t *rows = in[1].view.buf;
     int64_t *index = in[2].view.buf;
-    Py_ssize_t taken = 0;
+    Py_ssize_t taken = 0, nfailed = 0, cap_failed = 0, missing = -1;
+    int no_memory = 0;
+    /* The records as one joined buffer (the worker's input) are decoded without the GIL, so that other threads
+     * (the next batch's prepare, the finish stage's encode) run meanwhile; a list of bytes objects keeps it. */
+    PyThreadState *released = v.list == NULL ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t raw = rows[i];
         Py_ssize_t len = -1;
         const unsigned char *p = raw >= 0 && raw < v.count ? value_at(&v, (Py_ssize_t)raw, &len) : NULL;
         if (p == NULL || len < skip) {
-            PyErr_Format(PyExc_ValueError, "row %zd: no value of at least %zd bytes at position %lld", i, skip,
-                         (long long)raw);
-            goto cols_done;
+            missing = i;
+            break;
         }
         r.p = p + skip;
         r.end = p + len;
@@ -563,13 +626,16 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         if (r.err != ERR_NONE) {
             for (Py_ssize_t k = 0; k < ncols; k++) cols[k].at = cols[k].row_start;
-            PyObject *what = r.msg != NULL ? PyUnicode_FromString(r.msg) : PyLong_FromLong(r.fail);
-            PyObject *item = what == NULL ? NULL : Py_BuildValue("(LiN)", (long long)raw, r.err, what);
-            if (item == NULL || PyList_Append(errors, item) < 0) {
-                Py_XDECREF(item);
-                goto cols_done;
+            if (nfailed == cap_failed) {
+                cap_failed = cap_failed ? 2 * cap_failed : 16;
+                RowError *grown = PyMem_RawRealloc(failed, cap_failed * sizeof(RowError));
+                if (grown == NULL) {
+                    no_memory = 1;
+                    break;
+                }
+                failed = grown;
             }
-            Py_DECREF(item);
+            failed[nfailed++] = (RowError){.raw = raw, .err = r.err, .msg = r.msg, .fail = r.fail};
             continue;
         }
         for (Py_ssize_t k = 0; k < ncols; k++) {
@@ -584,6 +650,25 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         index[taken++] = raw;
     }
+    if (released != NULL) PyEval_RestoreThread(released);
+    if (no_memory) {
+        PyErr_NoMemory();
+        goto cols_done;
+    }
+    if (missing >= 0) {
+        PyErr_Format(PyExc_ValueError, "row %zd: no value of at least %zd bytes at position %lld", missing, skip,
+                     (long long)rows[missing]);
+        goto cols_done;
+    }
+    errors = PyList_New(nfailed);
+    if (errors == NULL) goto cols_done;
+    for (Py_ssize_t e = 0; e < nfailed; e++) {
+        const RowError *f = &failed[e];
+        PyObject *what = f->msg != NULL ? PyUnicode_FromString(f->msg) : PyLong_FromLong(f->fail);
+        PyObject *item = what == NULL ? NULL : Py_BuildValue("(LiN)", (long long)f->raw, f->err, what);
+        if (item == NULL) goto cols_done;
+        PyList_SET_ITEM(errors, e, item);
+    }
     result = Py_BuildValue("(nO)", taken, errors);
 cols_done:
     for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 4);
@@ -592,6 +677,9 @@ done:
     release(v.b, 3);
     release(in, 3);
     PyMem_Free(cols);
+    PyMem_Free(dflt);
+    PyMem_RawFree(failed);
+    Py_DECREF(defaults);
     return result;
 }
 
@@ -651,23 +739,42 @@ static int en_args(int32_t code) {
 }
 
 static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *header_obj, *prog_obj, *consts, *arrays_obj, *ends_obj;
+    PyObject *header_obj, *prog_obj, *consts_obj, *arrays_obj, *ends_obj;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "SOO!O!nO", &header_obj, &prog_obj, &PyList_Type, &consts, &PyList_Type, &arrays_obj,
-                          &n, &ends_obj))
+    if (!PyArg_ParseTuple(args, "SOO!O!nO", &header_obj, &prog_obj, &PyList_Type, &consts_obj, &PyList_Type,
+                          &arrays_obj, &n, &ends_obj))
         return NULL;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(consts); k++)
-        if (!PyBytes_CheckExact(PyList_GET_ITEM(consts, k))) {
+    /* The rows are written without the GIL: the constants as C views, kept alive by a tuple of them. */
+    PyObject *consts = PySequence_Tuple(consts_obj);
+    if (consts == NULL) return NULL;
+    const Py_ssize_t nconsts = PyTuple_GET_SIZE(consts);
+    BytesView *constant = PyMem_Calloc(nconsts ? nconsts : 1, sizeof(BytesView));
+    if (constant == NULL) {
+        Py_DECREF(consts);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < nconsts; k++) {
+        PyObject *c = PyTuple_GET_ITEM(consts, k);
+        if (!PyBytes_CheckExact(c)) {
             PyErr_SetString(PyExc_TypeError, "consts: bytes");
+            Py_DECREF(consts);
+            PyMem_Free(constant);
             return NULL;
         }
+        constant[k].bytes = PyBytes_AS_STRING(c);
+        constant[k].size = PyBytes_GET_SIZE(c);
+    }
     const Py_ssize_t narrays = PyList_GET_SIZE(arrays_obj);
     Buf *arrays = PyMem_Calloc(narrays ? narrays : 1, sizeof(Buf));
     Buf pb, eb;
     memset(&pb, 0, sizeof pb);
     memset(&eb, 0, sizeof eb);
     PyObject *result = NULL;
-    if (arrays == NULL) return PyErr_NoMemory();
+    if (arrays == NULL) {
+        Py_DECREF(consts);
+        PyMem_Free(constant);
+        return PyErr_NoMemory();
+    }
     for (Py_ssize_t k = 0; k < narrays; k++) {
         if (PyObject_GetBuffer(PyList_GET_ITEM(arrays_obj, k), &arrays[k].view, PyBUF_C_CONTIGUOUS) < 0) goto done;
         arrays[k].held = 1;
@@ -686,8 +793,8 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         const int32_t x = prog[pc + 1];
         if (code == EN_CONST) {
-            if (x < 0 || x >= PyList_GET_SIZE(consts)) { PyErr_SetString(PyExc_ValueError, "const index"); goto done; }
-            bound += n * PyBytes_GET_SIZE(PyList_GET_ITEM(consts, x));
+            if (x < 0 || x >= nconsts) { PyErr_SetString(PyExc_ValueError, "const index"); goto done; }
+            bound += n * constant[x].size;
         } else if (x < 0 || x >= narrays) {
             PyErr_SetString(PyExc_ValueError, "array index");
             goto done;
@@ -732,6 +839,7 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
     const char *header = PyBytes_AS_STRING(header_obj);
     int64_t *ends = eb.view.buf;
     Py_ssize_t at = 0;
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         memcpy(out + at, header, header_size);
         at += header_size;
@@ -740,9 +848,9 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
             const Buf *a = code == EN_CONST ? NULL : &arrays[prog[pc + 1]]; /* EN_CONST's argument is a const */
             switch (code) {
             case EN_CONST: {
-                PyObject *c = PyList_GET_ITEM(consts, prog[pc + 1]);
-                memcpy(out + at, PyBytes_AS_STRING(c), PyBytes_GET_SIZE(c));
-                at += PyBytes_GET_SIZE(c);
+                const BytesView *c = &constant[prog[pc + 1]];
+                memcpy(out + at, c->bytes, c->size);
+                at += c->size;
                 pc += 2;
                 break;
             }
@@ -785,6 +893,7 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         ends[i] = at;
     }
+    Py_END_ALLOW_THREADS
     if (at > bound) { /* cannot happen: the bound holds each operation's largest encoding */
         Py_CLEAR(result);
         PyErr_SetString(PyExc_SystemError, "encode_rows wrote past its bound");
@@ -796,6 +905,8 @@ done:
     release(&eb, 1);
     release(arrays, (int)narrays);
     PyMem_Free(arrays);
+    PyMem_Free(constant);
+    Py_DECREF(consts);
     return result;
 }
 

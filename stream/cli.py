@@ -47,11 +47,21 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="--model minilm on CUDA: the encoder's precision (float32)")
+    p.add_argument("--fixed-shapes", action="store_true", default=None,
+                   help="--model minilm: passes of a fixed shape set (lengths to a multiple of 16 tokens, rows to a "
+                        "few sizes) instead of each batch's own")
+    p.add_argument("--cuda-graphs", action="store_true", default=None,
+                   help="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a CUDA graph "
+                        "and replayed")
     p.add_argument("--malloc-mmap-threshold-kib", type=int,
                    help="glibc: allocations this large are mmap'd (default 128; 32768 for --model minilm)")
     p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
     p.add_argument("--gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
-                   help="on CUDA, keep one batch ahead on the device so copies and compute overlap host work (on)")
+                   help="on CUDA, submit the next batch before the one before is done, so copies and compute overlap "
+                        "(on)")
+    p.add_argument("--prepare-threads", type=int,
+                   help="threads preparing batches for the model: decode, bind, the model's own prepare such as "
+                        "tokenizing, several batches at once (default: half the cores, 1 to 4)")
     p.add_argument("--gil-switch-interval-ms", type=float,
                    help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
     p.add_argument("--metrics-port", type=int,
@@ -327,6 +337,21 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
                               f"{b['worker_mmap_128k']['rate']:,.1f} texts/s (with the model's 32 MiB: "
                               f"{b['worker']['rate']:,.1f})")
     console.print(f"CUDA: {section['cuda']}")
+    stages = section.get("stages")
+    if stages is not None:
+        from stream.bench.stages import format_stages_table
+
+        rows = format_stages_table(stages)
+        table = Table(title=f"the stages against a simulated device: MiniLM's host path, batch "
+                            f"{stages['config']['batch']}, {stages['config']['texts']:,} texts a drain")
+        for col in rows[0]:
+            table.add_column(col, justify="right")
+        for row in rows[1:]:
+            table.add_row(*row)
+        console.print(table)
+        console.print(f"tokenizing alone: {stages['tokenize_alone']:,.0f} texts/s "
+                      f"({stages['tokenize_alone_one_thread']:,.0f} on one thread); "
+                      f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
 
 
 def run_bench_text_command(args: argparse.Namespace) -> int:
@@ -343,6 +368,14 @@ def run_bench_text_command(args: argparse.Namespace) -> int:
         cfg.batches = tuple(int(b) for b in args.batches.split(","))
     if args.torch_threads is not None:
         cfg.torch_threads = tuple(int(t) for t in args.torch_threads.split(","))
+    if args.cuda_texts is not None:
+        cfg.cuda_texts = args.cuda_texts
+    cfg.reference = cfg.reference and not args.no_reference
+    if args.stages_rounds == 0:
+        cfg.stages = None
+    elif cfg.stages is not None:
+        cfg.stages.rounds = args.stages_rounds or cfg.stages.rounds
+        cfg.stages.texts = args.stages_texts or cfg.stages.texts
     results = args.results or Path("results") / time.strftime("bench-text-%Y%m%d-%H%M%S")
     console = Console(width=None if sys.stdout.isatty() else 200)
     report = run_text_only(cfg, results, args.broker, args.bootstrap_servers, console_print=console.print)
@@ -438,6 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--batches", default=None, help="CPU batch sizes, comma-separated (32,128)")
     text.add_argument("--torch-threads", default=None,
                       help="intra-op thread counts, comma-separated, each for the model alone and the worker (1,2)")
+    text.add_argument("--stages-rounds", type=int, default=None,
+                      help="rounds of the stages against a simulated device (3; 0: none)")
+    text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (100,000)")
+    text.add_argument("--cuda-texts", type=int, default=None, help="texts per CUDA drain (51,200)")
+    text.add_argument("--no-reference", action="store_true", help="leave sentence-transformers' encode out")
     text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")
     gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")

@@ -69,6 +69,13 @@ def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
     return {**parts[""], **parts["ADMIN"]}
 
 
+def default_prepare_threads(cores: int | None = None) -> int:
+    """Prepare threads by default: half the cores (the poll, device and finish threads, the clients' own threads
+    and the model's intra-op threads need the rest), at least 1, at most 4."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, min(4, cores // 2))
+
+
 class WorkerSettings(BaseSettings):
     """Everything the worker needs; invalid combinations fail before any connection is made."""
 
@@ -92,6 +99,12 @@ class WorkerSettings(BaseSettings):
         description="--model minilm: texts are cut to this many tokens (default 256; the model's limit is 512)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="--model minilm on CUDA: the encoder's weights and activations (default float32)")
+    fixed_shapes: bool | None = Field(
+        default=None, description="--model minilm: passes of a fixed shape set (lengths rounded up to a multiple "
+                                  "of 16 tokens, rows to a few sizes) instead of each batch's own")
+    cuda_graphs: bool | None = Field(
+        default=None, description="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a "
+                                  "CUDA graph and replayed (one launch instead of hundreds)")
     torch_threads: int = Field(default=1, ge=1, le=1024)
     malloc_mmap_threshold_kib: int | None = Field(
         default=None, ge=4, le=1_048_576,
@@ -101,7 +114,12 @@ class WorkerSettings(BaseSettings):
     gpu_overlap: bool = Field(
         default=True,
         description="on CUDA, submit the next batch to the device before waiting for the one before, so its copy "
-                    "and forward pass overlap the host's decode, encode and publish (at-least-once only)")
+                    "and forward pass overlap the host's work on the batches around it")
+    prepare_threads: int = Field(
+        default_factory=lambda: default_prepare_threads(),
+        ge=1, le=64,
+        description="threads that prepare batches for the model (decode, bind, the handler's prepare such as "
+                    "tokenizing), several batches at once (default: half the cores, 1 to 4)")
     gil_switch_interval_ms: float = Field(
         default=1.0, ge=0.05, le=100.0,
         description="how long a thread may hold the GIL while another waits (Python's default is 5 ms); the poll "

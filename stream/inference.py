@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ class ModelHandler(Protocol):
     def load(self, device: torch.device) -> None:
         """Load weights onto ``device``; raise UnrecoverableModelError if that is impossible."""
 
-    # Optional: ``prepare(inputs) -> dict`` runs first, on the host (tokenizing, say); its numeric numpy arrays
-    # are what the engine stages in page-locked memory for ``collate`` on CUDA. Optional too: ``truncated``, a
-    # running count of inputs the model cut to fit (exported as stream_inputs_truncated_total).
+    # Optional: ``prepare(inputs) -> dict`` runs first, on the host (tokenizing, say), on one of the worker's
+    # prepare threads, several batches at a time: it must be safe to call from several threads at once. Its numeric
+    # numpy arrays are what the engine stages in page-locked memory for ``collate`` on CUDA; an int under the key
+    # ``"truncated"`` is the count of the batch's inputs the model cut to fit (stream_inputs_truncated_total).
 
     def collate(self, inputs: Mapping[str, Any], device: torch.device) -> Any:
         """The batch's inputs by name (numeric ones as numpy arrays of ``(n, *shape)``, strings and bytes as lists)
@@ -67,10 +69,13 @@ def select_device(spec: str) -> torch.device:
 
 @dataclass(frozen=True)
 class TextOptions:
-    """Settings of the built-in text model (``--max-tokens``, ``--dtype``); None: not given."""
+    """Settings of the built-in text model (``--max-tokens``, ``--dtype``, ``--fixed-shapes``, ``--cuda-graphs``);
+    None: not given."""
 
     max_tokens: int | None = None
     dtype: str | None = None
+    fixed_shapes: bool | None = None
+    cuda_graphs: bool | None = None
 
 
 def create_handler(name: str, model_dir: Path | None, text: TextOptions | None = None) -> ModelHandler:
@@ -81,8 +86,11 @@ def create_handler(name: str, model_dir: Path | None, text: TextOptions | None =
         from stream.models.minilm import DEFAULT_MAX_TOKENS, MiniLMHandler
 
         return MiniLMHandler(model_dir, max_tokens=text.max_tokens or DEFAULT_MAX_TOKENS,
-                             dtype=text.dtype or "float32")
-    given = [flag for flag, value in (("--max-tokens", text.max_tokens), ("--dtype", text.dtype)) if value]
+                             dtype=text.dtype or "float32", fixed_shapes=bool(text.fixed_shapes),
+                             cuda_graphs=bool(text.cuda_graphs))
+    given = [flag for flag, value in (("--max-tokens", text.max_tokens), ("--dtype", text.dtype),
+                                      ("--fixed-shapes", text.fixed_shapes), ("--cuda-graphs", text.cuda_graphs))
+             if value]
     if given:
         raise ConfigError(f"{' and '.join(given)} apply to --model minilm only")
     if name == "demo":
@@ -126,6 +134,15 @@ class BatchResult:
 
 
 @dataclass
+class Prepared:
+    """A batch's inputs after the handler's host-side ``prepare`` (`InferenceEngine.prepare`)."""
+
+    inputs: Mapping[str, Any]
+    truncated: int = 0  # the batch's inputs the handler cut to fit
+    error: ModelError | None = None  # prepare failed: raised by the batch's result
+
+
+@dataclass
 class InFlight:
     """A batch handed to the device: ``InferenceEngine.result`` waits for it and returns its outputs."""
 
@@ -134,6 +151,8 @@ class InFlight:
     raw: Any = None  # the model's output; on CUDA a host tensor being filled by an asynchronous copy
     done: Any = None  # CUDA: event recorded on the compute stream after that copy
     error: BaseException | None = None  # raised by result(): the submit failed
+    waited: float = 0.0  # seconds result() spent waiting for the device (CUDA), not working
+    finished: float | None = None  # when the forward pass was over (CPU: at the end of submit; CUDA: in wait)
 
 
 class _PinnedStaging:
@@ -182,6 +201,10 @@ class InferenceEngine:
     the device on a copy stream (overlapping the model's work on the batch before), the forward pass runs on a
     compute stream, and its output comes back to page-locked host memory asynchronously. ``result`` waits for it.
     On the CPU, ``submit`` runs the model at once.
+
+    ``prepare`` (the handler's host side) is safe from several threads at once; ``submit`` is called by the device
+    stage's thread and, for the retries and halves of a failed batch, by the finish stage's: a lock keeps their
+    copies and launches apart.
     """
 
     def __init__(self, handler: ModelHandler, device: torch.device) -> None:
@@ -194,6 +217,7 @@ class InferenceEngine:
         except Exception as exc:
             raise UnrecoverableModelError(f"model {handler.name} cannot load on {device}: {exc}") from exc
         self._prepare = getattr(handler, "prepare", None)
+        self._submitting = threading.Lock()
         self.asynchronous = device.type == "cuda"
         if self.asynchronous:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -204,25 +228,54 @@ class InferenceEngine:
     def run(self, inputs: Mapping[str, Any] | np.ndarray) -> BatchResult:
         return self.result(self.submit(inputs))
 
-    def submit(self, inputs: Mapping[str, Any] | np.ndarray) -> InFlight:
+    def prepare(self, inputs: Mapping[str, Any]) -> Prepared:
+        """The handler's host-side ``prepare`` of a batch (its inputs as they are when it has none). Never raises
+        a model error: a failure is kept and raised by the batch's ``result``."""
+        if self._prepare is None:
+            return Prepared(inputs)
+        try:
+            prepared = self._prepare(inputs)
+        except Exception as exc:
+            return Prepared(inputs, error=self._classify(exc, input_rows(inputs)))
+        truncated = prepared.get("truncated", 0) if isinstance(prepared, Mapping) else 0
+        return Prepared(prepared, truncated if isinstance(truncated, int) else 0)
+
+    def submit(self, inputs: Mapping[str, Any] | np.ndarray, prepared: Prepared | None = None) -> InFlight:
         """Start a forward pass over ``inputs`` (the handler's inputs by name, one row per record; an array alone
-        for a handler of one input). Never raises a model error: a failure is kept in the returned handle and
-        raised by ``result``."""
+        for a handler of one input), prepared now unless ``prepared`` is given. Never raises a model error: a
+        failure is kept in the returned handle and raised by ``result``."""
         if isinstance(inputs, np.ndarray):
             if len(self.handler.inputs) != 1:
                 raise TypeError(f"model {self.handler.name} takes {len(self.handler.inputs)} inputs: pass them by name")
             inputs = {self.handler.inputs[0].name: inputs}
         flight = InFlight(input_rows(inputs), time.perf_counter())
+        if prepared is None:
+            prepared = self.prepare(inputs)
+        if prepared.error is not None:
+            flight.error = prepared.error
+            return flight
         try:
-            prepared: Mapping[str, Any] = inputs if self._prepare is None else self._prepare(inputs)
-            with torch.inference_mode():
+            with self._submitting, torch.inference_mode():
                 if self.asynchronous:
-                    self._submit_cuda(prepared, flight)
+                    self._submit_cuda(prepared.inputs, flight)
                 else:
-                    flight.raw = self.handler.predict(self.handler.collate(prepared, self.device))
+                    flight.raw = self.handler.predict(self.handler.collate(prepared.inputs, self.device))
+                    flight.finished = time.perf_counter()
         except Exception as exc:
             flight.error = self._classify(exc, flight.n)
         return flight
+
+    def wait(self, flight: InFlight) -> None:
+        """Wait until the device has finished ``flight`` (at once on the CPU, where submit ran it)."""
+        if flight.done is not None and flight.error is None:
+            waiting = time.perf_counter()
+            try:
+                flight.done.synchronize()
+            except Exception as exc:
+                flight.error = self._classify(exc, flight.n)
+            flight.done = None
+            flight.finished = time.perf_counter()
+            flight.waited += flight.finished - waiting
 
     def _submit_cuda(self, inputs: Mapping[str, Any], flight: InFlight) -> None:
         staged, slot = self._staging.fill(inputs)
@@ -247,12 +300,11 @@ class InferenceEngine:
 
     def result(self, flight: InFlight) -> BatchResult:
         """Wait for a submitted batch; its outputs, or ModelError / UnrecoverableModelError."""
+        n = flight.n
+        self.wait(flight)
         if flight.error is not None:
             raise flight.error
-        n = flight.n
         try:
-            if flight.done is not None:
-                flight.done.synchronize()
             with torch.inference_mode():
                 outputs = self.handler.postprocess(flight.raw)
         except Exception as exc:
@@ -260,7 +312,7 @@ class InferenceEngine:
             if error is exc:
                 raise
             raise error from exc
-        seconds = time.perf_counter() - flight.started
+        seconds = (flight.finished if flight.finished is not None else time.perf_counter()) - flight.started
         for spec in self.handler.outputs:
             column = outputs.get(spec.name)
             if column is None or len(column) != n:

@@ -116,7 +116,18 @@ class StreamMetrics:
                                registry=r)
         self.open_batch = Gauge("stream_open_batch_records", "Records in the micro-batch being filled.", registry=r)
         self.queued_batches = Gauge("stream_queued_batches",
-                                    "Closed micro-batches waiting for the processing thread.", registry=r)
+                                    "Closed micro-batches waiting for a prepare thread (the first stage).", registry=r)
+        self.stage_busy_seconds = Counter(
+            "stream_stage_busy_seconds", "Seconds each stage's threads spent working on batches: prepare (decode, "
+            "the model's host-side prepare), device (collate, copy, submit; on the CPU the forward pass), finish "
+            "(outputs, encode, publish, delivery reports; not its waits for the device). Over "
+            "stream_stage_threads, the share of the stage's capacity in use: the stage nearest 1 binds.",
+            ["stage"], registry=r)
+        self.stage_threads = Gauge("stream_stage_threads", "Threads of each stage (prepare: --prepare-threads).",
+                                   ["stage"], registry=r)
+        self.stage_queue_batches = Gauge(
+            "stream_stage_queue_batches", "Batches waiting for each stage: for a prepare thread, prepared and "
+            "waiting for the device thread, submitted and waiting for the finish thread.", ["stage"], registry=r)
         self.rebalances = Counter("stream_rebalances", "Rebalance callbacks by kind: partitions assigned, revoked "
                                   "(handed over in order) or lost (taken away, the session expired).", ["kind"],
                                   registry=r)
@@ -131,12 +142,13 @@ class StreamMetrics:
         self.batch_size = BulkHistogram("stream_batch_size_records", "Records per micro-batch.",
                                         BATCH_SIZE_BUCKETS, r)
         self.inference_seconds = BulkHistogram("stream_inference_seconds",
-                                               "Model time per micro-batch: submit (collate + forward) to outputs; on "
-                                               "CUDA with --gpu-overlap it includes waiting behind the batch ahead.",
+                                               "Model time per micro-batch: submit (collate + forward) to the end of "
+                                               "the forward pass; on CUDA it includes waiting behind the batches "
+                                               "ahead on the device.",
                                                INFERENCE_BUCKETS_S, r)
         self.queue_wait_seconds = BulkHistogram(
             "stream_queue_wait_seconds",
-            "How long a closed micro-batch waited for the processing thread (the model busy with earlier ones).",
+            "How long a closed micro-batch waited for a prepare thread (the stages busy with earlier ones).",
             INFERENCE_BUCKETS_S, r)
         self.e2e_latency_seconds = BulkHistogram(
             "stream_end_to_end_latency_seconds",

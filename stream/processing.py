@@ -1,5 +1,7 @@
-"""One micro-batch, start to finish on the processor thread: decode, run the model (isolating poison
-records), encode, and hand predictions and dead-letter records to the publisher.
+"""One micro-batch, start to finish, in the three steps the stages (`stream.stage`) run on their threads:
+`prepare` (decode, bind the model's inputs, the handler's host-side prepare), `submit` (to the device) and
+`complete` (wait for the model, isolating poison records; encode; hand predictions and dead-letter records to the
+publisher). `process` runs the three in a row.
 
 Every input record of a batch leaves as exactly one output record: its prediction, or its dead-letter
 record. Both count as the record's acknowledgement, so an offset commits only after one of them is
@@ -24,7 +26,7 @@ from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder
 from stream.codec.registry import RegistryUnavailable
 from stream.errors import DecodeError, DeviceMemoryError, ModelError, StreamError, UnrecoverableModelError
-from stream.inference import InferenceEngine, InFlight
+from stream.inference import InferenceEngine, InFlight, Prepared
 from stream.inputs import InputBinder, input_rows, take_inputs
 from stream.metrics import StreamMetrics
 from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, Headers, Publisher, SpanDelivery
@@ -60,13 +62,15 @@ class Dispatched:
 
 @dataclass
 class Begun:
-    """A batch decoded and submitted to the model, waiting for ``BatchProcessor.complete``."""
+    """A batch decoded and prepared (`BatchProcessor.prepare`), then submitted to the model (`submit`), waiting
+    for ``BatchProcessor.complete``."""
 
     batch: Dispatched
     decoded: Columns  # the records the model takes (``index``: their positions in the batch)
     inputs: dict[str, Any]  # the model's inputs, one row per decoded record
     dead: list[DeadRecord]
-    flight: InFlight | None  # None when no record decoded
+    prepared: Prepared | None  # None when no record decoded
+    flight: InFlight | None = None  # set by submit; None when no record decoded
 
 
 @dataclass(frozen=True)
@@ -130,36 +134,49 @@ class BatchProcessor:
         self._metrics = metrics
         self._sleep = sleep
         self._breaker = DeadLetterBreaker(policy.dlq_max_fraction, policy.dlq_window)
-        self._truncated_seen = 0
         self._topic_header = policy.input_topic.encode()
         # The input record's topic/partition/offset travel in the prediction's value when its schema has the
         # fields for them (version 2 on), as headers when asked for or when it has not.
         self._provenance_headers = policy.provenance_headers or not encoder.carries_source
 
+    @property
+    def engine(self) -> InferenceEngine:
+        return self._engine
+
     def process(self, batch: Dispatched) -> None:
         self.complete(self.begin(batch))
 
     def begin(self, batch: Dispatched) -> Begun:
-        """Decode the batch and submit its inputs to the model without waiting for the forward pass."""
+        """`prepare` and `submit`: the batch on the device, not waited for."""
+        return self.submit(self.prepare(batch))
+
+    def prepare(self, batch: Dispatched) -> Begun:
+        """Host work before the device (safe on several threads at once): decode, bind the model's inputs (the
+        records that cannot be decoded or bound are kept as dead), and the handler's own ``prepare``."""
         decoded, errors = self._decode(batch)
         inputs, good, bad = self._binder.bind(decoded)
         if bad:
             errors = sorted(errors + [(int(decoded.index[row]), err) for row, err in bad], key=lambda e: e[0])
             decoded = decoded.take(good)
         dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
-        flight = None
+        prepared = None
         if len(decoded):
+            prepared = self._engine.prepare(inputs)
+            if prepared.truncated:
+                self._metrics.inputs_truncated.inc(prepared.truncated)
+        return Begun(batch, decoded, inputs, dead, prepared)
+
+    def submit(self, begun: Begun) -> Begun:
+        """Hand the prepared batch to the model without waiting for its forward pass (on the CPU it runs now)."""
+        if begun.prepared is not None:
             faults.reach("during-inference")
-            flight = self._engine.submit(inputs)
-            truncated = self._truncated()
-            if truncated > self._truncated_seen:
-                self._metrics.inputs_truncated.inc(truncated - self._truncated_seen)
-            self._truncated_seen = truncated
-        return Begun(batch, decoded, inputs, dead, flight)
+            begun.flight = self._engine.submit(begun.inputs, begun.prepared)
+        return begun
 
     def _decode(self, batch: Dispatched) -> tuple[Columns, list[tuple[int, DecodeError]]]:
         """Decode, waiting out a schema registry that cannot be reached (its records are neither dead-lettered
-        nor acknowledged meanwhile, so nothing is committed past them)."""
+        nor acknowledged meanwhile, so nothing is committed past them; the finish stage serves earlier batches'
+        acknowledgements meanwhile)."""
         delay_s = 0.1
         while True:
             try:
@@ -169,7 +186,6 @@ class BatchProcessor:
                     raise Abandoned(f"stopping while the schema registry is unreachable: {exc}") from exc
                 self._metrics.registry_retries.inc()
                 log.warning("%s; retrying in %.1f s", exc, delay_s)
-                self._publisher.serve()  # earlier batches' acknowledgements still come in, and commit
                 self._sleep(delay_s)
                 delay_s = min(delay_s * 2, self.policy.registry_backoff_max_s)
 
@@ -182,7 +198,6 @@ class BatchProcessor:
             dead += [DeadRecord(int(decoded.index[row]), "model",
                                 "out-of-memory" if isinstance(err, DeviceMemoryError) else "model-error", err)
                      for row, err in poison]
-            self._truncated_seen = self._truncated()  # retries and bisection tokenize again: not counted twice
             if poison:
                 decoded = decoded.take(ok_rows)
             self._publish_predictions(batch, decoded, outputs)
@@ -254,11 +269,6 @@ class BatchProcessor:
                 self._sleep(delay_s)
             finally:
                 flight = None
-
-    def _truncated(self) -> int:
-        """The handler's running count of inputs it cut to fit (0 for a handler that keeps none)."""
-        truncated = getattr(self._engine.handler, "truncated", 0)
-        return truncated if isinstance(truncated, int) else 0
 
     # ------------------------------------------------------------------ publishing
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,6 +18,7 @@ class WorkerSummary:
     exit_code: int = 0
     first_consumed_at: float | None = None  # wall-clock seconds
     last_committed_at: float | None = None  # wall-clock seconds, last commit that advanced a position
+    stage_busy_s: dict[str, float] = field(default_factory=dict)  # seconds each stage's threads worked
 
     @property
     def mean_batch_size(self) -> float:
@@ -28,4 +29,5 @@ class WorkerSummary:
                 f"committed={self.committed} "
                 f"batches={self.batches} mean_batch_size={self.mean_batch_size:.1f}"
                 + (f" transactions={self.transactions}" if self.transactions else "")
+                + "".join(f" {stage}_busy_s={seconds:.1f}" for stage, seconds in self.stage_busy_s.items())
                 + (f" error={self.error!r}" if self.error else ""))

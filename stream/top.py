@@ -1,7 +1,7 @@
 """``python -m stream top``: a live view of running replicas, from their metrics endpoints (``/metrics``, and
 ``/healthz`` and ``/readyz`` for their state). One row per replica, refreshed every second: events in and out
-per second, consumer lag, mean batch size and end-to-end p99 since the last refresh, dead letters, partitions.
-Ctrl-C ends it."""
+per second, consumer lag, mean batch size and end-to-end p99 since the last refresh, the stage that binds (its
+share of its threads' time in use), dead letters, partitions. Ctrl-C ends it."""
 
 from __future__ import annotations
 
@@ -108,6 +108,7 @@ class Row:
     lag: float | None = None
     batch: float | None = None
     p99_s: float | None = None
+    binds: str = ""  # the stage whose threads were busiest, and how busy: "prepare 93%"
     dead: float | None = None
     partitions: str = ""
 
@@ -141,7 +142,25 @@ def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
     out.batch = records / batches if batches and records is not None else None
     out.p99_s = quantile(0.99, before.buckets("stream_end_to_end_latency_seconds"),
                          now.buckets("stream_end_to_end_latency_seconds"))
+    out.binds = binding_stage(before, now, dt)
     return out
+
+
+def binding_stage(before: Scrape, now: Scrape, dt: float) -> str:
+    """The stage whose threads spent the largest share of ``dt`` working (stream_stage_busy_seconds_total over
+    stream_stage_threads), as "prepare 93%"; "" when the replica exports no stages or nothing was busy."""
+    shares = []
+    for labels, _ in now.samples.get("stream_stage_threads", []):
+        stage = labels.get("stage", "")
+        threads = now.total("stream_stage_threads", stage=stage)
+        a = before.total("stream_stage_busy_seconds_total", stage=stage)
+        b = now.total("stream_stage_busy_seconds_total", stage=stage)
+        if threads and a is not None and b is not None:
+            shares.append((max(0.0, b - a) / dt / threads, stage))
+    if not shares or max(shares)[0] <= 0:
+        return ""
+    share, stage = max(shares)
+    return f"{stage} {min(share, 1.0):.0%}"
 
 
 def _first_line(text: str, width: int = 48) -> str:
@@ -156,14 +175,14 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
 def table(rows: Iterable[Row]) -> Table:
     t = Table(title="stream top", title_justify="left", expand=False)
     for name, justify in (("replica", "left"), ("state", "left"), ("in/s", "right"), ("out/s", "right"),
-                          ("lag", "right"), ("batch", "right"), ("p99 e2e", "right"), ("dead letters", "right"),
-                          ("partitions", "right")):
+                          ("lag", "right"), ("batch", "right"), ("p99 e2e", "right"), ("binds", "right"),
+                          ("dead letters", "right"), ("partitions", "right")):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in rows:
         style = "green" if r.state == "ready" else ("red" if r.state.startswith(("down", "failed")) else "yellow")
         t.add_row(r.replica, f"[{style}]{r.state}[/]", _num(r.in_rate), _num(r.out_rate), _num(r.lag),
                   _num(r.batch, "{:,.1f}"), _num(None if r.p99_s is None else r.p99_s * 1000, "{:,.1f} ms"),
-                  _num(r.dead), r.partitions)
+                  r.binds or "-", _num(r.dead), r.partitions)
     return t
 
 

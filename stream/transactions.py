@@ -1,18 +1,20 @@
 """Exactly-once: Kafka transactions spanning one or more micro-batches, and the rewind after an aborted one.
 
-On the processor thread (`process`, then `commit`):
-1. begin a transaction if none is open; 2. decode, run the model, produce the batch's predictions and dead
-   letters in it; 3. while more batches are queued and the transaction is younger than the transaction
-   interval (100 ms by default, like Kafka Streams' commit interval under exactly-once), the next batch joins it
+On the finish stage's thread (`process`, then `commit`):
+1. begin a transaction if none is open; 2. wait for the batch's model outputs (decoded, prepared and submitted by
+   the stages before), produce its predictions and dead letters in it; 3. while more batches are in the stages
+   and the transaction is younger than the transaction interval (100 ms by default, like Kafka Streams' commit
+   interval under exactly-once), the next batch joins it
    if it was consumed under the same group metadata (generation and member; a batch of a newer generation has
    the open transaction committed first, under its own); 4. otherwise add the input offsets of all its batches
    (``send_offsets_to_transaction`` with that group metadata) and commit; the spans are acknowledged at once,
-   the commit having delivered them all. A processor that runs out of queued batches commits at once, so a
-   transaction never waits for input and a revoke or a shutdown (which wait for in-flight records) is never
-   held by one. A batch consumed while the consumer was out of its group (no generation or no member id: see
-   `is_member`) is never produced or committed: its epoch is rewound.
+   the commit having delivered them all. A finish thread with no batch behind the last one commits at once, and
+   one that waits for the next batch commits the open transaction once it is due, so a transaction never waits
+   for input and a revoke or a shutdown (which wait for in-flight records) is never held by one. A batch
+   consumed while the consumer was out of its group (no generation or no member id: see `is_member`) is never
+   produced or committed: its epoch is rewound.
 An abortable error aborts the transaction and marks the epoch its batches were consumed in as rewound: the
-processor drops every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
+stages drop every batch of that epoch (`stale`), and the poll thread (`rewind`) drops what it holds and
 seeks every assigned partition back to its committed offset, starting the next epoch. A fatal error of the
 producer's idempotence state (`publish.REPLACEABLE_FATAL`) has a fresh producer take over and is rewound the same
 way; any other fatal error (fenced: a zombie) stops the worker. A transaction aborted after outliving
@@ -36,7 +38,7 @@ from stream.batching import MicroBatcher
 from stream.errors import StreamError, TransactionError, coordinator_away
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker, fmt_partitions
-from stream.processing import BatchProcessor, Dispatched
+from stream.processing import BatchProcessor, Begun
 from stream.publish import Publisher, SpanDelivery
 from stream.records import Records
 
@@ -118,9 +120,10 @@ class Transactions:
         """The open transaction has lasted the transaction interval: commit it before another batch joins."""
         return self._open is not None and self._clock() - self._open.started >= self.interval_s
 
-    def process(self, batch: Dispatched, processor: BatchProcessor, publisher: Publisher) -> None:
+    def process(self, begun: Begun, processor: BatchProcessor, publisher: Publisher) -> None:
         """Produce the batch's outputs inside the open transaction, beginning one if none is open. Call `commit`
         when no batch follows at once or when `due`."""
+        batch = begun.batch
         txn = self._open
         if txn is not None and batch.group_metadata != txn.group_metadata:
             # The group moved on since the open transaction's batches were consumed: they are committed under
@@ -141,7 +144,7 @@ class Transactions:
             publisher.begin_transaction()
             txn = self._open = _OpenTransaction(self._clock(), batch.epoch, group_metadata=batch.group_metadata)
         try:
-            processor.process(batch)
+            processor.complete(begun)
             faults.reach("after-produce")
         except TransactionError as exc:
             if self._replaced_broken(publisher, txn.epoch):

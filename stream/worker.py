@@ -1,12 +1,13 @@
 """The orchestrator, and the table of contents of the pipeline.
 
     poll thread (this module):  take records (`intake`) -> `MicroBatcher` -> close a batch: its spans in the
-        `OffsetTracker` -> the processing stage's bounded queue; input paused while a closed batch waits for it
+        `OffsetTracker` -> the first stage's bounded queue; input paused while a closed batch waits for it
         (`pausing`); commits (`committer`); rebalances (`rebalance`); stuck partitions (`stall_check`);
         exactly-once rewinds (`transactions`); stop-at-end; shutdown.
-    processing stage (`stage`, its own thread):  decode -> one forward pass -> encode -> produce
-        (`processing`, `publish`), and the delivery reports that acknowledge spans and so advance the commit
-        positions; exactly-once: transactions of one or more batches (`transactions`).
+    the stages (`stage`, threads of their own, bounded queues between them): prepare (a pool: decode, the
+        model's host-side prepare) -> device (submit; on the CPU the forward pass) -> finish (outputs, encode,
+        produce, and the delivery reports that acknowledge spans and so advance the commit positions;
+        exactly-once: transactions of one or more batches, `transactions`); `processing` is a batch's work.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from stream.rebalance import IdleReplica, Rebalancer
 from stream.records import Records
 from stream.runtime import freeze_loaded, set_torch_threads, tuned
 from stream.schemas import build_codecs
-from stream.stage import ProcessingStage
+from stream.stage import ProcessingStages
 from stream.stall_check import StallCheck
 from stream.stalls import StallDetector
 from stream.stop_at_end import StopAtEnd
@@ -70,7 +71,7 @@ class Worker:
         self.health = Health(clock)
         set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
         handler = handler if handler is not None else create_handler(
-            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype))
+            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs))
         self._engine = InferenceEngine(handler, select_device(s.device))
         self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(s, handler)
         self.metrics.model_info.info({
@@ -109,7 +110,7 @@ class Worker:
         self._consumer: Consumer | None = None
         self._intake: Intake | None = None
         self._publisher: Publisher | None = None
-        self._stage: ProcessingStage | None = None
+        self._stage: ProcessingStages | None = None
         self._stall_check: StallCheck | None = None
         self._end: StopAtEnd | None = None  # --stop-at-end
         freeze_loaded()
@@ -185,11 +186,13 @@ class Worker:
             self._summary.error = f"{type(self._failure).__name__}: {self._failure}"
             self._summary.exit_code = 1
         self._summary.transactions = self._transactions.committed
+        if self._stage is not None:
+            self._summary.stage_busy_s = self._stage.busy_seconds()
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 
     def _connect(self, consumer: Consumer, publisher: Publisher) -> None:
-        """Wire the parts that need the clients (the stage's thread is started by `_run`)."""
+        """Wire the parts that need the clients (the stages' threads are started by `_run`)."""
         s = self.settings
         self._consumer, self._publisher = consumer, publisher
         self._committer.consumer = consumer
@@ -199,11 +202,11 @@ class Worker:
                                   event_time_field=self._event_time_field)
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set)
-        self._stage = ProcessingStage(
+        self._stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
-            torch_threads=s.torch_threads, pipelined=self._engine.asynchronous and s.gpu_overlap,
-            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, on_idle=self._intake.wake,
-            queue_wait=self.metrics.queue_wait_seconds.observe)
+            prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,
+            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, metrics=self.metrics,
+            on_idle=self._intake.wake)
         stage = self._stage
         self.metrics.queued_batches.set_function(stage.queued)
         self.metrics.open_batch.set_function(self._batcher.__len__)
@@ -299,7 +302,7 @@ class Worker:
         self._batcher.add([records])
 
     def _dispatch(self, wait_s: float) -> bool:
-        """Hand the closed batch to the processing stage, waiting up to ``wait_s`` for room in its queue."""
+        """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""
         assert self._stage is not None and self._consumer is not None
         if not self._stage.offer(self._close_batch, wait_s):
             return False
@@ -379,7 +382,7 @@ class Worker:
             if not stage.offer(self._close_batch, deadline.left(0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
-        # 2. Let the processing stage finish its queue.
+        # 2. Let the stages finish their queues.
         if stage is not None:
             stage.finish(deadline)
         # 3. Wait for every delivery report, then commit the acknowledged watermark.

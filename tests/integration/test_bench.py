@@ -12,6 +12,7 @@ import pytest
 from stream.bench.report import format_before, format_broker_alone, format_latency, format_methods, format_table
 from stream.bench.revisions import ROOT, checkout_revision
 from stream.bench.runner import BenchConfig, run_bench
+from stream.bench.stages import format_stages_table
 from stream.bench.summarize import markdown
 from stream.bench.text import format_text_table, quick_text_config
 from tests.conftest import BrokerInfo
@@ -73,7 +74,23 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     assert 0 < row["worker"]["mean_batch_size"] <= 32
     assert row["worker_over_model"] == row["worker"]["rate"] / row["model_alone"]["rate"]
     assert row["plain_padding"]["padding_ratio"] > row["bucketed_same_texts_as_plain"]["padding_ratio"] >= 1.0
+    assert row["sentence_transformers"]["texts"] == 160 and row["sentence_transformers"]["rate"] > 0
+    assert row["model_over_sentence_transformers"] == row["model_alone"]["rate"] / row["sentence_transformers"]["rate"]
+    assert set(row["worker"]["stage_busy_s"]) == {"prepare", "device", "finish"}
     assert len(format_text_table(text)) == 1 + len(text["devices"])
+    # The stages against a simulated device: the host ceiling, then devices at about H/2 and H, per round.
+    stages = text["stages"]
+    assert stages["tokenize_alone"] > 0 and stages["padded_tokens_per_text"] >= 1
+    [round_] = stages["rounds"]
+    assert round_["host"]["events"] == 1_024 and round_["host"]["stage_busy_s"]["prepare"] > 0
+    for name, fraction in (("half", 0.5), ("full", 1.0)):
+        figures = round_[name]
+        assert figures["worker"]["events"] == 1_024
+        assert figures["ns_per_token"] == pytest.approx(1e9 / (round_["host"]["rate"] * fraction
+                                                                * stages["padded_tokens_per_text"]))
+        assert figures["over_device"] == figures["worker"]["rate"] / figures["device_alone"]
+    assert set(stages["summary"]) == {"half", "full", "host"}
+    assert len(format_stages_table(stages)) == 3
     drains = ("worker-default", "worker-before", "worker-best", "worker-best-x2", "worker-generic")
     assert all(d["peak_rss_mib"] for d in report["drain"] if d["name"] in drains)
     assert [(r["load"], r["max_wait_ms"], r["settings"]) for r in report["latency"]] == [

@@ -81,7 +81,7 @@ def row_of(text: str, replica: str) -> list[str]:
 
 def shown(text: str, replica: str) -> bool:
     row = row_of(text, replica)
-    return len(row) == 9 and row[1] == "ready" and row[2] not in ("", "-")
+    return len(row) == 10 and row[1] == "ready" and row[2] not in ("", "-")
 
 
 def test_top_shows_every_replica_and_ends_on_ctrl_c(pipeline: Pipeline) -> None:
@@ -96,7 +96,7 @@ def test_top_shows_every_replica_and_ends_on_ctrl_c(pipeline: Pipeline) -> None:
         # Both rows, ready, with their rates once two refreshes have passed.
         text = term.wait_for(lambda t: all(shown(t, r) for r in replicas), 30)
         assert row_of(text, "replica") == ["replica", "state", "in/s", "out/s", "lag", "batch", "p99 e2e",
-                                           "dead letters", "partitions"], text
+                                           "binds", "dead letters", "partitions"], text
         assert sum(int(row_of(text, r)[-1]) for r in replicas) == 4, text  # the partitions between them
         workers[1].kill()
         text = term.wait_for(lambda t: row_of(t, replicas[1])[1:2] == ["down: Connection refused"], 15)

@@ -94,14 +94,18 @@ def _echo_server() -> tuple[socket.socket, int]:
     server.bind(("127.0.0.1", 0))
     server.listen(8)
 
+    def echo(conn: socket.socket) -> None:
+        with conn:  # closed when the client goes (left to the collector, its ResourceWarning failed a later test)
+            for data in iter(lambda: conn.recv(100), b""):
+                conn.sendall(data)
+
     def serve() -> None:
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=lambda c=conn: [c.sendall(d) for d in iter(lambda: c.recv(100), b"")],
-                             daemon=True).start()
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     return server, server.getsockname()[1]

@@ -6,7 +6,14 @@ import sys
 import pytest
 
 from stream.cli import tune_malloc
-from stream.config import WorkerSettings, env_to_librdkafka_key, kafka_admin_env_config, kafka_env_config, load_settings
+from stream.config import (
+    WorkerSettings,
+    default_prepare_threads,
+    env_to_librdkafka_key,
+    kafka_admin_env_config,
+    kafka_env_config,
+    load_settings,
+)
 from stream.errors import ConfigError
 
 BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "127.0.0.1:9092"}
@@ -18,6 +25,12 @@ def test_defaults() -> None:
     assert s.batch_policy == "adaptive"
     assert (s.metrics_port, s.metrics_host) == (None, "127.0.0.1"), "/metrics on this host only unless asked"
     assert load_settings(BASE, environ={"STREAM_METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"  # the image's
+
+
+def test_prepare_threads_default_to_half_the_cores_from_one_to_four() -> None:
+    assert [default_prepare_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4, 4]
+    assert load_settings(BASE, environ={}).prepare_threads == default_prepare_threads()
+    assert load_settings(BASE, environ={"STREAM_PREPARE_THREADS": "3"}).prepare_threads == 3
 
 
 def test_flags_override_env_and_env_overrides_defaults() -> None:
@@ -48,6 +61,7 @@ def test_bootstrap_flag_wins_over_kafka_bootstrap_env_in_both_clients() -> None:
         ({"device": "tpu"}, "--device"),
         ({"metrics_port": 70000}, "--metrics-port"),
         ({"gil_switch_interval_ms": 0}, "--gil-switch-interval-ms"),
+        ({"prepare_threads": 0}, "--prepare-threads"),
     ],
 )
 def test_bad_values_give_clear_errors(override: dict[str, object], needle: str) -> None:

@@ -21,6 +21,7 @@ from stream.codec.registry import FolderRegistry, WriterSchema
 from stream.errors import ConfigError
 from stream.inputs import InputBinder, InputSpec, input_side, parse_input_map
 from stream.models.demo import DemoFraudHandler
+from stream.records import Records
 
 FUZZ_EXAMPLES = int(os.environ.get("STREAM_TEST_FUZZ_EXAMPLES", "2000"))
 FOLDER = FolderRegistry.from_dir()
@@ -196,6 +197,45 @@ def test_fuzz_valid_header_random_body(body: bytes) -> None:
         assert len(decoded) + len(errors) == 1
         results.append(([e.reason for _, e in errors], inputs["features"].tobytes()))
     assert all(r == results[0] for r in results), "C and the reference agree"
+
+
+def utf8_probe(raw: bytes) -> bytes:
+    """An event whose ``event_id`` (a string the decoder reads: it is copied into predictions) holds ``raw``."""
+    placeholder = "?" * len(raw)
+    value = event_bytes(event_id=placeholder)
+    at = 6  # the header, then event_id (the first field) as a one-byte length and its bytes
+    assert value[at:at + len(raw)] == placeholder.encode()
+    return value[:at] + raw + value[at + len(raw):]
+
+
+@settings(max_examples=max(FUZZ_EXAMPLES // 2, 500), deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=12) | st.sampled_from([
+    b"\xc0\x80", b"\xc1\xbf", b"\xe0\x80\x80", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbf\xbf",
+    b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+    b"\xe2\x82", b"\xe2\x82\xac", b"caf\xc3\xa9", b"\xff"]), min_size=1, max_size=8))
+def test_strings_are_utf8_exactly_as_python_decodes_them_in_both_input_forms(raws: list[bytes]) -> None:
+    """The C decoder checks UTF-8 itself (it runs without the GIL on the worker's joined records): it takes and
+    refuses what Python's strict decoder does, overlong forms, surrogates and code points past U+10FFFF included,
+    on a list of values and on the joined form alike."""
+
+    def valid(raw: bytes) -> bool:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    values = [utf8_probe(raw) for raw in raws]
+    want = [i for i, raw in enumerate(raws) if not valid(raw)]
+    for impl in IMPLS:
+        decoder, _ = demo_side(impl)
+        for given_values in (values, Records.build(values, [None] * len(values), [0] * len(values),
+                                                   range(len(values)))):
+            decoded, errors = decoder.decode_batch(given_values)
+            assert [i for i, e in errors if e.reason == "corrupt-avro"] == want, (impl, type(given_values))
+            assert decoded.index.tolist() == [i for i in range(len(raws)) if i not in want]
+            assert [decoded["event_id"].row(r) for r in range(len(decoded))] == [
+                raws[i].decode("utf-8") for i in decoded.index.tolist()]
 
 
 def test_an_unknown_id_is_asked_again_after_a_while_a_known_one_never() -> None:

@@ -17,6 +17,7 @@ from producers.texts import generate_texts
 from stream.errors import ConfigError, UnrecoverableModelError
 from stream.inference import TextOptions, create_handler
 from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
+from stream.models.shapes import ShapeSet
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REFERENCE = json.loads((FIXTURES / "minilm_reference.json").read_text())
@@ -105,7 +106,7 @@ def test_plan_passes_covers_every_row_once_within_the_token_cap(lengths: list[in
     for before, after in itertools.pairwise(passes):
         assert before.stop == after.start
     for p in passes:
-        assert p.stop > p.start and p.offset == offset
+        assert p.stop > p.start and p.offset == offset and p.rows == p.stop - p.start and p.row_offset == p.start
         assert p.length >= sorted_lengths[p.stop - 1]  # every row fits
         assert (p.stop - p.start) * p.length <= cap or p.stop - p.start == 1
         offset += (p.stop - p.start) * p.length
@@ -115,6 +116,67 @@ def test_plan_passes_covers_every_row_once_within_the_token_cap(lengths: list[in
         plain = plan_passes(sorted_lengths, overhead, cap, False)
         cost = sum((p.stop - p.start) * p.length + overhead for p in passes)
         assert cost <= sum((p.stop - p.start) * p.length + overhead for p in plain)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 512), min_size=1, max_size=600), st.integers(0, 5000),
+       st.sampled_from([16_384, 262_144]))
+def test_a_fixed_shape_set_plans_passes_of_its_shapes_only(lengths: list[int], overhead: int, cap: int) -> None:
+    shapes = ShapeSet(max_rows=cap // 16)
+    sorted_lengths = np.sort(np.asarray(lengths))
+    passes = plan_passes(sorted_lengths, overhead, cap, True, shapes)
+    sizes = set(shapes.row_sizes.tolist())
+    assert passes[0].start == 0 and passes[-1].stop == len(lengths)
+    offset = row_offset = 0
+    for before, after in itertools.pairwise(passes):
+        assert before.stop == after.start
+    for p in passes:
+        assert p.length % 16 == 0 and p.length >= sorted_lengths[p.stop - 1] and p.length <= 512
+        assert p.rows in sizes and p.rows >= p.stop - p.start and p.rows * p.length <= cap
+        assert p.offset == offset and p.row_offset == row_offset
+        offset += p.rows * p.length
+        row_offset += p.rows
+    assert len({(p.rows, p.length) for p in passes}) <= len(passes)
+
+
+def test_row_sizes_are_few_and_pad_a_pass_by_at_most_a_third() -> None:
+    shapes = ShapeSet(max_rows=16_384)
+    sizes = shapes.row_sizes
+    assert sizes[0] == 8 and sizes[-1] == 16_384 and len(sizes) == 23
+    rows = np.arange(1, 16_385)
+    padded = shapes.rows(rows)
+    assert (padded >= rows).all() and np.isin(padded, sizes).all()
+    assert ((padded - rows)[rows >= 8] <= rows[rows >= 8] / 2).all()  # 8 -> 12 -> 16 -> 24: under 1.5x
+    assert shapes.fit(100) == 96 and shapes.fit(3) == 8 and list(shapes.lengths(np.array([1, 16, 17]))) == [16, 16, 32]
+
+
+def test_a_fixed_shape_set_embeds_as_each_batchs_own_shapes_do(handler: MiniLMHandler) -> None:
+    """Lengths rounded up and padding rows change what runs, not what comes out: the masks keep padding out."""
+    fixed = MiniLMHandler(fixed_shapes=True)
+    fixed.load(torch.device("cpu"))
+    texts = generate_texts(150, seed=8).texts
+    layout = fixed.layout(fixed.tokenize(texts))
+    assert {p.length % 16 for p in layout["passes"]} == {0}
+    assert sum(p.rows for p in layout["passes"]) > len(texts), "padding rows were added"
+    assert float(np.abs(fixed.embed(texts) - handler.embed(texts)).max()) < 1e-5
+
+
+def test_no_pass_may_use_cudnn_attention(handler: MiniLMHandler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's attention builds a graph per new input shape (bfloat16 ran 10x slower than float32 on a stream of
+    new shapes until that backend was left out): every forward pass runs with it disabled."""
+    import stream.models.bert as bert
+
+    seen: list[bool] = []
+    real = bert.F.scaled_dot_product_attention
+
+    def attention(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bert.F, "scaled_dot_product_attention", attention)
+    handler.embed(["one text", "and another, longer text"])
+    assert seen and not any(seen), "a pass ran with cuDNN attention enabled"
+    assert torch.backends.cuda.cudnn_sdp_enabled(), "the default is back once the batch is done"
 
 
 def test_model_files_from_a_folder_and_clear_errors(tmp_path: Path) -> None:
@@ -135,6 +197,8 @@ def test_model_files_from_a_folder_and_clear_errors(tmp_path: Path) -> None:
         MiniLMHandler(folder).load(torch.device("cpu"))
     with pytest.raises(UnrecoverableModelError, match="needs a CUDA device"):
         MiniLMHandler(dtype="float16").load(torch.device("cpu"))
+    with pytest.raises(UnrecoverableModelError, match="--cuda-graphs needs a CUDA device"):
+        MiniLMHandler(cuda_graphs=True).load(torch.device("cpu"))
 
 
 def test_text_options_are_checked() -> None:
@@ -142,6 +206,10 @@ def test_text_options_are_checked() -> None:
         create_handler("minilm", None, TextOptions(max_tokens=600))
     with pytest.raises(ConfigError, match="apply to --model minilm only"):
         create_handler("demo", None, TextOptions(max_tokens=64))
+    with pytest.raises(ConfigError, match="--cuda-graphs apply to --model minilm only"):
+        create_handler("demo", None, TextOptions(cuda_graphs=True))
+    graphs = create_handler("minilm", None, TextOptions(cuda_graphs=True))
+    assert isinstance(graphs, MiniLMHandler) and graphs.cuda_graphs and graphs.shapes is not None
     handler = create_handler("minilm", None, TextOptions(max_tokens=64, dtype="bfloat16"))
     assert isinstance(handler, MiniLMHandler) and handler.max_tokens == 64 and handler.dtype == "bfloat16"
 
@@ -158,3 +226,22 @@ def test_cuda_engine_path_matches_the_cpu_and_half_precision_stays_close(embedde
     half = InferenceEngine(MiniLMHandler(dtype="bfloat16"), torch.device("cuda")).run({"text": texts})
     cosine = (half.outputs["embedding"].astype(np.float64) * embedded).sum(axis=1)
     assert cosine.min() > 0.99
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_replay_what_the_eager_passes_compute_and_stay_bounded(embedded: np.ndarray) -> None:
+    from stream.inference import InferenceEngine
+
+    texts = REFERENCE["texts"] + generate_texts(600, seed=9).texts
+    eager = InferenceEngine(MiniLMHandler(fixed_shapes=True), torch.device("cuda")).run({"text": texts})
+    handler = MiniLMHandler(cuda_graphs=True)
+    engine = InferenceEngine(handler, torch.device("cuda"))
+    assert handler._graphs is not None
+    handler._graphs._limit = 4  # evicts as it goes
+    for size in (7, 64, 300, len(texts)):  # new shapes, then shapes seen before
+        got = engine.run({"text": texts[:size]}).outputs["embedding"]
+        want = eager.outputs["embedding"][:size]
+        assert float(np.abs(got - want).max()) < 1e-4
+    assert float(np.abs(got[: len(REFERENCE["texts"])] - embedded).max()) <= 1e-4
+    assert len(handler._graphs) <= 4 and handler._graphs.captured > 4
+    assert engine.run({"text": texts}).outputs["embedding"].tobytes() == got.tobytes(), "replays are deterministic"

@@ -13,7 +13,7 @@ from confluent_kafka import TopicPartition
 
 from stream.config import WorkerSettings
 from stream.records import Records
-from stream.stage import ProcessingStage
+from stream.stage import ProcessingStages
 from stream.worker import Worker
 from tests.handlers import PoisonHandler
 
@@ -93,7 +93,7 @@ def fill_and_block(worker: Worker, partitions: list[int]) -> PausingConsumer:
     return consumer
 
 
-def stage(worker: Worker) -> ProcessingStage:
+def stage(worker: Worker) -> ProcessingStages:
     assert worker._stage is not None
     return worker._stage
 
@@ -134,7 +134,7 @@ def test_input_resumes_when_the_waiting_batch_is_dropped(worker: Worker, how: st
     assigned = {tp.partition for tp in consumer.partitions}
     assert "resume" in consumer.calls and not consumer.paused & assigned, consumer.calls
     assert not worker._pause.paused and worker.metrics.paused_partitions._value.get() == 0
-    assert len(worker._batcher) == 0 and stage(worker)._queue.qsize() == 0, "nothing was dispatched"
+    assert len(worker._batcher) == 0 and stage(worker).queued() == 0, "nothing was dispatched"
 
 
 def test_input_stays_paused_while_the_batch_still_waits(worker: Worker) -> None:
@@ -148,7 +148,7 @@ def test_input_resumes_when_the_processor_takes_the_batch(worker: Worker) -> Non
     consumer = fill_and_block(worker, [0])
     consumer.on_consume = until_paused_then(lambda c: stage(worker)._slots.release())  # the processor took one
     worker._poll_loop()
-    assert consumer.calls == ["pause", "resume"] and stage(worker)._queue.qsize() == 1
+    assert consumer.calls == ["pause", "resume"] and stage(worker).queued() == 1
 
 
 def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paused(worker: Worker) -> None:

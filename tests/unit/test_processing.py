@@ -13,10 +13,12 @@ import torch
 from producers.events import generate_events
 from stream.codec import (
     DEFAULT_SCHEMAS_DIR,
+    InputSource,
     SchemaRegistry,
     decode,
     encode,
 )
+from stream.codec import decoder as decoder_module
 from stream.config import load_settings
 from stream.errors import ModelError, StreamError, UnrecoverableModelError
 from stream.inference import InferenceEngine
@@ -352,3 +354,73 @@ def test_text_model_dead_letters_null_empty_and_non_utf8_texts_and_counts_cut_on
     got = np.asarray([p["embedding"] for p in predictions], dtype=np.float32)
     assert float(np.abs(got - want).max()) == 0.0 and got.shape == (3, 384)
     assert processor._metrics.inputs_truncated._value.get() == 1  # counted once, not again by embed() above
+
+
+def other_thread_ran_during(call: Any) -> bool:
+    """Whether another Python thread ran while ``call`` was in C: with a switch interval of a second the calling
+    thread is never made to give the GIL up between reading the other thread's counter and entering the call, so
+    the counter can only move meanwhile if the call released the GIL itself."""
+    import sys
+    import threading
+
+    counter = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    thread = threading.Thread(target=spin, daemon=True)
+    try:
+        thread.start()
+        while counter[0] == 0:
+            pass  # the spinning thread is running
+        before = counter[0]
+        call()
+        after = counter[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(previous)
+        thread.join()
+    return after > before
+
+
+class GilProbe:
+    """Stands in for the C codec module: runs ``run_plan`` and ``encode_rows`` under `other_thread_ran_during`."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.ran: list[tuple[str, bool]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.module, name)
+        if name not in ("run_plan", "encode_rows"):
+            return real
+
+        def probed(*args: Any) -> Any:
+            out: list[Any] = []
+            self.ran.append((name, other_thread_ran_during(lambda: out.append(real(*args)))))
+            return out[0]
+        return probed
+
+
+@pytest.mark.skipif(decoder_module._nativecodec is None, reason="the C codec is not built")
+def test_the_c_codec_decodes_and_encodes_a_batch_without_holding_the_gil(model_dir: Path) -> None:
+    """So that the prepare pool scales: a batch's decode (the worker's joined records) and its predictions'
+    encode run in C while the other stages' threads run Python."""
+    processor, pub = make(model_dir)
+    probe = GilProbe(decoder_module._nativecodec)
+    processor._decoder._native = probe
+    processor._encoder._native = probe
+    batch, _ = batch_of(events(20_000), pub)
+    decoded, errors = processor._decoder.decode_batch(batch.records)
+    assert errors == [] and len(decoded) == 20_000
+    processor._decoder.decode_batch(batch.records.values())
+    assert probe.ran == [("run_plan", True), ("run_plan", False)], \
+        "the joined records are decoded without the GIL, a list of bytes objects with it (the probe tells apart)"
+    outputs = processor.engine.run({"features": np.zeros((20_000, 32), dtype=np.float32)}).outputs
+    processor._encoder.encode_joined(decoded, outputs, model_name="m", model_version="1", predicted_ts_ms=0,
+                                     batch_size=20_000, source=InputSource("in", batch.partitions, batch.offsets))
+    assert probe.ran[2:] == [("encode_rows", True)]

@@ -1,5 +1,6 @@
-"""The processing stage's thread (`stream.stage`): batches in queue order, one batch ahead on an asynchronous
-device, nothing published after a failure, delivery reports served while idle."""
+"""The stages (`stream.stage`): a prepare pool, the device thread and the finish thread; batches published in the
+order they were offered whatever order their prepares end in, each stage working on another batch than the
+others, nothing published after a failure, delivery reports served while idle, per-stage metrics."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from stream.deadline import Deadline
 from stream.errors import StreamError
 from stream.metrics import StreamMetrics
-from stream.processing import BatchProcessor, Begun, Dispatched
-from stream.stage import ProcessingStage
+from stream.processing import Abandoned, BatchProcessor, Begun, Dispatched
+from stream.stage import ProcessingStages
 from stream.transactions import Transactions
 from tests.unit.test_processing import FakePublisher, batch_of, events, make
+
+WAIT_S = 10.0  # a bound for events the stages must bring about, never reached when they work
 
 
 def predicted_offsets(pub: FakePublisher) -> list[int]:
@@ -22,24 +25,37 @@ def predicted_offsets(pub: FakePublisher) -> list[int]:
 
 
 class Spy:
-    """Wraps a BatchProcessor and records begin/complete/process calls by batch length."""
+    """Wraps a BatchProcessor: records its calls by batch length, and can hold a step until a test lets it go."""
 
-    def __init__(self, processor: BatchProcessor, fail_on: int | None = None) -> None:
-        self.processor, self.fail_on, self.calls = processor, fail_on, []  # type: ignore[var-annotated]
+    def __init__(self, processor: BatchProcessor) -> None:
+        self.processor = processor
+        self.engine = processor.engine
+        self.calls: list[tuple[str, int]] = []
+        self.hold: dict[tuple[str, int], threading.Event] = {}  # (step, batch length) -> waits for it
+        self.raise_at: dict[tuple[str, int], BaseException] = {}
+        self._lock = threading.Lock()
 
-    def begin(self, batch: Dispatched) -> Begun:
-        self.calls.append(("begin", len(batch.records)))
-        return self.processor.begin(batch)
+    def _step(self, name: str, n: int) -> None:
+        with self._lock:
+            self.calls.append((name, n))
+        gate = self.hold.get((name, n))
+        if gate is not None:
+            assert gate.wait(WAIT_S), f"{name} of the batch of {n} was held past the test's bound"
+        error = self.raise_at.get((name, n))
+        if error is not None:
+            raise error
+
+    def prepare(self, batch: Dispatched) -> Begun:
+        self._step("prepare", len(batch.records))
+        return self.processor.prepare(batch)
+
+    def submit(self, begun: Begun) -> Begun:
+        self._step("submit", len(begun.batch.records))
+        return self.processor.submit(begun)
 
     def complete(self, begun: Begun) -> None:
-        self.calls.append(("complete", len(begun.batch.records)))
-        if len(begun.batch.records) == self.fail_on:
-            raise StreamError("publish failed")
+        self._step("complete", len(begun.batch.records))
         self.processor.complete(begun)
-
-    def process(self, batch: Dispatched) -> None:
-        self.calls.append(("process", len(batch.records)))
-        self.processor.process(batch)
 
 
 class Failures:
@@ -53,79 +69,135 @@ class Failures:
         return bool(self.seen)
 
 
-def stage_of(processor: BatchProcessor | Spy, pub: FakePublisher, failures: Failures, *, pipelined: bool,
-             inflight: int = 4) -> ProcessingStage:
-    return ProcessingStage(processor, pub, Transactions(StreamMetrics(), "in", 60.0),  # type: ignore[arg-type]
-                           max_inflight_batches=inflight, torch_threads=1, pipelined=pipelined, exactly_once=False,
-                           fail=failures.fail, failed=failures.failed)
+def stages_of(processor: BatchProcessor | Spy, pub: FakePublisher, failures: Failures, *, inflight: int = 4,
+              prepare_threads: int = 2, metrics: StreamMetrics | None = None,
+              on_idle: object = None) -> ProcessingStages:
+    return ProcessingStages(processor, pub, Transactions(StreamMetrics(), "in", 60.0),  # type: ignore[arg-type]
+                            max_inflight_batches=inflight, prepare_threads=prepare_threads, torch_threads=1,
+                            overlap=True, exactly_once=False, fail=failures.fail, failed=failures.failed,
+                            metrics=metrics, on_idle=on_idle)  # type: ignore[arg-type]
 
 
-def run_stage(model_dir: Path, sizes: list[int], *, pipelined: bool,
-              fail_on: int | None = None) -> tuple[Spy, FakePublisher, Failures]:
-    """Queue batches of ``sizes``, then let the stage finish them and stop."""
-    processor, pub = make(model_dir)
-    spy, failures = Spy(processor, fail_on), Failures()
-    stage = stage_of(spy, pub, failures, pipelined=pipelined, inflight=len(sizes))
+def offer_all(stages: ProcessingStages, pub: FakePublisher, sizes: list[int]) -> None:
     for n in sizes:
         batch = batch_of(events(n), pub)[0]
-        assert stage.offer(lambda b=batch: b, 0)  # type: ignore[misc]
-    stage.start()
-    stage.finish(Deadline(30.0))
-    return spy, pub, failures
+        assert stages.offer(lambda b=batch: b, 0)  # type: ignore[misc]
 
 
-def test_one_batch_ahead_on_an_asynchronous_device(model_dir: Path) -> None:
-    spy, pub, _ = run_stage(model_dir, [3, 4, 5], pipelined=True)
-    assert spy.calls == [("begin", 3), ("begin", 4), ("complete", 3), ("begin", 5), ("complete", 4),
-                         ("complete", 5)]
+def wait_for(condition: object, what: str) -> None:
+    deadline = Deadline(WAIT_S)
+    while not condition() and not deadline.passed():  # type: ignore[operator]
+        threading.Event().wait(0.005)
+    assert condition(), what  # type: ignore[operator]
+
+
+def test_batches_are_published_in_the_order_offered_whatever_order_their_prepares_end_in(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    spy = Spy(processor)
+    first = spy.hold[("prepare", 3)] = threading.Event()  # the first batch's prepare ends last
+    stages = stages_of(spy, pub, Failures(), prepare_threads=3)
+    stages.start()
+    offer_all(stages, pub, [3, 4, 5])
+    wait_for(lambda: ("prepare", 5) in spy.calls and ("prepare", 4) in spy.calls, "the pool prepared on")
+    assert ("submit", 4) not in spy.calls, "the device took a batch out of order"
+    first.set()
+    stages.finish(Deadline(30.0))
+    for step in ("submit", "complete"):
+        assert [n for name, n in spy.calls if name == step] == [3, 4, 5]
     assert predicted_offsets(pub) == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]
 
 
-def test_one_batch_at_a_time_otherwise(model_dir: Path) -> None:
-    spy, pub, _ = run_stage(model_dir, [3, 4], pipelined=False)
-    assert spy.calls == [("process", 3), ("process", 4)]
-    assert len(predicted_offsets(pub)) == 7
+def test_each_stage_works_on_its_own_batch_at_the_same_time(model_dir: Path) -> None:
+    """While the finish thread is held on the first batch, the device runs the second and a prepare thread the
+    third: the worker runs at its slowest stage's rate, not at the sum of them (a serial design would never
+    reach the second batch's submit before the first batch's complete returned)."""
+    processor, pub = make(model_dir)
+    spy = Spy(processor)
+    finishing = spy.hold[("complete", 3)] = threading.Event()
+    submitting = spy.hold[("submit", 4)] = threading.Event()
+    stages = stages_of(spy, pub, Failures(), prepare_threads=1)
+    stages.start()
+    offer_all(stages, pub, [3, 4, 5])
+    wait_for(lambda: {("complete", 3), ("submit", 4), ("prepare", 5)} <= set(spy.calls),
+             "the three stages did not hold three batches at once")
+    assert pub.sent == [], "nothing published while the finish thread is held"
+    submitting.set()
+    finishing.set()
+    stages.finish(Deadline(30.0))
+    assert predicted_offsets(pub) == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]
 
 
-def test_a_batch_ahead_is_never_published_after_a_failure(model_dir: Path) -> None:
-    spy, pub, failures = run_stage(model_dir, [3, 4, 5], pipelined=True, fail_on=3)
+def test_nothing_is_published_after_a_failure(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    spy = Spy(processor)
+    spy.raise_at[("complete", 3)] = StreamError("publish failed")
+    failures = Failures()
+    stages = stages_of(spy, pub, failures)
+    offer_all(stages, pub, [3, 4, 5])
+    stages.start()
+    stages.finish(Deadline(30.0))
     assert [type(e) for e in failures.seen] == [StreamError]
     assert ("complete", 4) not in spy.calls and ("complete", 5) not in spy.calls
     assert pub.sent == []
 
 
-def test_a_queue_at_its_bound_refuses_more_until_the_stage_takes_one(model_dir: Path) -> None:
+def test_a_failed_prepare_fails_the_worker_in_order(model_dir: Path) -> None:
+    """The batches offered before it are published; it and those after are not."""
     processor, pub = make(model_dir)
-    stage = stage_of(processor, pub, Failures(), pipelined=False, inflight=1)
+    spy = Spy(processor)
+    spy.raise_at[("prepare", 4)] = RuntimeError("decode failed")
+    failures = Failures()
+    stages = stages_of(spy, pub, failures, prepare_threads=3)
+    offer_all(stages, pub, [3, 4, 5])
+    stages.start()
+    stages.finish(Deadline(30.0))
+    assert [str(e) for e in failures.seen] == ["decode failed"]
+    assert predicted_offsets(pub) == [0, 1, 2]
+
+
+def test_a_batch_abandoned_while_stopping_leaves_the_ones_after_it_unpublished(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    spy = Spy(processor)
+    spy.raise_at[("prepare", 4)] = Abandoned("stopping while the schema registry is unreachable")
+    failures = Failures()
+    stages = stages_of(spy, pub, failures)
+    offer_all(stages, pub, [3, 4, 5])
+    stages.start()
+    stages.finish(Deadline(30.0))
+    assert failures.seen == [], "abandoning is not a failure"
+    assert predicted_offsets(pub) == [0, 1, 2]
+
+
+def test_the_first_queue_at_its_bound_refuses_more_until_the_device_takes_one(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    stages = stages_of(processor, pub, Failures(), inflight=1)
     first, second = batch_of(events(2), pub)[0], batch_of(events(3), pub)[0]
-    assert stage.offer(lambda: first, 0) and not stage.offer(lambda: second, 0.01)
-    assert not stage.idle()
-    stage.start()
-    assert stage.offer(lambda: second, 5.0), "taken by the thread: a slot is free again"
-    stage.finish(Deadline(30.0))
+    assert stages.offer(lambda: first, 0) and not stages.offer(lambda: second, 0.01)
+    assert not stages.idle() and stages.queued() == 1
+    stages.start()
+    assert stages.offer(lambda: second, 5.0), "taken by the device: a slot is free again"
+    stages.finish(Deadline(30.0))
     assert len(predicted_offsets(pub)) == 5
 
 
-def test_the_batch_ahead_completes_at_once_when_nothing_else_is_queued(model_dir: Path) -> None:
-    """With an empty queue the stage finishes the batch on the device at once instead of waiting for the next."""
+def test_idle_once_every_batch_is_settled_and_the_poll_thread_is_woken(model_dir: Path) -> None:
     processor, pub = make(model_dir)
-    stage = stage_of(processor, pub, Failures(), pipelined=True)
-    stage.start()
+    woken = threading.Event()
+    stages = stages_of(processor, pub, Failures(), on_idle=woken.set)
+    assert stages.idle()
+    stages.start()
     try:
-        batch = batch_of(events(5), pub)[0]
-        assert stage.offer(lambda: batch, 0)
-        for _ in range(200):
-            if len(predicted_offsets(pub)) == 5:
-                break
-            threading.Event().wait(0.01)
-        assert predicted_offsets(pub) == [0, 1, 2, 3, 4], "the only batch was held back waiting for a next one"
+        offer_all(stages, pub, [5])
+        assert woken.wait(WAIT_S), "the last batch out did not wake the poll thread"
+        assert stages.idle() and predicted_offsets(pub) == [0, 1, 2, 3, 4]
+        assert pub.kicks[-1] == 5, "sent at once: the finish thread flushes when it runs out of work"
     finally:
-        stage.finish(Deadline(5.0))
+        stages.finish(Deadline(5.0))
 
 
-def test_a_delivery_callback_raising_while_idle_fails_the_worker_and_the_loop_goes_on(model_dir: Path) -> None:
-    """The idle stage serves delivery reports; an exception from a callback there must fail the worker (which
-    then stops), not end the processing thread silently."""
+def test_a_delivery_callback_raising_while_idle_fails_the_worker_and_the_stages_go_on(model_dir: Path) -> None:
+    """The idle finish thread serves delivery reports; an exception from a callback there must fail the worker
+    (which then stops), not end the thread silently."""
     processor, pub = make(model_dir)
 
     def serve() -> None:
@@ -133,44 +205,45 @@ def test_a_delivery_callback_raising_while_idle_fails_the_worker_and_the_loop_go
 
     pub.serve = serve  # type: ignore[method-assign]
     failures = Failures()
-    stage = stage_of(processor, pub, failures, pipelined=False)
-    stage.start()
+    stages = stages_of(processor, pub, failures)
+    stages.start()
     try:
-        for _ in range(200):
-            if failures.seen:
-                break
-            threading.Event().wait(0.01)
+        wait_for(lambda: failures.seen, "the callback's error did not fail the worker")
         assert isinstance(failures.seen[0], RuntimeError)
-        assert stage._thread.is_alive()
+        assert all(t.is_alive() for t in stages._threads)
     finally:
-        stage.finish(Deadline(5.0))
-    assert not stage._thread.is_alive()
+        stages.finish(Deadline(5.0))
+    assert not any(t.is_alive() for t in stages._threads)
 
 
 @pytest.mark.parametrize("stale", [True, False])
 def test_batches_of_a_rewound_epoch_are_dropped(model_dir: Path, stale: bool) -> None:
     processor, pub = make(model_dir)
-    stage = stage_of(processor, pub, Failures(), pipelined=False)
+    spy = Spy(processor)
+    stages = stages_of(spy, pub, Failures())
     if stale:
-        stage._transactions.rewind_after = 0  # an aborted transaction of epoch 0
-    batch = batch_of(events(4), pub)[0]
-    assert stage.offer(lambda: batch, 0)
-    stage.start()
-    stage.finish(Deadline(30.0))
+        stages._transactions.rewind_after = 0  # an aborted transaction of epoch 0
+    offer_all(stages, pub, [4])
+    stages.start()
+    stages.finish(Deadline(30.0))
     assert len(predicted_offsets(pub)) == (0 if stale else 4)
+    assert (spy.calls == []) == stale, "a stale batch is not even prepared"
+    assert stages.idle()
 
 
-def test_each_batch_reports_how_long_it_waited_in_the_queue(model_dir: Path) -> None:
+def test_each_stage_reports_its_busy_time_threads_and_queue_and_each_batch_its_wait(model_dir: Path) -> None:
     processor, pub = make(model_dir)
-    waits: list[float] = []
-    stage = ProcessingStage(processor, pub, Transactions(StreamMetrics(), "in", 60.0),  # type: ignore[arg-type]
-                            max_inflight_batches=2, torch_threads=1, pipelined=False, exactly_once=False,
-                            fail=Failures().fail, failed=Failures().failed, queue_wait=waits.append)
-    first, second = batch_of(events(2), pub)[0], batch_of(events(3), pub)[0]
-    assert stage.offer(lambda: first, 0) and stage.offer(lambda: second, 0)
-    assert stage.queued() == 2
-    threading.Event().wait(0.05)  # both wait at least this long before the thread starts
-    stage.start()
-    stage.finish(Deadline(30.0))
-    assert len(waits) == 2 and all(0.05 <= w < 30.0 for w in waits)
-    assert stage.queued() == 0
+    metrics = StreamMetrics()
+    stages = stages_of(processor, pub, Failures(), prepare_threads=3, metrics=metrics)
+    offer_all(stages, pub, [2, 3])
+    assert stages.queued() == 2
+    assert metrics.registry.get_sample_value("stream_stage_queue_batches", {"stage": "prepare"}) == 2
+    threading.Event().wait(0.05)  # both wait at least this long before the threads start
+    stages.start()
+    stages.finish(Deadline(30.0))
+    sample = metrics.registry.get_sample_value
+    assert [sample("stream_stage_threads", {"stage": s}) for s in ("prepare", "device", "finish")] == [3, 1, 1]
+    assert all(sample("stream_stage_busy_seconds_total", {"stage": s}) > 0 for s in ("prepare", "device", "finish"))
+    assert all(sample("stream_stage_queue_batches", {"stage": s}) == 0 for s in ("prepare", "device", "finish"))
+    counts, total = metrics.queue_wait_seconds.snapshot()
+    assert counts.sum() == 2 and 0.1 <= total < 60.0

@@ -66,6 +66,24 @@ def test_a_row_from_two_scrapes() -> None:
     assert "w1:9100" in text.getvalue() and "1,500" in text.getvalue()
 
 
+def test_the_binding_stage_is_the_one_whose_threads_were_busiest() -> None:
+    m = StreamMetrics()
+    for stage, threads in (("prepare", 2), ("device", 1), ("finish", 1)):
+        m.stage_threads.labels(stage).set(threads)
+        m.stage_busy_seconds.labels(stage).inc(1.0)
+    before = scrape_of(m, 10.0)
+    m.stage_busy_seconds.labels("prepare").inc(3.0)  # 3 s of 2 threads' 4 s: 75 %
+    m.stage_busy_seconds.labels("device").inc(1.6)  # 80 % of its one thread: it binds
+    m.stage_busy_seconds.labels("finish").inc(0.4)
+    r = row("w", before, scrape_of(m, 12.0))
+    assert r.binds == "device 80%"
+    assert row("w", before, before).binds == "", "no time passed: no rates"
+    assert row("w", scrape_of(StreamMetrics(), 1.0), scrape_of(StreamMetrics(), 2.0)).binds == "", "no stages"
+    text = io.StringIO()
+    Console(file=text, width=200).print(table([r]))
+    assert "device 80%" in text.getvalue()
+
+
 def test_states_from_the_probes_and_a_replica_that_does_not_answer() -> None:
     m = StreamMetrics()
     assert row("w", None, Scrape(1.0, error="Connection refused")).state == "down: Connection refused"

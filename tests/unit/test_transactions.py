@@ -15,10 +15,10 @@ from stream.deadline import Deadline
 from stream.errors import TransactionError
 from stream.metrics import StreamMetrics
 from stream.offsets import OffsetTracker
-from stream.processing import Dispatched
+from stream.processing import Begun, Dispatched
 from stream.publish import SpanDelivery
 from stream.records import Records
-from stream.stage import ProcessingStage
+from stream.stage import ProcessingStages
 from stream.transactions import Transactions, group_membership, is_member
 
 TOPIC = "in"
@@ -154,8 +154,8 @@ def test_a_batch_whose_producer_was_replaced_is_rewound_not_fatal_however_long_i
     txns = Transactions(metrics, TOPIC, 60.0, clock=lambda: next(clock))
     batch = Dispatched(Records.build([b"x"], [None], [0], [3]), np.zeros(1, np.int32), np.full(1, 3), {}, epoch=0)
     publisher = ReplacingPublisher()
-    processor = SimpleNamespace(process=lambda b: None)
-    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=lambda b: None)
+    txns.process(staged(batch), processor, publisher)  # type: ignore[arg-type]
     txns.commit(publisher)  # type: ignore[arg-type]
     assert txns.pending() and txns.stale(0)
     assert publisher.calls == ["begin"], "the fenced transaction is not aborted again"
@@ -175,15 +175,15 @@ class TimingOutPublisher(ReplacingPublisher):
 
 def test_offsets_that_time_out_abort_and_rewind_but_a_commit_that_times_out_stops_the_worker() -> None:
     batch = Dispatched(Records.build([b"x"], [None], [0], [3]), np.zeros(1, np.int32), np.full(1, 3), {}, epoch=0)
-    processor = SimpleNamespace(process=lambda b: None)
+    processor = SimpleNamespace(complete=lambda b: None)
     txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
     publisher = TimingOutPublisher("send offsets to transaction")
-    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(batch), processor, publisher)  # type: ignore[arg-type]
     txns.commit(publisher)  # type: ignore[arg-type]
     assert txns.pending() and publisher.calls == ["begin", "abort"], "nothing committed yet: aborted, rewound"
     txns = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0)
     publisher = TimingOutPublisher("commit transaction")
-    txns.process(batch, processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(batch), processor, publisher)  # type: ignore[arg-type]
     with pytest.raises(TransactionError):  # it may have committed: aborting could not undo that
         txns.commit(publisher)  # type: ignore[arg-type]
     assert not txns.pending()
@@ -221,6 +221,11 @@ class TxnPublisher:
         pass
 
 
+def staged(batch: Dispatched) -> Begun:
+    """The batch as the stages hand it to Transactions.process (a fake processor's ``complete`` takes it)."""
+    return Begun(batch, None, {}, [], None)  # type: ignore[arg-type]
+
+
 def span_batch(tracker: OffsetTracker, publisher: TxnPublisher, spans: dict[int, tuple[int, int]],
                metadata: object = None) -> Dispatched:
     """A batch holding records ``first..last`` of each partition in ``spans``."""
@@ -237,9 +242,9 @@ def test_batches_that_join_a_transaction_commit_together_and_only_its_commit_ack
     tracker = OffsetTracker()
     tracker.assign([(TOPIC, 0), (TOPIC, 1)])
     publisher = TxnPublisher()
-    processor = SimpleNamespace(process=lambda b: None)
+    processor = SimpleNamespace(complete=lambda b: None)
     for spans in ({0: (0, 4)}, {0: (5, 9), 1: (0, 2)}, {1: (3, 3)}):
-        txns.process(span_batch(tracker, publisher, spans, cgmd(1, "m")), processor, publisher)  # type: ignore[arg-type]
+        txns.process(staged(span_batch(tracker, publisher, spans, cgmd(1, "m"))), processor, publisher)  # type: ignore[arg-type]
     assert txns.is_open() and not txns.due() and publisher.calls == ["begin"]
     assert tracker.committable() == {}, "nothing acknowledged before the commit"
     txns.commit(publisher)  # type: ignore[arg-type]
@@ -261,9 +266,9 @@ def test_a_batch_of_a_new_generation_has_the_open_transaction_committed_under_it
             super().commit_transaction(offsets, md, timeout_s)
 
     publisher = Recording()
-    processor = SimpleNamespace(process=lambda b: None)
-    txns.process(span_batch(tracker, publisher, {1: (0, 4)}, cgmd(1, "m")), processor, publisher)  # type: ignore[arg-type]
-    txns.process(span_batch(tracker, publisher, {0: (0, 2)}, cgmd(3, "m")), processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=lambda b: None)
+    txns.process(staged(span_batch(tracker, publisher, {1: (0, 4)}, cgmd(1, "m"))), processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 2)}, cgmd(3, "m"))), processor, publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "commit", "begin"], "partition 1 is not committed under generation 3"
     assert publisher.committed == [[(TOPIC, 1, 5)]] and metadata == [cgmd(1, "m")]
     txns.commit(publisher)  # type: ignore[arg-type]
@@ -276,10 +281,10 @@ def test_a_batch_consumed_out_of_the_group_is_rewound_never_produced_or_committe
     tracker.assign([(TOPIC, 0)])
     publisher = TxnPublisher()
     processed: list[int] = []
-    processor = SimpleNamespace(process=lambda b: processed.append(len(b.records)))
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}, cgmd(2, "m")), processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=lambda b: processed.append(len(b.batch.records)))
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)}, cgmd(2, "m"))), processor, publisher)  # type: ignore[arg-type]
     # Evicted (a session timed out): librdkafka's metadata has no generation and no member until it rejoins.
-    txns.process(span_batch(tracker, publisher, {0: (2, 4)}, cgmd(-1, "")), processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(span_batch(tracker, publisher, {0: (2, 4)}, cgmd(-1, ""))), processor, publisher)  # type: ignore[arg-type]
     assert processed == [2], "the evicted batch never reached the model or the producer"
     assert publisher.calls == ["begin", "commit"] and publisher.committed == [[(TOPIC, 0, 2)]]
     assert txns.pending() and txns.stale(0) and not txns.is_open()
@@ -312,8 +317,8 @@ def test_a_producer_broken_by_a_fatal_idempotence_error_is_replaced_and_its_tran
     tracker = OffsetTracker()
     tracker.assign([(TOPIC, 0)])
     publisher = BreakingPublisher()
-    processor = SimpleNamespace(process=lambda b: None)
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=lambda b: None)
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)})), processor, publisher)  # type: ignore[arg-type]
     txns.commit(publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "replace"] and txns.pending() and txns.stale(0)
     assert tracker.committable() == {}
@@ -322,7 +327,7 @@ def test_a_producer_broken_by_a_fatal_idempotence_error_is_replaced_and_its_tran
     txns.epoch = 1  # rewound, as the poll thread's rewind does
     tracker.forget([(TOPIC, 0)])
     tracker.assign([(TOPIC, 0)])
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)})), processor, publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "replace", "replace", "begin"] and txns.is_open()
 
 
@@ -332,15 +337,15 @@ def test_a_transaction_is_due_after_its_interval_and_interval_zero_is_one_batch_
     tracker = OffsetTracker()
     tracker.assign([(TOPIC, 0)])
     publisher = TxnPublisher()
-    processor = SimpleNamespace(process=lambda b: None)
+    processor = SimpleNamespace(complete=lambda b: None)
     assert not txns.due(), "nothing open: nothing due"
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)})), processor, publisher)  # type: ignore[arg-type]
     now[0] = 0.099
     assert not txns.due()
     now[0] = 0.1
     assert txns.due()
     once = Transactions(StreamMetrics(), TOPIC, 60.0, clock=lambda: 0.0, interval_s=0.0)
-    once.process(span_batch(tracker, publisher, {0: (2, 3)}), processor, publisher)  # type: ignore[arg-type]
+    once.process(staged(span_batch(tracker, publisher, {0: (2, 3)})), processor, publisher)  # type: ignore[arg-type]
     assert once.due()
 
 
@@ -350,14 +355,14 @@ def test_a_batch_that_fails_aborts_the_whole_open_transaction_and_acknowledges_n
     tracker.assign([(TOPIC, 0)])
     publisher = TxnPublisher()
 
-    def process(batch: Dispatched) -> None:
-        if len(batch.records) == 3:
+    def process(begun: Begun) -> None:
+        if len(begun.batch.records) == 3:
             raise RuntimeError("model failed")
 
-    processor = SimpleNamespace(process=process)
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=process)
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)})), processor, publisher)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
-        txns.process(span_batch(tracker, publisher, {0: (2, 4)}), processor, publisher)  # type: ignore[arg-type]
+        txns.process(staged(span_batch(tracker, publisher, {0: (2, 4)})), processor, publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "abort"] and not txns.is_open()
     assert tracker.committable() == {}
     txns.commit(publisher)  # type: ignore[arg-type]
@@ -374,19 +379,21 @@ def test_an_aborted_commit_marks_the_transactions_epoch_for_the_rewind() -> None
     tracker = OffsetTracker()
     tracker.assign([(TOPIC, 0)])
     publisher = Abortable()
-    processor = SimpleNamespace(process=lambda b: None)
+    processor = SimpleNamespace(complete=lambda b: None)
     for spans in ({0: (0, 1)}, {0: (2, 3)}):
-        txns.process(span_batch(tracker, publisher, spans), processor, publisher)  # type: ignore[arg-type]
+        txns.process(staged(span_batch(tracker, publisher, spans)), processor, publisher)  # type: ignore[arg-type]
     txns.commit(publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "abort"] and txns.pending() and txns.stale(0)
     assert tracker.committable() == {}
 
 
 def eos_stage(txns: Transactions, publisher: TxnPublisher, processed: list[int], failures: list[BaseException],
-              inflight: int) -> ProcessingStage:
-    processor = SimpleNamespace(process=lambda b: processed.append(len(b.records)))
-    return ProcessingStage(processor, publisher, txns, max_inflight_batches=inflight, torch_threads=1,  # type: ignore[arg-type]
-                           pipelined=False, exactly_once=True, fail=failures.append, failed=lambda: bool(failures))
+              inflight: int) -> ProcessingStages:
+    processor = SimpleNamespace(prepare=staged, submit=lambda b: b, engine=None,
+                                complete=lambda b: processed.append(len(b.batch.records)))
+    return ProcessingStages(processor, publisher, txns, max_inflight_batches=inflight,  # type: ignore[arg-type]
+                            prepare_threads=2, torch_threads=1, overlap=True, exactly_once=True,
+                            fail=failures.append, failed=lambda: bool(failures))
 
 
 @pytest.mark.parametrize(("interval_s", "transactions"), [(60.0, 1), (0.0, 3)])
@@ -439,8 +446,8 @@ def test_a_failed_worker_aborts_the_open_transaction_instead_of_committing_it() 
     # The first batch opens the transaction; the poll thread fails before the second is taken.
     original = txns.process
 
-    def process_then_fail(batch: Dispatched, processor: object, pub: object) -> None:
-        original(batch, processor, pub)  # type: ignore[arg-type]
+    def process_then_fail(begun: Begun, processor: object, pub: object) -> None:
+        original(begun, processor, pub)  # type: ignore[arg-type]
         failures.append(RuntimeError("poll thread failed"))
 
     txns.process = process_then_fail  # type: ignore[method-assign]
@@ -460,13 +467,13 @@ def test_a_transaction_that_fails_while_producing_is_aborted_and_rewound_not_fat
     tracker.assign([(TOPIC, 0)])
     publisher = TxnPublisher()
 
-    def process(batch: Dispatched) -> None:
-        if len(batch.records) == 3:
+    def process(begun: Begun) -> None:
+        if len(begun.batch.records) == 3:
             raise _failed_transaction()
 
-    processor = SimpleNamespace(process=process)
-    txns.process(span_batch(tracker, publisher, {0: (0, 1)}), processor, publisher)  # type: ignore[arg-type]
-    txns.process(span_batch(tracker, publisher, {0: (2, 4)}), processor, publisher)  # type: ignore[arg-type]
+    processor = SimpleNamespace(complete=process)
+    txns.process(staged(span_batch(tracker, publisher, {0: (0, 1)})), processor, publisher)  # type: ignore[arg-type]
+    txns.process(staged(span_batch(tracker, publisher, {0: (2, 4)})), processor, publisher)  # type: ignore[arg-type]
     assert publisher.calls == ["begin", "abort"] and not txns.is_open()
     assert txns.pending() and txns.stale(0) and metrics.transactions_aborted._value.get() == 1
     assert tracker.committable() == {}

@@ -1,0 +1,55 @@
+"""A simulated device behind MiniLM's real host path, for measuring the worker's stages without a GPU.
+
+`SimulatedDevice` is ``--model minilm`` up to the device: the same decoding, tokenizer, length sorting and pass
+planning (`MiniLMHandler.prepare`), the same 384-float output encoded and published. Its ``predict`` does no
+arithmetic: it sleeps ``ns_per_token`` for every padded token of the batch's passes, without holding the GIL, as a
+kernel the host waits for would, and returns zeros. ``ns_per_token`` 0 is the *free model*: what the host path
+alone can drain (the host ceiling). The setting comes from ``--model-dir``, a JSON file (``{"ns_per_token": N}``);
+the tokenizer and the embedding size come from the installed all-MiniLM-L6-v2 weights, as ``--model minilm``'s do.
+
+    python -m stream worker ... --model stream.bench.simulated:SimulatedDevice --model-dir sim.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stream.errors import UnrecoverableModelError
+from stream.models.minilm import MiniLMHandler
+
+
+def write_spec(path: Path, ns_per_token: float) -> Path:
+    """The ``--model-dir`` file of a simulated device taking ``ns_per_token`` a padded token (0: free)."""
+    path.write_text(json.dumps({"ns_per_token": ns_per_token}))
+    return path
+
+
+class SimulatedDevice(MiniLMHandler):
+    """MiniLM's handler with a device that sleeps ``ns_per_token`` a padded token (GIL released) and returns
+    zeros."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        super().__init__(None)
+        self.ns_per_token = 0.0
+        if model_dir is not None:
+            try:
+                self.ns_per_token = float(json.loads(Path(model_dir).read_text())["ns_per_token"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise UnrecoverableModelError(f"simulated device: {model_dir} is not a JSON file with "
+                                              f"ns_per_token: {exc}") from exc
+        self.name = "simulated-device" if self.ns_per_token > 0 else "free-model"
+
+    def load(self, device: torch.device) -> None:
+        super().load(torch.device("cpu"))  # the tokenizer and the output size; the weights stay unused
+        self.version = f"{self.ns_per_token:g}ns-per-token"
+
+    def predict(self, inputs: tuple[Any, ...]) -> torch.Tensor:
+        _ids, lengths, _inverse, passes = inputs
+        if self.ns_per_token > 0:
+            time.sleep(self.ns_per_token * 1e-9 * sum((p.stop - p.start) * p.length for p in passes))
+        return torch.zeros((len(lengths), self.outputs[0].size), dtype=torch.float32)
