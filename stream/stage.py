@@ -216,8 +216,6 @@ class ProcessingStages:
                     item = self._to_finish.get(timeout=_SERVE_EVERY_S)
                 except queue.Empty:  # idle: acknowledge what was delivered meanwhile
                     self._run(publisher.serve)
-                    if txns.due() and not self._failed():  # an open transaction waits for no batch past its time
-                        self._run(lambda: txns.commit(publisher))
                     continue
             if done:
                 self._settle(done)

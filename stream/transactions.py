@@ -8,9 +8,12 @@ On the finish stage's thread (`process`, then `commit`):
    if it was consumed under the same group metadata (generation and member; a batch of a newer generation has
    the open transaction committed first, under its own); 4. otherwise add the input offsets of all its batches
    (``send_offsets_to_transaction`` with that group metadata) and commit; the spans are acknowledged at once,
-   the commit having delivered them all. A finish thread with no batch behind the last one commits at once, and
-   one that waits for the next batch commits the open transaction once it is due, so a transaction never waits
-   for input and a revoke or a shutdown (which wait for in-flight records) is never held by one. A batch
+   the commit having delivered them all. A finish thread with no batch behind the last one in the stages commits
+   at once, so a transaction never waits for input and a revoke or a shutdown (which wait for in-flight
+   records) is never held by one; with batches behind it, it waits for the next one as the single processing
+   thread once did while it decoded and ran it. It never commits while it waits: a commit from an idle finish
+   thread sent offsets while the brokers were down, where librdkafka's ``send_offsets_to_transaction`` can block
+   past its timeout (confluentinc/librdkafka#5456; it failed the short broker-fault chaos test). A batch
    consumed while the consumer was out of its group (no generation or no member id: see `is_member`) is never
    produced or committed: its epoch is rewound.
 An abortable error aborts the transaction and marks the epoch its batches were consumed in as rewound: the

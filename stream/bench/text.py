@@ -23,6 +23,7 @@ For each device and batch size, all on the same texts:
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import zipfile
@@ -89,9 +90,13 @@ def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.de
 def reference_encode(texts: list[str], batch: int, device: torch.device, dtype: str = "float32") -> dict[str, Any]:
     """sentence-transformers' own ``encode`` of ``texts`` in batches of ``batch``, from the same ``model.zip`` the
     handler reads (installed package), in ``dtype``: texts/s (after one warm-up batch)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local folder: never ask the hub
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
 
     from stream.models.minilm import DTYPES, read_model_files
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     with tempfile.TemporaryDirectory() as folder:
         with zipfile.ZipFile(_model_zip()) as archive:

@@ -477,3 +477,36 @@ def test_a_transaction_that_fails_while_producing_is_aborted_and_rewound_not_fat
     assert publisher.calls == ["begin", "abort"] and not txns.is_open()
     assert txns.pending() and txns.stale(0) and metrics.transactions_aborted._value.get() == 1
     assert tracker.committable() == {}
+
+
+def test_an_idle_finish_thread_never_commits_while_a_batch_is_still_behind_it() -> None:
+    """The transaction waits for the batch being prepared behind it, even past its interval: a commit from an idle
+    finish thread sent offsets while the brokers were down, where librdkafka's send_offsets_to_transaction can
+    block past its timeout (confluentinc/librdkafka#5456)."""
+    txns = Transactions(StreamMetrics(), TOPIC, 120.0, interval_s=0.01)
+    tracker = OffsetTracker()
+    tracker.assign([(TOPIC, 0)])
+    publisher, processed, failures = TxnPublisher(), [], []  # type: ignore[var-annotated]
+    stage = eos_stage(txns, publisher, processed, failures, inflight=3)
+    second_prepared = threading.Event()
+
+    def prepare(batch: Dispatched) -> Begun:
+        if len(batch.records) == 3:
+            assert second_prepared.wait(10.0)
+        return staged(batch)
+
+    stage._processor.prepare = prepare  # type: ignore[attr-defined]
+    first, second = span_batch(tracker, publisher, {0: (0, 1)}), span_batch(tracker, publisher, {0: (2, 4)})
+    assert stage.offer(lambda: first, 0) and stage.offer(lambda: second, 0)
+    stage.start()
+    try:
+        deadline = Deadline(10.0)
+        while processed != [2] and not deadline.passed():
+            threading.Event().wait(0.005)
+        threading.Event().wait(0.1)  # ten intervals: the transaction is due
+        assert processed == [2] and publisher.calls == ["begin"], "committed while the next batch was behind"
+        second_prepared.set()
+    finally:
+        stage.finish(Deadline(10.0))
+    assert processed == [2, 3] and publisher.calls == ["begin", "commit"] and not failures
+    assert tracker.committable() == {(TOPIC, 0): 5}
