@@ -357,13 +357,19 @@ class Publisher:
         self._serve(0.0)
 
     def _serve(self, timeout_s: float) -> None:
+        """Serve delivery reports and client errors. A transactional producer's fatal error also comes back from
+        its poll, as a bare KafkaException: raised as the PublishError it is, librdkafka's error kept (so that an
+        authorization error is named as the ACL to grant, whichever thread meets it first)."""
         with self._serving:
-            if self._native_open:
-                assert self._native is not None
-                self._producer.poll(0.0)
-                self._settle(self._native.poll(timeout_s))
-            else:
-                self._producer.poll(timeout_s)
+            try:
+                if self._native_open:
+                    assert self._native is not None
+                    self._producer.poll(0.0)
+                    self._settle(self._native.poll(timeout_s))
+                else:
+                    self._producer.poll(timeout_s)
+            except KafkaException as exc:
+                raise PublishError("producer", exc.args[0] if exc.args else exc) from exc
 
     # -- transactions (processor thread only) ---------------------------------------------------------
     def init_transactions(self, timeout_s: float) -> None:

@@ -245,3 +245,21 @@ def test_an_abort_is_retried_in_slices_with_the_delivery_reports_served_between(
     publisher.abort_transaction(60.0)
     assert producer.calls == ["begin", "abort(1)", "abort(1)", "abort(1)"]
     assert len(polls) == 3, "reports served before each slice"
+
+
+def test_a_fatal_error_met_while_serving_is_a_typed_error_that_keeps_librdkafkas(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transactional producer's poll raises its fatal error as a bare KafkaException; the idle finish thread
+    may meet it before init_transactions does, and the worker names the ACL to grant from a KafkaClientError."""
+    FakeTxnProducer.instances = []
+    monkeypatch.setattr(publish, "Producer", FakeTxnProducer)
+    publisher = Publisher({"transactional.id": "t"}, on_span_done=lambda d: None)
+    refused = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "not allowed", fatal=True)
+
+    def poll(timeout: float = 0) -> int:
+        raise KafkaException(refused)
+
+    monkeypatch.setattr(FakeTxnProducer.instances[0], "poll", poll)
+    with pytest.raises(PublishError) as raised:
+        publisher.serve()
+    assert raised.value.kafka_error is refused and raised.value.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
