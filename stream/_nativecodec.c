@@ -205,6 +205,41 @@ typedef struct {
     Py_ssize_t size;
 } BytesView;
 
+/* The items of `list` (bytes; None too where `none_ok`, a view of NULL) as views to read without the GIL. *held
+ * gets a tuple of the items that keeps them alive whatever happens to the list: release both with
+ * release_views. NULL with an exception set when an item is of another type. */
+static BytesView *bytes_views(PyObject *list, int none_ok, const char *what, PyObject **held, Py_ssize_t *count) {
+    PyObject *items = PySequence_Tuple(list);
+    if (items == NULL) return NULL;
+    const Py_ssize_t n = PyTuple_GET_SIZE(items);
+    BytesView *views = PyMem_Calloc(n ? n : 1, sizeof(BytesView));
+    if (views == NULL) {
+        Py_DECREF(items);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PyTuple_GET_ITEM(items, k);
+        if (item == Py_None && none_ok) continue;
+        if (!PyBytes_CheckExact(item)) {
+            PyErr_Format(PyExc_TypeError, "%s: bytes%s", what, none_ok ? " or None" : "");
+            Py_DECREF(items);
+            PyMem_Free(views);
+            return NULL;
+        }
+        views[k].bytes = PyBytes_AS_STRING(item);
+        views[k].size = PyBytes_GET_SIZE(item);
+    }
+    *held = items;
+    *count = n;
+    return views;
+}
+
+static void release_views(BytesView *views, PyObject *held) {
+    PyMem_Free(views);
+    Py_XDECREF(held);
+}
+
 typedef struct {
     const int32_t *prog;
     Py_ssize_t prog_len;
@@ -520,28 +555,10 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!OOnO!O", &prog_obj, &PyList_Type, &defaults_obj, &values, &rows_obj, &skip,
                           &PyList_Type, &cols_obj, &index_obj))
         return NULL;
-    /* A tuple of the defaults keeps them alive, whatever happens to the list, while the GIL is released. */
-    PyObject *defaults = PySequence_Tuple(defaults_obj);
-    if (defaults == NULL) return NULL;
-    const Py_ssize_t ndefaults = PyTuple_GET_SIZE(defaults);
-    BytesView *dflt = PyMem_Calloc(ndefaults ? ndefaults : 1, sizeof(BytesView));
-    if (dflt == NULL) {
-        Py_DECREF(defaults);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t k = 0; k < ndefaults; k++) {
-        PyObject *d = PyTuple_GET_ITEM(defaults, k);
-        if (d != Py_None && !PyBytes_CheckExact(d)) {
-            PyErr_SetString(PyExc_TypeError, "defaults: bytes or None");
-            Py_DECREF(defaults);
-            PyMem_Free(dflt);
-            return NULL;
-        }
-        if (d != Py_None) {
-            dflt[k].bytes = PyBytes_AS_STRING(d);
-            dflt[k].size = PyBytes_GET_SIZE(d);
-        }
-    }
+    PyObject *defaults = NULL; /* keeps the defaults alive while the GIL is released */
+    Py_ssize_t ndefaults = 0;
+    BytesView *dflt = bytes_views(defaults_obj, 1, "defaults", &defaults, &ndefaults);
+    if (dflt == NULL) return NULL;
     PyObject *result = NULL, *errors = NULL;
     RowError *failed = NULL;
     Buf in[3];
@@ -551,8 +568,7 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     const Py_ssize_t ncols = PyList_GET_SIZE(cols_obj);
     Col *cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(Col));
     if (cols == NULL) {
-        Py_DECREF(defaults);
-        PyMem_Free(dflt);
+        release_views(dflt, defaults);
         return PyErr_NoMemory();
     }
     if (get_buf(prog_obj, &in[0], 4, 0, 0, "program") < 0 || get_buf(rows_obj, &in[1], 8, 0, 0, "rows") < 0)
@@ -677,9 +693,8 @@ done:
     release(v.b, 3);
     release(in, 3);
     PyMem_Free(cols);
-    PyMem_Free(dflt);
+    release_views(dflt, defaults);
     PyMem_RawFree(failed);
-    Py_DECREF(defaults);
     return result;
 }
 
@@ -744,26 +759,10 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
     if (!PyArg_ParseTuple(args, "SOO!O!nO", &header_obj, &prog_obj, &PyList_Type, &consts_obj, &PyList_Type,
                           &arrays_obj, &n, &ends_obj))
         return NULL;
-    /* The rows are written without the GIL: the constants as C views, kept alive by a tuple of them. */
-    PyObject *consts = PySequence_Tuple(consts_obj);
-    if (consts == NULL) return NULL;
-    const Py_ssize_t nconsts = PyTuple_GET_SIZE(consts);
-    BytesView *constant = PyMem_Calloc(nconsts ? nconsts : 1, sizeof(BytesView));
-    if (constant == NULL) {
-        Py_DECREF(consts);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t k = 0; k < nconsts; k++) {
-        PyObject *c = PyTuple_GET_ITEM(consts, k);
-        if (!PyBytes_CheckExact(c)) {
-            PyErr_SetString(PyExc_TypeError, "consts: bytes");
-            Py_DECREF(consts);
-            PyMem_Free(constant);
-            return NULL;
-        }
-        constant[k].bytes = PyBytes_AS_STRING(c);
-        constant[k].size = PyBytes_GET_SIZE(c);
-    }
+    PyObject *consts = NULL; /* the rows are written without the GIL: the constants as views, kept alive by it */
+    Py_ssize_t nconsts = 0;
+    BytesView *constant = bytes_views(consts_obj, 0, "consts", &consts, &nconsts);
+    if (constant == NULL) return NULL;
     const Py_ssize_t narrays = PyList_GET_SIZE(arrays_obj);
     Buf *arrays = PyMem_Calloc(narrays ? narrays : 1, sizeof(Buf));
     Buf pb, eb;
@@ -771,8 +770,7 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
     memset(&eb, 0, sizeof eb);
     PyObject *result = NULL;
     if (arrays == NULL) {
-        Py_DECREF(consts);
-        PyMem_Free(constant);
+        release_views(constant, consts);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t k = 0; k < narrays; k++) {
@@ -905,8 +903,7 @@ done:
     release(&eb, 1);
     release(arrays, (int)narrays);
     PyMem_Free(arrays);
-    PyMem_Free(constant);
-    Py_DECREF(consts);
+    release_views(constant, consts);
     return result;
 }
 
