@@ -293,6 +293,13 @@ class Worker:
             records = records.without_partitions(foreign)
             log.info("dropped records of partitions no longer assigned: %s",
                      fmt_partitions([(topic, p) for p in foreign]))
+        keep = self._tracker.admit(topic, records.partitions, records.offsets)
+        if keep is not None:
+            twice = records.select(np.flatnonzero(~keep))
+            records = records.select(np.flatnonzero(keep))
+            log.warning("dropped %d records taken a second time from the consumer (partitions %s, offsets %d..%d): "
+                        "already taken in this assignment", len(twice), sorted(set(twice.partitions.tolist())),
+                        int(twice.offsets.min()), int(twice.offsets.max()))
         if not len(records):
             return
         if self._summary.first_consumed_at is None:

@@ -161,3 +161,15 @@ def test_property_watermark_is_contiguous_acked_prefix(sizes: list[int], seed: i
         position = got
         assert position == expected
     assert position == offset
+
+
+def test_admit_keeps_each_offset_once_and_never_skips_ahead() -> None:
+    import numpy as np
+
+    t = OffsetTracker()
+    t.assign([("t", 0)])
+    keep = t.admit("t", np.array([0, 0, 0, 0, 7]), np.array([5, 6, 5, 7, 1]))
+    assert keep is not None and keep.tolist() == [True, True, False, True, True]  # partition 7 is not assigned
+    assert t.admit("t", np.array([0, 0]), np.array([8, 9])) is None
+    keep = t.admit("t", np.array([0, 0, 0]), np.array([4, 12, 10]))
+    assert keep is not None and keep.tolist() == [False, True, False]

@@ -69,3 +69,23 @@ def test_a_batch_over_its_size_is_cut_and_the_rest_stays_open(worker: Worker) ->
     worker._tracker.assign([("in", 0)])
     worker._accept(records([0] * 6, list(range(6))))
     assert len(worker._close_batch().records) == 4 and len(worker._batcher) == 2
+
+
+def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
+        worker: Worker, caplog: pytest.LogCaptureFixture) -> None:
+    """Seen in a long exactly-once chaos run right after a rewind's seek: one batch held offsets 240935..240952
+    of a partition twice, and the span check stopped the worker. The second copy is dropped when taken."""
+    worker._tracker.assign([("in", 0), ("in", 1)])
+    worker._accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
+    batch = worker._close_batch()
+    assert batch.offsets.tolist() == [10, 11, 3, 12]
+    spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
+    assert spans == {0: (10, 12, 3), 1: (3, 3, 1)}
+    worker._accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
+    assert worker._close_batch().offsets.tolist() == [13]
+    assert worker._summary.consumed == 5
+    assert "dropped 3 records taken a second time from the consumer (partitions [0, 1], offsets 3..11)" in caplog.text
+    worker._tracker.forget([("in", 0)])  # a rewind (or a new assignment) starts the partition over
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0, 0], [10, 11]))
+    assert worker._close_batch().offsets.tolist() == [10, 11]
