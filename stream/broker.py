@@ -181,6 +181,10 @@ class KafkaNode:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def returncode(self) -> int | None:
+        """How its last process ended (negative: the signal that killed it); None while it runs or before it ran."""
+        return self.proc.poll() if self.proc is not None else None
+
     def launch(self) -> None:
         """Start the node's JVM (its storage formatted already); returns without waiting for it to listen."""
         if self.alive():

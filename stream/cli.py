@@ -1,5 +1,5 @@
-"""``python -m stream``: worker, broker, registry, topics, train-model, demo. Thin: parse, set up logging, call one
-function."""
+"""``python -m stream``: worker, broker, broker-node, registry, topics, train-model, demo. Thin: parse, set up
+logging, call one function."""
 
 from __future__ import annotations
 
@@ -182,9 +182,9 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     return summary.exit_code
 
 
-def _foreground(server: Any, started: str, alive: Any = None) -> int:
-    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (``alive()``
-    false; exit 1); the server is stopped by PID either way."""
+def _foreground(server: Any, started: str) -> int:
+    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1); the
+    server is stopped by PID either way. (A cluster: `stream.cluster_supervisor.run_foreground`.)"""
     print(started, flush=True)
     stopping = False
 
@@ -194,9 +194,8 @@ def _foreground(server: Any, started: str, alive: Any = None) -> int:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    running = alive if alive is not None else (lambda: server.proc.poll() is None)
     try:
-        while not stopping and running():
+        while not stopping and server.proc.poll() is None:
             time.sleep(0.2)
     finally:
         server.stop()
@@ -207,6 +206,8 @@ def run_broker(args: argparse.Namespace) -> int:
     _setup_logging()
     from stream.broker import start_broker
 
+    if args.restart_delay_s < 0:
+        raise StreamError(f"--restart-delay-s must be 0 or more, not {args.restart_delay_s}")
     if args.nodes > 1 or args.sasl:
         if args.kind != "kafka" or args.port is not None:
             raise StreamError("--nodes N and --sasl: Apache Kafka only (--kind kafka), on free ports (no --port)")
@@ -217,12 +218,31 @@ def run_broker(args: argparse.Namespace) -> int:
         if cluster.security is not None:  # the admin's settings, for the operator who started it
             print("\n".join(f"export {k}={v}" for k, v in cluster.security.env(
                 "admin", cluster.security.admin_password).items()), flush=True)
-        return _foreground(cluster, f"kafka cluster of {args.nodes} node{'s' if args.nodes > 1 else ''} (node:pid "
-                                    f"{pids}) bootstrap={cluster.bootstrap}"
-                                    + (" SASL_SSL (SCRAM-SHA-512), ACLs on" if args.sasl else ""),
-                           alive=lambda: all(n.alive() for n in cluster.nodes))
+        from stream.cluster_supervisor import run_foreground
+
+        return run_foreground(cluster, f"kafka cluster of {args.nodes} node{'s' if args.nodes > 1 else ''} "
+                                       f"(node:pid {pids}) bootstrap={cluster.bootstrap}"
+                                       + (" SASL_SSL (SCRAM-SHA-512), ACLs on" if args.sasl else ""),
+                              restart_dead=args.restart_dead_nodes, restart_delay_s=args.restart_delay_s)
+    if args.restart_dead_nodes:
+        raise StreamError("--restart-dead-nodes: a cluster (--kind kafka --nodes 3); a single broker is the whole "
+                          "cluster")
     broker = start_broker(args.kind, args.port)
     return _foreground(broker, f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
+
+
+def run_broker_node(args: argparse.Namespace) -> int:
+    from stream.cluster_supervisor import find_cluster, format_status, request
+
+    status_path = find_cluster(args.cluster)
+    if args.action == "status":
+        print(format_status(json.loads(status_path.read_text())), flush=True)
+        return 0
+    if args.node is None:
+        raise StreamError(f"broker-node {args.action}: which node? (an id, e.g. `broker-node {args.action} 2`)")
+    ok, message = request(status_path, args.action, args.node, args.timeout_s)
+    print(message, flush=True, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def run_registry(args: argparse.Namespace) -> int:
@@ -421,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_parser(sub)
-    b = sub.add_parser("broker", help="run a single-node broker on 127.0.0.1 in the foreground")
+    b = sub.add_parser("broker", help="run a local broker, or a cluster of Kafka nodes, on 127.0.0.1 in the "
+                                       "foreground")
     b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka")
     b.add_argument("--port", type=int, default=None, help="default: a free port")
     b.add_argument("--nodes", type=int, default=1,
@@ -430,6 +451,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sasl", action="store_true",
                    help="Apache Kafka: a SASL_SSL listener (SCRAM-SHA-512, a certificate made now) and the "
                         "StandardAuthorizer; prints the admin's KAFKA_* settings (the password among them)")
+    b.add_argument("--restart-dead-nodes", action="store_true",
+                   help="a cluster: restart a node whose process ended, on its own data, --restart-delay-s after "
+                        "(default: it stays down; the cluster runs on while a quorum of its nodes does, and "
+                        "stops them all, exit 1, when that quorum is lost)")
+    b.add_argument("--restart-delay-s", type=float, default=5.0,
+                   help="with --restart-dead-nodes (5; doubled while a node fails to start, up to a minute)")
+    bn = sub.add_parser("broker-node", help="a running local cluster (broker --nodes N): its nodes' status, or stop, "
+                                            "start or restart one by id (e.g. to script kill, wait, restart)")
+    bn.add_argument("action", choices=["status", "stop", "start", "restart"])
+    bn.add_argument("node", type=int, nargs="?", help="the node's id (1..N); not for status")
+    bn.add_argument("--cluster", type=Path, default=None,
+                    help="the status file the broker command printed (or its folder); default: the one local "
+                         "cluster running")
+    bn.add_argument("--timeout-s", type=float, default=120.0,
+                    help="how long to wait for start or restart to answer (the node listening again) (120)")
     r = sub.add_parser("registry", help="run a Confluent-compatible schema registry (Apicurio, in memory) on "
                                         "127.0.0.1 in the foreground")
     r.add_argument("--port", type=int, default=None, help="default: a free port")
@@ -510,9 +546,10 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if early:
             return 128 + early[0]
-    runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "registry": run_registry,
-               "topics": run_topics, "train-model": run_train, "demo": run_demo, "bench": run_bench_command,
-               "bench-text": run_bench_text_command, "bench-gpu": run_bench_gpu_command, "top": run_top}
+    runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "broker-node": run_broker_node,
+               "registry": run_registry, "topics": run_topics, "train-model": run_train, "demo": run_demo,
+               "bench": run_bench_command, "bench-text": run_bench_text_command,
+               "bench-gpu": run_bench_gpu_command, "top": run_top}
     try:
         return runners[args.command](args)
     except StreamError as exc:

@@ -100,3 +100,23 @@ def test_a_cluster_is_kafka_on_free_ports_only(capsys: pytest.CaptureFixture[str
     assert main(["broker", "--kind", "tansu", "--nodes", "3"]) == 2
     assert main(["broker", "--kind", "kafka", "--nodes", "3", "--port", "9092"]) == 2
     assert capsys.readouterr().err.count("--nodes N and --sasl: Apache Kafka only") == 2
+
+
+def test_restarting_dead_nodes_is_for_a_cluster_and_its_delay_is_not_negative(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from stream.cli import main
+
+    assert main(["broker", "--kind", "tansu", "--restart-dead-nodes"]) == 2
+    assert "--restart-dead-nodes: a cluster (--kind kafka --nodes 3)" in capsys.readouterr().err
+    assert main(["broker", "--kind", "kafka", "--nodes", "3", "--restart-dead-nodes", "--restart-delay-s", "-1"]) == 2
+    assert "--restart-delay-s must be 0 or more, not -1.0" in capsys.readouterr().err
+
+
+def test_broker_node_needs_a_running_cluster_and_a_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stream.cli import main
+
+    assert main(["broker-node", "status", "--cluster", str(tmp_path)]) == 2
+    assert f"--cluster {tmp_path}: no cluster.json there" in capsys.readouterr().err
+    (tmp_path / "cluster.json").write_text('{"supervisor_pid": 1, "nodes": []}')
+    assert main(["broker-node", "restart", "--cluster", str(tmp_path)]) == 2
+    assert "broker-node restart: which node?" in capsys.readouterr().err
