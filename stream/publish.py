@@ -39,9 +39,13 @@ MAX_STUCK_PRODUCERS = 3  # stuck producers whose calls never returned, before th
 # Fatal errors of the idempotence state (a sequence number the broker and librdkafka disagree on, after a request
 # that may or may not have been written timed out): fatal to that producer, not to the transactional id. A fresh
 # producer takes over, as from a stuck one. Fencing (a newer instance owns the id) and authorization stay fatal.
+# INVALID_TXN_STATE too: the coordinator refused the abort after adding offsets had failed with
+# CONCURRENT_TRANSACTIONS, both right after its node was thawed from a 20 s SIGSTOP (tests.chaos.cluster_command);
+# the transaction was never committed, and a fresh producer's init aborts it.
 REPLACEABLE_FATAL = frozenset({
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.DUPLICATE_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID,
-    KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT, KafkaError._GAPLESS_GUARANTEE})
+    KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT, KafkaError._GAPLESS_GUARANTEE,
+    KafkaError.INVALID_TXN_STATE})
 MAX_REPLACEMENTS = 3  # broken producers replaced within REPLACEMENT_WINDOW_S before the worker gives up
 REPLACEMENT_WINDOW_S = 600.0
 Headers = list[tuple[str, str | bytes | None]]

@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from producers.events import generate_events
 from stream.children import WorkerProcess
 from stream.topics import committed_offsets, end_offsets
@@ -38,11 +40,27 @@ def _cli(*args: str, timeout_s: float = 300.0) -> str:
     return done.stdout
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
-    return sum(max(o, 0) for o in committed_offsets(bootstrap, group, topic).values())
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    """The group's committed offsets summed; None while they cannot be read (the coordinator moving)."""
+    try:
+        return sum(max(o, 0) for o in committed_offsets(bootstrap, group, topic).values())
+    except KafkaException:
+        return None
 
 
-def run(workdir: Path, *, events: int = 100_000, rate: float = 1_000.0, freeze_s: float = 20.0, gap_s: float = 15.0,
+def _commit_problems(bootstrap: str, group: str, topic: str) -> list[str]:
+    try:
+        return check_committed(committed_offsets(bootstrap, group, topic), end_offsets(bootstrap, topic))
+    except KafkaException as exc:
+        return [f"committed or end offsets not read: {exc}"]
+
+
+def _tail(worker: WorkerProcess, chars: int = 2500) -> str:
+    """A worker's last log lines, without librdkafka's own."""
+    return "\n".join(line for line in worker.output().splitlines() if "rdkafka" not in line)[-chars:]
+
+
+def run(workdir: Path, *, events: int = 150_000, rate: float = 1_000.0, freeze_s: float = 20.0, gap_s: float = 15.0,
         model_dir: Path | None = None, seed: int = 48, say: Any = print) -> dict[str, Any]:
     cmd = ClusterCommand(workdir)
     workers: list[WorkerProcess] = []
@@ -69,13 +87,31 @@ def run(workdir: Path, *, events: int = 100_000, rate: float = 1_000.0, freeze_s
                                      topic_in, "--count", str(events), "--rate", str(rate), "--seed", str(seed)],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         started = time.monotonic()
-        wait(lambda: _committed(bootstrap, group, topic_in) > 0, 120, "the workers' first committed offsets")
+        wait(lambda: (_committed(bootstrap, group, topic_in) or 0) > 0, 120, "the workers' first committed offsets")
         faults: list[dict[str, Any]] = []
+        stuck: list[dict[str, Any]] = []  # a fault after which the offsets did not advance in time: what was seen
 
-        def progress_after(what: str) -> float:
-            before = _committed(bootstrap, group, topic_in)
-            return wait(lambda: _committed(bootstrap, group, topic_in) >= before + rate, PROGRESS_BOUND_S,
-                        f"committed offsets advancing by {rate:.0f} after {what}")
+        def progress_after(what: str) -> float | None:
+            """Seconds until the committed offsets are ``rate`` past where they were when the fault ended (or
+            where they are first read after it)."""
+            start = time.monotonic()
+            first: list[int] = []
+
+            def advanced() -> bool:
+                now = _committed(bootstrap, group, topic_in)
+                if now is None:
+                    return False
+                first[:] = first or [now]
+                return now >= min(first[0] + rate, events)  # the load may be all but done
+
+            try:
+                wait(advanced, PROGRESS_BOUND_S, f"committed offsets advancing by {rate:.0f} after {what}")
+            except AssertionError as exc:
+                say(f"  {exc}")
+                stuck.append({"after": what, "committed": _committed(bootstrap, group, topic_in),
+                              "workers": [_tail(w) for w in workers]})
+                return None
+            return round(time.monotonic() - start, 1)
 
         for node in (1, 2):
             time.sleep(gap_s)
@@ -88,20 +124,19 @@ def run(workdir: Path, *, events: int = 100_000, rate: float = 1_000.0, freeze_s
                 os.kill(pid, signal.SIGCONT)
             faults.append({"node": node, "pid": pid, "fault": f"SIGSTOP {freeze_s:g} s, SIGCONT",
                            "at_s": round(time.monotonic() - started - freeze_s, 1),
-                           "progress_after_s": round(progress_after(f"node {node} thawed"), 1)})
+                           "progress_after_s": progress_after(f"node {node} thawed")})
             say(f"  {faults[-1]}")
         time.sleep(gap_s)
         pid = cmd.node_pid(3)
         say(f"killing node 3 (pid {pid}) for good")
         os.kill(pid, signal.SIGKILL)
         faults.append({"node": 3, "pid": pid, "fault": "SIGKILL", "at_s": round(time.monotonic() - started, 1),
-                       "progress_after_s": round(progress_after("node 3 killed"), 1)})
+                       "progress_after_s": progress_after("node 3 killed")})
         say(f"  {faults[-1]}")
         load_rc = load.wait(events / rate + 300)
         load_line = (workdir / "producers.log").read_text(errors="replace").strip().splitlines()[-1:]
-        caught_up_s = wait(lambda: not check_committed(committed_offsets(bootstrap, group, topic_in),
-                                                       end_offsets(bootstrap, topic_in)),
-                           180, "committed offsets at the input's end offsets")
+        caught_up_s = wait(lambda: not _commit_problems(bootstrap, group, topic_in), 180,
+                           "committed offsets at the input's end offsets")
         expected = set(generate_events(events, seed=seed).event_ids)
         verifier = Verifier(bootstrap, topic_out, topic_dlq)
         try:
@@ -119,15 +154,20 @@ def run(workdir: Path, *, events: int = 100_000, rate: float = 1_000.0, freeze_s
             "events": events, "rate": rate, "freeze_s": freeze_s, "load_exit": load_rc, "load": load_line,
             "faults": faults, "caught_up_after_load_s": round(caught_up_s, 1), "lost": lost,
             "duplicates": duplicates, "duplicate_details": duplicate_details,
-            "commit_problems": check_committed(committed_offsets(bootstrap, group, topic_in),
-                                               end_offsets(bootstrap, topic_in)),
+            "commit_problems": _commit_problems(bootstrap, group, topic_in),
             "hanging_transactions": hanging_transactions(bootstrap, [topic_out, topic_dlq]),
             "workers_alive": alive,
+            # per worker: transactions aborted and rewound, producers replaced after a fatal state
+            "worker_aborts": [w.output().count("transaction aborted, rewinding") for w in workers],
+            "worker_replacements": [w.output().count("a fresh producer with the same") for w in workers],
+            "worker_failures": [f"worker {i} exited {w.proc.returncode}: {_tail(w)}"
+                                for i, w in enumerate(workers) if w.proc.poll() is not None],
+            "stuck": stuck,
             "command_running": cmd.proc.poll() is None,
             "nodes": [{k: n[k] for k in ("id", "state", "ended")} for n in status["nodes"]],
             "command_log": [line for line in cmd.log().splitlines() if "cluster_supervisor" in line],
         }
-        result["ok"] = (load_rc == 0 and lost == 0 and duplicates == 0 and not result["commit_problems"]
+        result["ok"] = (not stuck and load_rc == 0 and lost == 0 and duplicates == 0 and not result["commit_problems"]
                         and not result["hanging_transactions"] and all(alive)
                         and result["command_running"])
         result["worker_exits_on_sigterm"] = [w.terminate() for w in workers]
@@ -143,7 +183,8 @@ def run(workdir: Path, *, events: int = 100_000, rate: float = 1_000.0, freeze_s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.cluster_command", description=__doc__)
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=150_000,
+                        help="events offered at --rate (150,000 at 1,000/s: the load outlasts the faults)")
     parser.add_argument("--rate", type=float, default=1_000.0)
     parser.add_argument("--freeze-s", type=float, default=20.0)
     parser.add_argument("--model-dir", type=Path, default=None, help="default: trained now by train-model")

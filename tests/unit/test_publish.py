@@ -171,7 +171,8 @@ def fatal(code: int) -> KafkaException:
     return KafkaException(KafkaError(code, "as librdkafka raises it", fatal=True))
 
 
-@pytest.mark.parametrize("code", [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError._FENCED])
+@pytest.mark.parametrize("code", [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_TXN_STATE,
+                                  KafkaError._FENCED])
 def test_a_fatal_idempotence_error_hands_over_to_a_fresh_producer_but_fencing_stays_fatal(
         monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     class Broken(FakeTxnProducer):
