@@ -96,16 +96,21 @@ def ensure_kafka_jars() -> Path:
     return libs
 
 
+def listening(port: int, timeout_s: float = 0.2) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_file: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
             raise BrokerError(f"broker exited with code {proc.returncode} during start-up:\n{tail}")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if listening(port):
+            return
         time.sleep(0.05)
     raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
 

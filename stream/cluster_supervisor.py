@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import tempfile
 import time
 import uuid
@@ -27,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from stream.broker import listening
 from stream.errors import BrokerError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,6 @@ def how_it_ended(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @dataclasses.dataclass
 class NodeState:
     """``running`` (listening), ``starting`` (launched, not listening yet), ``ended`` (its process ended without
@@ -93,7 +87,7 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[Node], root: Path, bootstrap: str, *, restart_dead: bool = False,
                  restart_delay_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 is_listening: Callable[[int], bool] = listening) -> None:
+                 is_listening: Callable[[int], bool] = lambda port: listening(port, 0.1)) -> None:
         if restart_delay_s < 0:
             raise ConfigError(f"--restart-delay-s must be 0 or more, not {restart_delay_s}")
         self.nodes = {n.node_id: n for n in nodes}

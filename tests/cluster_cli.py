@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stream.children import die_with_parent
+from stream.topics import admin
 
 
 def wait(condition: Any, timeout_s: float, what: str) -> float:
@@ -23,6 +24,12 @@ def wait(condition: Any, timeout_s: float, what: str) -> float:
             return time.monotonic() - start
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+
+
+def partition_replicas(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
+    """Each partition's leader, replicas and in-sync replicas."""
+    md = admin(bootstrap).list_topics(topic, timeout=10)
+    return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in md.topics[topic].partitions.items()}
 
 
 def gone(pid: int) -> bool:

@@ -12,6 +12,7 @@ from confluent_kafka.admin import ConfigResource
 
 from stream.broker import LocalCluster
 from stream.topics import admin, create_topics
+from tests.cluster_cli import partition_replicas, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -21,24 +22,10 @@ def cluster(kafka_cluster: LocalCluster) -> LocalCluster:
     return kafka_cluster
 
 
-def _partitions(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
-    md = admin(bootstrap).list_topics(topic, timeout=10)
-    return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in md.topics[topic].partitions.items()}
-
-
-def _wait(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-
-
 def test_topics_are_replicated_three_times_with_two_in_sync_required(cluster: LocalCluster) -> None:
     assert len(admin(cluster.bootstrap).list_topics(timeout=10).brokers) == 3
     create_topics(cluster.bootstrap, ["replicated"], 6)  # the replication factor is the cluster's
-    parts = _partitions(cluster.bootstrap, "replicated")
+    parts = partition_replicas(cluster.bootstrap, "replicated")
     assert all(len(replicas) == 3 and sorted(isr) == sorted(replicas) for _, replicas, isr in parts.values())
     client = admin(cluster.bootstrap)  # kept: its futures fail once it is gone
     values = next(iter(client.describe_configs([ConfigResource("topic", "replicated")]).values())).result(timeout=10)
@@ -48,7 +35,7 @@ def test_topics_are_replicated_three_times_with_two_in_sync_required(cluster: Lo
 
 def test_acknowledged_writes_survive_a_leader_killed_and_restarted(cluster: LocalCluster) -> None:
     create_topics(cluster.bootstrap, ["survive"], 3)
-    leader = _partitions(cluster.bootstrap, "survive")[0][0]
+    leader = partition_replicas(cluster.bootstrap, "survive")[0][0]
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5})
     acked: list[bytes] = []
@@ -66,10 +53,10 @@ def test_acknowledged_writes_survive_a_leader_killed_and_restarted(cluster: Loca
         producer.produce("survive", b"during-%d" % i, partition=i % 3, on_delivery=report)
     assert producer.flush(60) == 0
     assert len(acked) == 600
-    assert all(m[0] != leader for m in _partitions(cluster.bootstrap, "survive").values())
+    assert all(m[0] != leader for m in partition_replicas(cluster.bootstrap, "survive").values())
     cluster.restart(leader)
-    _wait(lambda: all(sorted(isr) == sorted(replicas)
-                      for _, replicas, isr in _partitions(cluster.bootstrap, "survive").values()),
+    wait(lambda: all(sorted(isr) == sorted(replicas)
+                      for _, replicas, isr in partition_replicas(cluster.bootstrap, "survive").values()),
           90, "the restarted node back in every partition's in-sync replicas")
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "survive-reader",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})

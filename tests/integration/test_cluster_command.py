@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer
 
 from stream.broker import kafka_available
 from stream.topics import admin, create_topics
-from tests.cluster_cli import ClusterCommand, gone, wait
+from tests.cluster_cli import ClusterCommand, gone, partition_replicas, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -77,11 +77,6 @@ class Writer(threading.Thread):
         assert self.producer.flush(90) == 0
 
 
-def _partitions(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
-    md = admin(bootstrap).list_topics(topic, timeout=10)
-    return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in md.topics[topic].partitions.items()}
-
-
 def _read_all(bootstrap: str, topic: str, want: set[bytes]) -> set[bytes]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -103,7 +98,7 @@ def test_the_command_keeps_its_cluster_through_a_killed_node_restarts_it_and_end
     writer = Writer(cmd.bootstrap, "cli-acked")
     writer.start()
     wait(lambda: len(writer.acked) >= 300, 60, "acknowledged writes before the kill")
-    victim = _partitions(cmd.bootstrap, "cli-acked")[0][0]
+    victim = partition_replicas(cmd.bootstrap, "cli-acked")[0][0]
     victim_pid = cmd.node_pid(victim)
     os.kill(victim_pid, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -113,7 +108,7 @@ def test_the_command_keeps_its_cluster_through_a_killed_node_restarts_it_and_end
     node = cmd.status()["nodes"][victim - 1]
     assert node["state"] == "running" and node["pid"] not in (None, victim_pid) and node["restarts"] == 1
     wait(lambda: all(sorted(isr) == sorted(replicas)
-                      for _, replicas, isr in _partitions(cmd.bootstrap, "cli-acked").values()),
+                      for _, replicas, isr in partition_replicas(cmd.bootstrap, "cli-acked").values()),
           90, "the restarted node back in every partition's in-sync replicas")
     writer.stop()
     acked = {value for value, _ in writer.acked}
