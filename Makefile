@@ -59,7 +59,7 @@ integration: $(STAMP)
 	$(PY) -m pytest tests/integration
 
 test: lint typecheck
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=30 tests
 
 chaos: $(STAMP)
 	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \
