@@ -374,6 +374,15 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
                       f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
 
 
+def _dtype_list(value: str) -> tuple[str, ...]:
+    dtypes = tuple(d.strip() for d in value.split(","))
+    unknown = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
+    if unknown or not dtypes:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or value!r}: precisions are float32, bfloat16, "
+                                         "float16")
+    return dtypes
+
+
 def run_bench_text_command(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
     from rich.console import Console
@@ -390,6 +399,9 @@ def run_bench_text_command(args: argparse.Namespace) -> int:
         cfg.torch_threads = tuple(int(t) for t in args.torch_threads.split(","))
     if args.cuda_texts is not None:
         cfg.cuda_texts = args.cuda_texts
+    if args.cuda_dtypes is not None:
+        cfg.cuda_dtypes = args.cuda_dtypes
+    cfg.cuda_graphs = cfg.cuda_graphs and not args.no_cuda_graphs
     cfg.reference = cfg.reference and not args.no_reference
     if args.stages_rounds == 0:
         cfg.stages = None
@@ -511,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="rounds of the stages against a simulated device (3; 0: none)")
     text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (100,000)")
     text.add_argument("--cuda-texts", type=int, default=None, help="texts per CUDA drain (51,200)")
+    text.add_argument("--cuda-dtypes", default=None, type=_dtype_list,
+                      help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")
+    text.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, leave the --cuda-graphs runs out")
     text.add_argument("--no-reference", action="store_true", help="leave sentence-transformers' encode out")
     text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")

@@ -68,10 +68,19 @@ def _sources(msgs: list[Message]) -> list[tuple[str, int, int]]:
     return [(str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)) for m in msgs]
 
 
+def _values_of(size: int) -> Callable[[int], bytes]:
+    """The n-th output value of ``size`` bytes: slices of a random buffer at varying offsets, so that neither lz4
+    nor the broker sees the same bytes twice in a row (an embedding's floats hardly compress either)."""
+    pool = np.random.default_rng(7).bytes(size * 64 + 4096)
+    return lambda n: pool[(n * 61) % 4096 + (n % 64) * size:][:size]
+
+
 def passthrough(args: argparse.Namespace) -> dict[str, Any]:
-    """The limit: consume, produce the same bytes, commit after the producer flushed."""
+    """The limit: consume, produce the same bytes (or, with ``--value-bytes``, a value of that size per record, as
+    big as the worker's outputs), commit after the producer flushed."""
     consumer, producer = _consumer(args), _producer(args)
     consumer.subscribe([args.input])
+    value_of = _values_of(args.value_bytes) if args.value_bytes else None
     positions: dict[tuple[str, int], int] = {}
     n, first = 0, None
     next_commit = time.monotonic() + 0.5
@@ -80,7 +89,7 @@ def passthrough(args: argparse.Namespace) -> dict[str, Any]:
             if m.error() is not None:
                 continue
             first = first or time.time()
-            producer.produce(args.output, m.value(), m.key())
+            producer.produce(args.output, value_of(n) if value_of else m.value(), m.key())
             positions[(str(m.topic()), int(m.partition() or 0))] = int(m.offset() or 0) + 1
             n += 1
         producer.poll(0)
@@ -185,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--wait-ms", type=float, default=20.0)
+    parser.add_argument("--value-bytes", type=int, default=0,
+                        help="passthrough: produce a value of this many bytes per record instead of the input's")
     parser.add_argument("--data-dir", default=None,
                         help="faust's table directory (default: its own, '<app id>-data' in the working directory)")
     args = parser.parse_args(argv)

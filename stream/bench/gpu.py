@@ -10,7 +10,9 @@ through the demo handler. Figures, all with the same model and batch size:
 * **engine, serial** / **engine, overlapped**: the worker's inference engine fed from host arrays, waiting for each
   batch before the next / submitting the next batch before waiting for the one before (what the worker does);
 * **worker drain**: ``python -m stream worker --device cuda`` draining pre-produced events from a broker, with
-  ``--gpu-overlap`` (default) and ``--no-gpu-overlap``; ratio to the model alone.
+  ``--gpu-overlap`` (default) and ``--no-gpu-overlap``; ratio to the model alone, and to the lower of the model
+  alone and the broker's ceiling;
+* **broker pass-through**: the same events consumed, produced again and committed, no model (the broker's ceiling).
 """
 
 from __future__ import annotations
@@ -170,13 +172,19 @@ def run_gpu_bench(cfg: GpuBenchConfig, broker_kind: BrokerKind = "kafka", bootst
     try:
         bench = Bench(servers, BenchConfig(events=cfg.events), model_dir)
         report["preproduce_rate"] = bench.prepare()
+        # The broker's own ceiling: a pass-through of the same events (consume, produce, commit; no model).
+        console_print("bench-gpu: broker pass-through ...")
+        ceiling = bench.contender("passthrough", cfg.events)
+        report["broker_ceiling"] = {"events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate}
+        bound = min(report["standalone"]["model_alone_rate"], ceiling.rate)
         report["drain"] = []
         for name, extra in (("worker-gpu-overlap", []), ("worker-gpu-serial", ["--no-gpu-overlap"])):
             console_print(f"bench-gpu: {name} ...")
             drain = bench.worker_drain(name, ["--device", "cuda", "--max-batch-size", str(cfg.batch), *extra])
             report["drain"].append({"name": name, "events": drain.events, "seconds": drain.seconds,
                                     "rate": drain.rate, "peak_rss_mib": drain.peak_rss_mib,
-                                    "ratio_to_model": drain.rate / report["standalone"]["model_alone_rate"]})
+                                    "ratio_to_model": drain.rate / report["standalone"]["model_alone_rate"],
+                                    "ratio_to_bound": drain.rate / bound})
     finally:
         if broker is not None:
             broker.stop()
@@ -194,5 +202,10 @@ def format_gpu_table(report: dict[str, Any]) -> list[list[str]]:
              f"{s['engine_serial_rate'] / model:.2f}"],
             ["engine, overlapped (one batch ahead)", f"{s['engine_overlapped_rate']:,.0f}",
              f"{s['engine_overlapped_rate'] / model:.2f}"]]
-    rows += [[d["name"], f"{d['rate']:,.0f}", f"{d['ratio_to_model']:.2f}"] for d in report.get("drain", [])]
+    if "broker_ceiling" in report:
+        ceiling = report["broker_ceiling"]["rate"]
+        rows.append(["broker pass-through (no model)", f"{ceiling:,.0f}", f"{ceiling / model:.2f}"])
+    rows += [[d["name"], f"{d['rate']:,.0f}", f"{d['ratio_to_model']:.2f}"
+              + (f" ({d['ratio_to_bound']:.2f} of the lower bound)" if "ratio_to_bound" in d else "")]
+             for d in report.get("drain", [])]
     return rows

@@ -116,12 +116,14 @@ class Bench:
             raise RuntimeError(f"pre-produce failed: {summary.line()}")
         return summary.rate
 
-    def contender(self, name: str, events: int) -> Drain:
-        out = self.topic(f"{name}-out")
+    def contender(self, name: str, events: int, input_topic: str | None = None, tag: str = "",
+                  extra: tuple[str, ...] = ()) -> Drain:
+        """A `stream.bench.contenders` process draining ``events`` of ``input_topic`` (the events' by default)."""
+        out = self.topic(f"{name}{tag}-out")
         cmd = [sys.executable, "-m", "stream.bench.contenders", name, "--bootstrap", self.bootstrap, "--input",
-               self.input, "--output", out, "--group", f"bench-{name}-{self.run}", "--events", str(events),
-               "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH), "--wait-ms", str(PEER_WAIT_MS),
-               "--data-dir", str(self.work / f"{name}-data")]
+               input_topic or self.input, "--output", out, "--group", f"bench-{name}{tag}-{self.run}",
+               "--events", str(events), "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH),
+               "--wait-ms", str(PEER_WAIT_MS), "--data-dir", str(self.work / f"{name}{tag}-data"), *extra]
         return _drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False))
 
     def quix_contender(self, name: str, events: int) -> Drain:

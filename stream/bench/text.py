@@ -9,9 +9,12 @@ For each device and batch size, all on the same texts:
 * **worker drain**: ``python -m stream worker --model minilm --max-batch-size B`` draining the pre-produced texts
   from the broker (``--stop-at-end``; a backlog, so every batch is full but possibly the first, closed early while
   the model is idle: the mean batch size is recorded), the same
-  intra-op threads as the model alone; its rate over the model alone's is the figure held to 0.9. On the CPU, at
-  the largest batch size, one more drain with ``--malloc-mmap-threshold-kib 128`` (the default for other models)
-  shows what the model's own allocator setting is worth;
+  intra-op threads as the model alone; its rate over the model alone's is the figure held to 0.9, and over the
+  lower of the model alone and the broker's ceiling. On the CPU, at the largest batch size, one more drain with
+  ``--malloc-mmap-threshold-kib 128`` (the default for other models) shows what the model's own allocator setting
+  is worth;
+* **broker ceiling**: a pass-through of the same texts (`stream.bench.contenders passthrough --value-bytes`) that
+  writes, per text, a value as big as an embedding record: what the broker carries with no model and no Avro;
 * **sentence-transformers**: its own ``encode`` of the same texts from the same ``model.zip``, at the same batch
   size and intra-op threads (the reference a user would otherwise run);
 * on CUDA, per ``--dtype``: the model alone over texts it has not seen (first pass: every shape new) and again
@@ -147,6 +150,7 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
     report: dict[str, Any] = {"config": asdict(cfg), "devices": []}
     report["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none on this machine"
     topics: dict[str, str] = {}
+    ceilings: dict[str, dict[str, Any]] = {}
     for run in _runs(cfg):
         device, threads = run.device, run.threads
         count = cfg.texts if device.type == "cpu" else cfg.cuda_texts
@@ -193,7 +197,17 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             produced = produce_texts(bench.bootstrap, topics[device.type], count, seed=cfg.seed)
             if produced != count:
                 raise RuntimeError(f"pre-producing texts: {produced} of {count} acknowledged")
+            # The broker's own ceiling for these records: a pass-through that writes a value as big as an
+            # embedding record (its floats and a few copied fields) per text. The worker is held to the lower of
+            # this and the model alone.
+            value_bytes = 4 * handler.outputs[0].size + 64
+            console_print(f"bench: broker pass-through of the {device.type} texts, {value_bytes} B values ...")
+            ceiling = bench.contender("passthrough", count, input_topic=topics[device.type],
+                                      tag=f"-text-{device.type}", extra=("--value-bytes", str(value_bytes)))
+            ceilings[device.type] = {"events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate,
+                                     "value_bytes": value_bytes}
         topic = topics[device.type]
+        entry["broker_ceiling"] = ceilings[device.type]
         for row in entry["batches"]:
             batch = row["batch"]
             console_print(f"bench: {what}, worker drain at batch {batch} ...")
@@ -203,6 +217,7 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             row["worker"] = _drain_figures(drain)
             alone = max(row["model_alone"]["rate"], row.get("model_alone_second_pass", {}).get("rate", 0.0))
             row["worker_over_model"] = drain.rate / alone
+            row["worker_over_bound"] = drain.rate / min(alone, ceilings[device.type]["rate"])
             if "sentence_transformers" in row:
                 row["model_over_sentence_transformers"] = alone / row["sentence_transformers"]["rate"]
         if device.type == "cpu" and first and cfg.mmap_check:
@@ -237,7 +252,8 @@ def _worker_args(run: _Run, batch: int) -> list[str]:
 
 def format_text_table(section: dict[str, Any]) -> list[list[str]]:
     rows = [["device", "threads", "dtype", "batch", "model alone (texts/s)", "second pass", "worker (texts/s)",
-             "worker / model", "sentence-transformers", "model / s-t", "plain padding (texts/s)", "bucketing gain"]]
+             "worker / model", "broker ceiling", "worker / lower",
+             "sentence-transformers", "model / s-t", "plain padding (texts/s)", "bucketing gain"]]
     for entry in section["devices"]:
         threads = str(entry["torch_threads"]) if entry["device"] == "cpu" else "-"
         dtype = entry.get("dtype", "float32") + (", graphs" if entry.get("cuda_graphs") else "")
@@ -247,6 +263,8 @@ def format_text_table(section: dict[str, Any]) -> list[list[str]]:
                          f"{second['rate']:,.1f}" if second else "-",
                          f"{b['worker']['rate']:,.1f}" if "worker" in b else "-",
                          f"{b['worker_over_model']:.2f}" if "worker_over_model" in b else "-",
+                         f"{entry['broker_ceiling']['rate']:,.1f}" if "broker_ceiling" in entry else "-",
+                         f"{b['worker_over_bound']:.2f}" if "worker_over_bound" in b else "-",
                          f"{st['rate']:,.1f}" if st else "-",
                          f"{b['model_over_sentence_transformers']:.2f}" if "model_over_sentence_transformers" in b
                          else "-",

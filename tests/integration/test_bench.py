@@ -73,6 +73,10 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     # recorded so a run shows its batches were full (the first may close early while the model is idle)
     assert 0 < row["worker"]["mean_batch_size"] <= 32
     assert row["worker_over_model"] == row["worker"]["rate"] / row["model_alone"]["rate"]
+    # the broker's own pass-through of the same texts with embedding-sized values: the worker's other bound
+    ceiling = cpu["broker_ceiling"]
+    assert ceiling["events"] == 160 and ceiling["rate"] > 0 and ceiling["value_bytes"] == 4 * 384 + 64
+    assert row["worker_over_bound"] == row["worker"]["rate"] / min(row["model_alone"]["rate"], ceiling["rate"])
     assert row["plain_padding"]["padding_ratio"] > row["bucketed_same_texts_as_plain"]["padding_ratio"] >= 1.0
     assert row["sentence_transformers"]["texts"] == 160 and row["sentence_transformers"]["rate"] > 0
     assert row["model_over_sentence_transformers"] == row["model_alone"]["rate"] / row["sentence_transformers"]["rate"]
