@@ -25,6 +25,7 @@ typedef struct {
     rd_kafka_queue_t *q;  /* ours: the routed partitions' records */
     rd_kafka_queue_t *cq; /* the consumer's queue (a reference to it) */
     char *topic;
+    char *reply_header; /* the header whose value consume() returns per record, NULL: none */
     rd_kafka_message_t **msgs;
     Py_ssize_t cap;
 } Queue;
@@ -36,10 +37,10 @@ static void on_consumer_queue(rd_kafka_t *rk, void *opaque) {
 }
 
 static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
-    static char *kws[] = {"consumer", "topic", NULL};
+    static char *kws[] = {"consumer", "topic", "reply_header", NULL};
     PyObject *consumer;
-    const char *topic;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os", kws, &consumer, &topic))
+    const char *topic, *reply_header = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|z", kws, &consumer, &topic, &reply_header))
         return -1;
     if (!rdk_loaded) {
         PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
@@ -69,8 +70,9 @@ static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->topic = strdup(topic);
+    self->reply_header = reply_header ? strdup(reply_header) : NULL;
     self->q = rdk.queue_new(rk);
-    if (!self->topic || !self->q) {
+    if (!self->topic || !self->q || (reply_header && !self->reply_header)) {
         rdk.queue_destroy(cq);
         if (self->q)
             rdk.queue_destroy(self->q);
@@ -114,11 +116,12 @@ static PyObject *Queue_route(Queue *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending)
+/* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
  * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
- * events among them (end of partition included); pending: the consumer's queue holds something to serve. */
+ * events among them (end of partition included); pending: the consumer's queue holds something to serve;
+ * replies: {row: value} of the records carrying the header named reply_header at construction, None when none. */
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
@@ -159,6 +162,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *offs = PyBytes_FromStringAndSize(NULL, good * 8);
     PyObject *keys = PyList_New(good);
     PyObject *errors = PyList_New(nerr);
+    PyObject *replies = NULL; /* {row: the reply-address header's bytes}, made at the first record with one */
     if (values && starts && lens && parts && offs && keys && errors) {
         char *vb = PyBytes_AS_STRING(values);
         int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
@@ -201,11 +205,30 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
                 ln[g] = -1;
             pt[g] = m->partition;
             of[g] = m->offset;
+            if (self->reply_header) {
+                rd_kafka_headers_t *hdrs;
+                const void *hv;
+                size_t hlen;
+                if (rdk.message_headers(m, &hdrs) == 0 &&
+                    rdk.header_get_last(hdrs, self->reply_header, &hv, &hlen) == 0 && hv) {
+                    PyObject *row = PyLong_FromSsize_t(g);
+                    PyObject *address = PyBytes_FromStringAndSize(hv, (Py_ssize_t)hlen);
+                    if (!replies)
+                        replies = PyDict_New();
+                    if (!row || !address || !replies || PyDict_SetItem(replies, row, address) < 0)
+                        failed = 1;
+                    Py_XDECREF(row);
+                    Py_XDECREF(address);
+                    if (failed)
+                        break;
+                }
+            }
             g++;
         }
         if (!failed)
-            result = Py_BuildValue("(OOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
-                                   rdk.queue_length(self->cq) > 0 ? Py_True : Py_False);
+            result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
+                                   rdk.queue_length(self->cq) > 0 ? Py_True : Py_False,
+                                   replies ? replies : Py_None);
     }
     /* Records taken from librdkafka are released whatever happened; a failure here fails the caller, whose
      * offsets then stay where their acknowledged predictions put them. */
@@ -218,6 +241,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_XDECREF(offs);
     Py_XDECREF(keys);
     Py_XDECREF(errors);
+    Py_XDECREF(replies);
     return result;
 }
 
@@ -260,6 +284,7 @@ static void Queue_dealloc(Queue *self) {
     queue_close(self);
     free(self->msgs);
     free(self->topic);
+    free(self->reply_header);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

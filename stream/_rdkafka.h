@@ -29,6 +29,7 @@ typedef struct rd_kafka_message_s {
     void *_private;
 } rd_kafka_message_t;
 typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+typedef struct rd_kafka_headers_s rd_kafka_headers_t;
 typedef void (*dr_msg_cb_t)(rd_kafka_t *, const rd_kafka_message_t *, void *);
 typedef void (*error_cb_t)(rd_kafka_t *, int, const char *, void *);
 
@@ -72,6 +73,8 @@ static struct {
     void (*queue_cb_event_enable)(rd_kafka_queue_t *, void (*)(rd_kafka_t *, void *), void *);
     ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
     void (*message_destroy)(rd_kafka_message_t *);
+    int (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
+    int (*header_get_last)(const rd_kafka_headers_t *, const char *, const void **, size_t *);
 } rdk;
 static int rdk_loaded = 0;
 
@@ -117,6 +120,8 @@ static PyObject *rdk_load(PyObject *module, PyObject *args) {
     SYM(queue_cb_event_enable, "rd_kafka_queue_cb_event_enable");
     SYM(consume_batch_queue, "rd_kafka_consume_batch_queue");
     SYM(message_destroy, "rd_kafka_message_destroy");
+    SYM(message_headers, "rd_kafka_message_headers");
+    SYM(header_get_last, "rd_kafka_header_get_last");
 #undef SYM
     rdk_loaded = 1;
     Py_RETURN_NONE;

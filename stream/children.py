@@ -28,15 +28,16 @@ class WorkerProcess:
     """A ``python -m stream worker`` child process, logging to a file; stopped by PID."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, wrap: Callable[[list[str]], list[str]] | None = None) -> None:
+                 cwd: Path | None = None, wrap: Callable[[list[str]], list[str]] | None = None,
+                 command: str = "worker") -> None:
         """``cwd``: run the ``stream`` package found there (another checkout: the benchmark's A/B runs).
         ``wrap``: the command line to run instead, given the worker's (it must exec the worker in the same PID:
-        the chaos suite's network namespace)."""
+        the chaos suite's network namespace). ``command``: another ``python -m stream`` command (``gateway``)."""
         self.log_path = log_path
         self.started = time.monotonic()
         self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
-        command = [sys.executable, "-m", "stream", "worker", *args]
-        self.proc = subprocess.Popen(wrap(command) if wrap is not None else command, stdout=self._log,
+        line = [sys.executable, "-m", "stream", command, *args]
+        self.proc = subprocess.Popen(wrap(line) if wrap is not None else line, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})}, preexec_fn=die_with_parent, cwd=cwd)
 

@@ -102,6 +102,8 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--dlq-topic", help="dead-letter topic for bad records (created if missing); "
                    "without it a bad record stops the worker")
     p.add_argument("--max-input-bytes", type=int, help="larger input values are dead-lettered (default 1 MiB)")
+    p.add_argument("--reply-topics", help="topics a caller's reply address may name, comma-separated (default: "
+                                          "<input-topic>.replies; python -m stream gateway)")
     p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
     p.add_argument("--retry-backoff-ms", type=float, help="first retry delay, doubled per retry (50)")
     p.add_argument("--dlq-max-fraction", type=float,
@@ -537,12 +539,21 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
     gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
     gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
+    from stream import gateway
+
+    gateway.add_parser(sub)
     top = sub.add_parser("top", help="a live view of running replicas from their metrics endpoints (Ctrl-C ends it)")
     top.add_argument("targets", nargs="+", metavar="ENDPOINT",
                      help="each replica's --metrics-port: PORT (on 127.0.0.1), HOST:PORT or a URL")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
     top.add_argument("--once", action="store_true", help="print one table (rates over one interval) and exit")
     return parser
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from stream import gateway
+
+    return gateway.run(args)
 
 
 def run_top(args: argparse.Namespace) -> int:
@@ -564,7 +575,7 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "broker-node": run_broker_node,
                "registry": run_registry, "topics": run_topics, "train-model": run_train, "demo": run_demo,
                "bench": run_bench_command, "bench-text": run_bench_text_command,
-               "bench-gpu": run_bench_gpu_command, "top": run_top}
+               "bench-gpu": run_bench_gpu_command, "top": run_top, "gateway": run_gateway}
     try:
         return runners[args.command](args)
     except StreamError as exc:

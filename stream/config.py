@@ -176,6 +176,11 @@ class WorkerSettings(BaseSettings):
         description="also put the input record's topic, partition and offset in headers of each prediction "
                     "(stream.input.topic/partition/offset); the prediction schema carries them in its value "
                     "from version 2 on, and with an older schema the headers are always written")
+    reply_topics: str | None = Field(
+        default=None, min_length=1,
+        description="the topics a caller's reply address (header stream.reply, set by the gateway) may name, "
+                    "comma-separated; default: <input-topic>.replies; an address naming another topic is refused "
+                    "(stream_replies_total{outcome=\"refused\"}) and its record processed as any other")
     native_producer: bool = Field(
         default=True,
         description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
@@ -198,6 +203,14 @@ class WorkerSettings(BaseSettings):
         if self.dlq_topic is not None and self.dlq_topic in (self.input_topic, self.output_topic):
             raise ValueError("dlq_topic must differ from the input and output topics")
         return self
+
+    @property
+    def reply_topic_set(self) -> frozenset[str]:
+        from stream.replies import default_reply_topic
+
+        if self.reply_topics is None:
+            return frozenset([default_reply_topic(self.input_topic)])
+        return frozenset(t.strip() for t in self.reply_topics.split(",") if t.strip())
 
     @property
     def exactly_once(self) -> bool:

@@ -87,6 +87,10 @@ class StreamMetrics:
         self.batches = Counter("stream_batches", "Micro-batches dispatched to the model.", registry=r)
         self.dead_letters = Counter("stream_dead_letters", "Records sent to the dead-letter topic.",
                                     ["stage", "reason"], registry=r)
+        self.replies = Counter(
+            "stream_replies", "Reply copies for callers that wait (the gateway), by outcome: sent (handed to the "
+            "producer; acknowledged before its input offset commits) or refused (an address naming a topic not "
+            "in --reply-topics, a partition the topic lacks, or malformed).", ["outcome"], registry=r)
         self.transactions_aborted = Counter("stream_transactions_aborted", "Exactly-once: aborted transactions.",
                                             registry=r)
         self.transaction_batches = Histogram(

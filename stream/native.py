@@ -26,6 +26,7 @@ import confluent_kafka
 import numpy as np
 
 from stream.records import Records
+from stream.replies import REPLY_HEADER
 
 try:
     from stream import _nativeconsume, _nativeproduce
@@ -167,7 +168,7 @@ class NativeInput:
             raise TypeError(f"a confluent_kafka.Consumer is needed, got {type(consumer).__name__}")
         assert _nativeconsume is not None
         self.topic = topic
-        self._queue = _nativeconsume.Queue(consumer, topic)
+        self._queue = _nativeconsume.Queue(consumer, topic, REPLY_HEADER)
         self._closed = False
 
     def route(self, partitions: list[int]) -> None:
@@ -179,9 +180,11 @@ class NativeInput:
     def consume(self, n: int, timeout_s: float) -> tuple[Records, list[tuple[int, int, int, str]], bool]:
         """(up to ``n`` records, error events among them as (partition, offset, code, text), whether the
         consumer's own queue has something to serve)."""
-        values, starts, lengths, keys, partitions, offsets, errors, pending = self._queue.consume(n, timeout_s)
+        values, starts, lengths, keys, partitions, offsets, errors, pending, replies = self._queue.consume(
+            n, timeout_s)
         records = Records(values, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64),
-                          keys, np.frombuffer(partitions, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64))
+                          keys, np.frombuffer(partitions, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64),
+                          replies)
         return records, errors, pending
 
     def pending(self) -> bool:

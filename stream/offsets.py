@@ -38,6 +38,11 @@ class Span:
         self.count = count
         self.outstanding = count
 
+    def expect(self, n: int) -> None:
+        """n more records must be delivered before the span is done (reply copies, `stream.replies`); called
+        before any of the span's records is handed to the producer."""
+        self.outstanding += n
+
     def ack(self, n: int = 1) -> None:
         """n records of this span are durably delivered."""
         self.outstanding -= n

@@ -29,16 +29,24 @@ from stream.errors import DecodeError, DeviceMemoryError, ModelError, StreamErro
 from stream.inference import InferenceEngine, InFlight, Prepared
 from stream.inputs import InputBinder, input_rows, take_inputs
 from stream.metrics import StreamMetrics
-from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, Headers, Publisher, SpanDelivery
+from stream.publish import (
+    DLQ_ERROR_CLASS,
+    DLQ_ERROR_MESSAGE,
+    DLQ_ERROR_REASON,
+    DLQ_MODEL,
+    DLQ_STAGE,
+    DLQ_VALUE_BYTES,
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_TOPIC,
+    Headers,
+    Publisher,
+    SpanDelivery,
+)
 from stream.records import Records
+from stream.replies import REPLY_HEADER, ReplyAddress, ReplyRouter
 
 log = logging.getLogger(__name__)
-DLQ_STAGE = "stream.dlq.stage"
-DLQ_ERROR_CLASS = "stream.dlq.error.class"
-DLQ_ERROR_REASON = "stream.dlq.error.reason"
-DLQ_ERROR_MESSAGE = "stream.dlq.error.message"
-DLQ_MODEL = "stream.dlq.model"
-DLQ_VALUE_BYTES = "stream.dlq.value.bytes"
 
 
 class Abandoned(StreamError):
@@ -85,6 +93,7 @@ class ProcessingPolicy:
     dlq_window: int
     provenance_headers: bool = False
     event_time_field: str | None = None  # the input field holding each event's time (ms), for end-to-end latency
+    reply_topics: frozenset[str] = frozenset()  # the topics reply addresses may name (`stream.replies`)
     registry_backoff_max_s: float = 5.0
 
 
@@ -138,6 +147,8 @@ class BatchProcessor:
         # The input record's topic/partition/offset travel in the prediction's value when its schema has the
         # fields for them (version 2 on), as headers when asked for or when it has not.
         self._provenance_headers = policy.provenance_headers or not encoder.carries_source
+        self._replies = ReplyRouter(policy.reply_topics, lambda topic: publisher.partition_count(topic),
+                                    metrics.replies.labels("refused").inc)
 
     @property
     def engine(self) -> InferenceEngine:
@@ -193,6 +204,11 @@ class BatchProcessor:
         """Wait for the batch's forward pass (isolating poison records), then publish its predictions and dead
         letters. Batches are completed in the order they were begun."""
         batch, decoded, dead = begun.batch, begun.decoded, begun.dead
+        replies = self._replies.route(batch.records.replies) if batch.records.replies else {}
+        copies: list[tuple[int, bytes | None, Headers]] = []  # (row, value, headers) of the reply copies
+        if replies:  # before any of the batch's records is produced, so that no span completes without them
+            for p, n in zip(*np.unique(batch.partitions[list(replies)], return_counts=True), strict=True):
+                batch.deliveries[int(p)].expect(int(n))
         if begun.flight is not None:
             ok_rows, outputs, poison = self._infer_isolating(begun.inputs, begun.flight)
             dead += [DeadRecord(int(decoded.index[row]), "model",
@@ -200,12 +216,16 @@ class BatchProcessor:
                      for row, err in poison]
             if poison:
                 decoded = decoded.take(ok_rows)
-            self._publish_predictions(batch, decoded, outputs)
+            self._publish_predictions(batch, decoded, outputs, replies, copies)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
-            self._dead_letter(batch, dead)
+            self._dead_letter(batch, dead, replies, copies)
         else:
             self._breaker.record(len(batch.records), 0)
+        if len(copies) != len(replies):  # each is expected by its span: one missing would hold it forever
+            raise StreamError(f"internal: {len(replies)} records to reply to, {len(copies)} replies made")
+        if copies:
+            self._send_replies(batch, replies, copies)
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
@@ -271,7 +291,9 @@ class BatchProcessor:
                 flight = None
 
     # ------------------------------------------------------------------ publishing
-    def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray]) -> None:
+    def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray],
+                             replies: dict[int, tuple[ReplyAddress, bytes]],
+                             copies: list[tuple[int, bytes | None, Headers]]) -> None:
         if not len(decoded):
             return
         records = batch.records
@@ -292,6 +314,10 @@ class BatchProcessor:
                 decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
                 batch_size=len(records), source=source)
             self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries)
+            if replies:
+                for j in np.flatnonzero(np.isin(decoded.index, list(replies))).tolist():
+                    start = int(ends[j - 1]) if j else 0
+                    copies.append((int(decoded.index[j]), bytes(joined[start:int(ends[j])]), []))
             return
         payloads = self._encoder.encode_batch(
             decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
@@ -304,8 +330,12 @@ class BatchProcessor:
                                          for p, o in zip(parts, row_offsets.tolist(), strict=True)]
         callbacks = [deliveries[p] for p in parts]
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
+        if replies:
+            for j in np.flatnonzero(np.isin(decoded.index, list(replies))).tolist():
+                copies.append((int(decoded.index[j]), payloads[j], []))
 
-    def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord]) -> None:
+    def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord], replies: dict[int, tuple[ReplyAddress, bytes]],
+                     copies: list[tuple[int, bytes | None, Headers]]) -> None:
         records = batch.records
         first = dead[0]
         if self.policy.dlq_topic is None:
@@ -338,8 +368,30 @@ class BatchProcessor:
             values.append(None if oversized else raw)
             keys.append(records.keys[d.index])
             headers.append(hdrs)
+            if d.index in replies:
+                copies.append((d.index, values[-1], hdrs))
             delivery = batch.deliveries[p]
             delivery.dead_letter()
             callbacks.append(delivery)
             self._metrics.dead_letters.labels(d.stage, d.reason).inc()
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
+
+    def _send_replies(self, batch: Dispatched, replies: dict[int, tuple[ReplyAddress, bytes]],
+                      copies: list[tuple[int, bytes | None, Headers]]) -> None:
+        """A copy of each reply-addressed record's prediction or dead-letter record to its address, with the
+        address and the input record's provenance in headers; acknowledged as part of its span."""
+        by_topic: dict[str, list[tuple[int, bytes | None, Headers]]] = {}
+        for copy in copies:
+            by_topic.setdefault(replies[copy[0]][0].topic, []).append(copy)
+        for topic, some in by_topic.items():
+            headers: list[Headers | None] = []
+            for row, _value, hdrs in some:
+                p = int(batch.partitions[row])
+                headers.append([(REPLY_HEADER, replies[row][1]), *(hdrs or [
+                    (HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % p),
+                    (HEADER_OFFSET, b"%d" % int(batch.offsets[row]))])])
+            self._publisher.produce_many(
+                topic, [v for _, v, _ in some], [batch.records.keys[row] for row, _, _ in some], headers,
+                [batch.deliveries[int(batch.partitions[row])] for row, _, _ in some],
+                partitions=[replies[row][0].partition for row, _, _ in some])
+        self._metrics.replies.labels("sent").inc(len(copies))

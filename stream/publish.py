@@ -54,6 +54,13 @@ Headers = list[tuple[str, str | bytes | None]]
 HEADER_TOPIC = "stream.input.topic"
 HEADER_PARTITION = "stream.input.partition"
 HEADER_OFFSET = "stream.input.offset"
+# A dead-letter record's headers: where it failed and why (and its copy to a caller's reply address carries them).
+DLQ_STAGE = "stream.dlq.stage"
+DLQ_ERROR_CLASS = "stream.dlq.error.class"
+DLQ_ERROR_REASON = "stream.dlq.error.reason"
+DLQ_ERROR_MESSAGE = "stream.dlq.error.message"
+DLQ_MODEL = "stream.dlq.model"
+DLQ_VALUE_BYTES = "stream.dlq.value.bytes"
 
 
 def native_topic(settings: WorkerSettings, carries_source: bool) -> str | None:
@@ -109,6 +116,11 @@ class SpanDelivery:
         """Exactly-once: the batch's transaction committed, delivering every record of the span at once."""
         if not self.span.done:
             self.acknowledge(self.span.outstanding)
+
+    def expect(self, n: int) -> None:
+        """``n`` reply copies of the span's records go out too: the span is done once they are delivered as well
+        (before any of its records is produced)."""
+        self.span.expect(n)
 
     def dead_letter(self) -> None:
         """One of the span's records goes to the dead-letter topic instead of becoming a prediction."""
@@ -242,18 +254,21 @@ class Publisher:
 
     # -- the processor thread ---------------------------------------------------------------------
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
-                     headers: Sequence[Headers | None], callbacks: Sequence[SpanDelivery]) -> None:
-        """Queue records for delivery; when librdkafka's local queue is full, serves delivery reports (which
-        free its space) until the record fits: that wait is the backpressure."""
+                     headers: Sequence[Headers | None], callbacks: Sequence[SpanDelivery],
+                     partitions: Sequence[int] | None = None) -> None:
+        """Queue records for delivery (to ``partitions``, else where the partitioner puts them); when librdkafka's
+        local queue is full, serves delivery reports (which free its space) until the record fits: that wait is
+        the backpressure."""
         produce = self._producer.produce
-        for value, key, hdrs, callback in zip(values, keys, headers, callbacks, strict=True):
+        targets = partitions if partitions is not None else [-1] * len(values)
+        for value, key, hdrs, callback, partition in zip(values, keys, headers, callbacks, targets, strict=True):
             while True:
                 try:
                     # Positional: (topic, value, key, partition, callback, on_delivery, timestamp, headers);
                     # -1 lets the partitioner pick, 0 stamps the current time. Keyword parsing cost ~0.23 µs of
                     # the ~0.84 µs a call with three headers and a callback takes (measured against an
                     # unconnected producer).
-                    produce(topic, value, key, -1, callback, None, 0, hdrs)
+                    produce(topic, value, key, partition, callback, None, 0, hdrs)
                     break
                 except KafkaException as exc:
                     if self.transactional and exc.args and exc.args[0].code() == KafkaError._STATE:
@@ -265,6 +280,17 @@ class Publisher:
                     if self._closing:
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
                     self._serve(0.001)
+
+    def partition_count(self, topic: str, timeout_s: float = 5.0) -> int | None:
+        """How many partitions ``topic`` has (the producer's metadata), None when it does not exist or the
+        brokers did not answer in time."""
+        try:
+            meta = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        except KafkaException:
+            return None
+        if meta is None or meta.error is not None:
+            return None
+        return len(meta.partitions)
 
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
                        row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
@@ -351,7 +377,8 @@ class Publisher:
         with self._serving:
             if self._native_open:
                 assert self._native is not None
-                self._producer.flush(0.0)  # dead letters, if any
+                # Dead letters and reply copies, if any: given the window too (a caller waits for a reply).
+                self._producer.flush(window_s if len(self._producer) else 0.0)
                 self._settle(self._native.flush(window_s))
             else:
                 self._producer.flush(window_s)

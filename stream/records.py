@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from confluent_kafka import Message
 
+from stream.replies import REPLY_HEADER
+
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
@@ -24,6 +26,8 @@ class Records:
     keys: list[bytes | None]
     partitions: np.ndarray  # int32
     offsets: np.ndarray  # int64
+    # {row: the reply address (`stream.replies`)} of the records a caller waits for; None when none has one
+    replies: dict[int, bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -34,18 +38,27 @@ class Records:
 
     @classmethod
     def build(cls, values: Sequence[bytes | None], keys: list[bytes | None], partitions: Sequence[int],
-              offsets: Sequence[int]) -> Records:
+              offsets: Sequence[int], replies: dict[int, bytes] | None = None) -> Records:
         n = len(values)
         lengths = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=n)
         sizes = np.maximum(lengths, 0)
         return cls(b"".join(v for v in values if v is not None), np.cumsum(sizes) - sizes, lengths, keys,
-                   np.fromiter(partitions, dtype=np.int32, count=n), np.fromiter(offsets, dtype=np.int64, count=n))
+                   np.fromiter(partitions, dtype=np.int32, count=n), np.fromiter(offsets, dtype=np.int64, count=n),
+                   replies or None)
 
     @classmethod
     def from_messages(cls, messages: Sequence[Message]) -> Records:
         """Records of consumed, error-free ``Message``s (each has a partition and an offset)."""
+        replies = {}
+        for i, m in enumerate(messages):
+            headers = m.headers()
+            if headers:
+                address = next((v for k, v in reversed(headers) if k == REPLY_HEADER), None)
+                if isinstance(address, bytes):
+                    replies[i] = address
         return cls.build([m.value() for m in messages], [m.key() for m in messages],
-                         [m.partition() for m in messages], [m.offset() for m in messages])  # type: ignore[misc]
+                         [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
+                         replies)
 
     @classmethod
     def concat(cls, parts: Sequence[Records]) -> Records:
@@ -57,12 +70,16 @@ class Records:
             return parts[0]
         shifts = np.cumsum([0] + [len(p.buffer) for p in parts[:-1]])
         keys: list[bytes | None] = []
+        replies: dict[int, bytes] = {}
         for p in parts:
+            if p.replies:
+                replies.update((len(keys) + row, address) for row, address in p.replies.items())
             keys += p.keys
         return cls(b"".join(p.buffer for p in parts),
                    np.concatenate([p.starts + shift for p, shift in zip(parts, shifts.tolist(), strict=True)]),
                    np.concatenate([p.lengths for p in parts]), keys,
-                   np.concatenate([p.partitions for p in parts]), np.concatenate([p.offsets for p in parts]))
+                   np.concatenate([p.partitions for p in parts]), np.concatenate([p.offsets for p in parts]),
+                   replies or None)
 
     def value(self, i: int) -> bytes | None:
         n = int(self.lengths[i])
@@ -80,15 +97,22 @@ class Records:
     def select(self, rows: np.ndarray) -> Records:
         """The records at ``rows`` (the buffer is shared)."""
         picked = rows.tolist()
+        replies = None
+        if self.replies:
+            replies = {new: self.replies[old] for new, old in enumerate(picked) if old in self.replies} or None
         return Records(self.buffer, self.starts[rows], self.lengths[rows], [self.keys[i] for i in picked],
-                       self.partitions[rows], self.offsets[rows])
+                       self.partitions[rows], self.offsets[rows], replies)
 
     def split(self, n: int) -> tuple[Records, Records]:
         """(the first n records, the rest)."""
+        head = rest = None
+        if self.replies:
+            head = {row: a for row, a in self.replies.items() if row < n} or None
+            rest = {row - n: a for row, a in self.replies.items() if row >= n} or None
         return (Records(self.buffer, self.starts[:n], self.lengths[:n], self.keys[:n], self.partitions[:n],
-                        self.offsets[:n]),
+                        self.offsets[:n], head),
                 Records(self.buffer, self.starts[n:], self.lengths[n:], self.keys[n:], self.partitions[n:],
-                        self.offsets[n:]))
+                        self.offsets[n:], rest))
 
     def without_partitions(self, partitions: Container[int]) -> Records:
         """The records of every partition but ``partitions`` (e.g. revoked ones)."""

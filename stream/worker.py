@@ -199,7 +199,7 @@ class Worker:
         self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
-                                  event_time_field=self._event_time_field)
+                                  event_time_field=self._event_time_field, reply_topics=s.reply_topic_set)
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set)
         self._stage = ProcessingStages(

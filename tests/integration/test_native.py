@@ -95,7 +95,8 @@ def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[
 
 
 def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: float,
-          eof: set[int] | None = None) -> list[tuple[int, int, bytes | None, bytes | None]]:
+          eof: set[int] | None = None, replies: dict[tuple[int, int], bytes] | None = None
+          ) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """One round as the worker does it: serve the consumer's queue (it must hold no record), then take records."""
     assert [m for m in consumer.consume(100, 0) if m.error() is None] == []
     records, errors, _pending = source.consume(n, timeout_s)
@@ -103,6 +104,8 @@ def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: flo
         assert code == KafkaError._PARTITION_EOF
         if eof is not None:
             eof.add(partition)
+    if replies is not None and records.replies:
+        replies.update(((int(records.partitions[i]), int(records.offsets[i])), a) for i, a in records.replies.items())
     return [(int(p), int(o), records.value(i), records.keys[i])
             for i, (p, o) in enumerate(zip(records.partitions, records.offsets, strict=True))]
 
@@ -114,19 +117,26 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
     n = 5000
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
     sent = {}
+    addresses = {}  # value -> the reply address it was sent with (every 13th record; others have other headers)
     for i in range(n):
         key = None if i % 7 == 0 else b"k%d" % i
         value = None if i % 11 == 0 else b"v%d" % i * (1 + i % 5)
-        producer.produce(topic, value, key, partition=i % PARTITIONS)
+        headers = [("stream.reply", b"r:%d:id-%d" % (i % 3, i))] if i % 13 == 0 else None
+        if i % 17 == 0:
+            headers = [*(headers or []), ("unrelated", b"x")]
+        producer.produce(topic, value, key, partition=i % PARTITIONS, headers=headers)
         sent[i] = (i % PARTITIONS, key, value)
+        if i % 13 == 0:
+            addresses[i] = b"r:%d:id-%d" % (i % 3, i)
     assert producer.flush(30) == 0
     log: list[str] = []
     consumer, source = _subscribe(broker.bootstrap, topic, unique_name("g"), log)
     got: list[tuple[int, int, bytes | None, bytes | None]] = []
     eof: set[int] = set()
+    replies: dict[tuple[int, int], bytes] = {}
     try:
         for _ in range(600):
-            got += _take(consumer, source, 1000, 0.1, eof)
+            got += _take(consumer, source, 1000, 0.1, eof, replies)
             if len(got) >= n and len(eof) == PARTITIONS:
                 break
     finally:
@@ -138,6 +148,8 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
         offsets = [o for q, o, _, _ in got if q == p]
         assert offsets == list(range(len(offsets)))  # in order, none skipped
     assert Counter((p, k, v) for p, _, v, k in got) == Counter(sent.values())
+    # the reply-address header of each record that had one, at that record (its offset is i // PARTITIONS)
+    assert replies == {(i % PARTITIONS, i // PARTITIONS): a for i, a in addresses.items()}
     with pytest.raises(RuntimeError, match="closed"):
         source.consume(1, 0)
 

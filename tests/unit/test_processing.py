@@ -54,6 +54,15 @@ class FakePublisher:
         self.sent: list[tuple[str, bytes | None, bytes | None, dict[str, bytes]]] = []
         self.done: list[SpanDelivery] = []
         self.kicks: list[int] = []  # len(sent) at each send_now()
+        self.partitions: list[int] = []  # the partition each record was sent to (-1: the partitioner's)
+        self.topic_partitions: dict[str, int] = {"in.replies": 4}
+        self.held_topics: set[str] = set()  # records to these topics are acknowledged by release()
+        self.held: list[SpanDelivery] = []
+
+    def release(self) -> None:
+        for cb in self.held:
+            cb(None, None)  # type: ignore[arg-type]
+        self.held.clear()
 
     def send_now(self, window_s: float = 0.0) -> None:
         self.kicks.append(len(self.sent))
@@ -65,10 +74,18 @@ class FakePublisher:
         return None
 
     def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
-                     headers: Sequence[Any], callbacks: Sequence[SpanDelivery]) -> None:
-        for v, k, h, cb in zip(values, keys, headers, callbacks, strict=True):
+                     headers: Sequence[Any], callbacks: Sequence[SpanDelivery],
+                     partitions: Sequence[int] | None = None) -> None:
+        for i, (v, k, h, cb) in enumerate(zip(values, keys, headers, callbacks, strict=True)):
             self.sent.append((topic, v, k, dict(h or [])))
-            cb(None, None)  # type: ignore[arg-type]
+            self.partitions.append(-1 if partitions is None else partitions[i])
+            if topic in self.held_topics:
+                self.held.append(cb)
+            else:
+                cb(None, None)  # type: ignore[arg-type]
+
+    def partition_count(self, topic: str) -> int | None:
+        return self.topic_partitions.get(topic)
 
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
                        row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
@@ -90,7 +107,7 @@ class FakePublisher:
 
 
 def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
-         max_fraction: float = 0.9, provenance_headers: bool = False,
+         max_fraction: float = 0.9, provenance_headers: bool = False, reply_topics: frozenset[str] = frozenset(),
          schemas_dir: Path | None = None, **given: Any) -> tuple[BatchProcessor, FakePublisher]:
     """A processor wired as the worker wires it (its schemas from ``schemas_dir``, the repository's by default;
     ``given``: more worker settings)."""
@@ -100,17 +117,18 @@ def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retri
                               "schemas_dir": schemas_dir, **given}, environ={})
     decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
     policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
-                              event_time_field=event_time)
+                              event_time_field=event_time, reply_topics=reply_topics)
     processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),
                                sleep=lambda s: None)  # type: ignore[arg-type]
     return processor, publisher
 
 
-def batch_of(values: list[bytes | None], publisher: FakePublisher) -> tuple[Dispatched, OffsetTracker]:
+def batch_of(values: list[bytes | None], publisher: FakePublisher, replies: dict[int, bytes] | None = None
+             ) -> tuple[Dispatched, OffsetTracker]:
     tracker = OffsetTracker()
     tracker.assign([("in", 0)])
     n = len(values)
-    records = Records.build(values, [b"k%d" % i for i in range(n)], [0] * n, range(n))
+    records = Records.build(values, [b"k%d" % i for i in range(n)], [0] * n, range(n), replies)
     span = tracker.dispatch(("in", 0), 0, n - 1, n)
     delivery = SpanDelivery(publisher, span)  # type: ignore[arg-type]
     return Dispatched(records, records.partitions, records.offsets, {0: delivery}), tracker
@@ -153,6 +171,36 @@ def test_provenance_headers_when_asked_for_or_when_the_schema_has_no_input_field
     assert all("input_offset" not in decode(old, v)[1] for _, v, _, _ in pub.sent)
     assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"0", b"1", b"2"]
     assert pub.sources() == [("in", 0, 0), ("in", 0, 1), ("in", 0, 2)]
+
+
+def test_a_reply_addressed_record_gets_a_copy_at_its_address_and_commits_only_once_the_copy_is_delivered(
+        model_dir: Path) -> None:
+    processor, pub = make(model_dir, reply_topics=frozenset({"in.replies"}))
+    pub.held_topics.add("in.replies")
+    replies = {3: b"in.replies:2:poisoned", 5: b"in.replies:1:five", 7: b"in.replies:2:seven",
+               9: b"elsewhere:0:refused", 11: b"no address", 13: b"in.replies:4:no-such-partition"}
+    batch, tracker = batch_of(events(20, poison_rows=[3]), pub, replies)
+    processor.process(batch)
+    out = {offset: v for (_, _, offset), v in zip(pub.sources(), [v for t, v, *_ in pub.sent if t == "out"],
+                                                   strict=True)}
+    copies = [(p, v, k, h) for (t, v, k, h), p in zip(pub.sent, pub.partitions, strict=True) if t == "in.replies"]
+    assert [(p, h["stream.reply"], k) for p, _, k, h in copies] == [
+        (1, b"in.replies:1:five", b"k5"), (2, b"in.replies:2:seven", b"k7"), (2, b"in.replies:2:poisoned", b"k3")]
+    assert copies[0][1] == out[5] and copies[1][1] == out[7], "the prediction itself, byte for byte"
+    assert [h[HEADER_OFFSET] for *_, h in copies] == [b"5", b"7", b"3"]
+    assert copies[2][3][DLQ_STAGE] == b"model", "a dead-lettered record's copy carries the dead letter's headers"
+    assert tracker.committable() == {}, "the span waits for its copies"
+    pub.release()
+    assert tracker.committable() == {("in", 0): 20}
+    metrics = processor._metrics.replies
+    assert metrics.labels("sent")._value.get() == 3 and metrics.labels("refused")._value.get() == 3
+
+
+def test_without_reply_topics_no_address_is_answered(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(4), pub, {1: b"in.replies:0:x"})
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 4 and tracker.committable() == {("in", 0): 4}
 
 
 @pytest.mark.parametrize("poison", [[0], [7], [19], [3, 4, 15], list(range(20))])

@@ -1,0 +1,240 @@
+"""``python -m stream.bench.gateway``: callers through the gateway against the pipeline's own latency, same run.
+
+One broker, one worker (``--batch-policy fixed``: batches closed by count or ``--max-wait-ms`` after their first
+record, so that batching shows), one gateway, and callers (`stream.bench.callers`: an open loop at a set rate,
+each event's ``ts_ms`` the time it is sent). A reader of the output topic (``read_committed``) times when each
+prediction becomes readable there. Per steady rate:
+
+* **HTTP**: from sending the request to having the answer, p50/p99;
+* **pipeline**: from sending the request to its prediction readable in the output topic (what a downstream
+  consumer sees: the event → prediction latency, with the gateway's way in included and its way out not);
+* **gateway's cost**: HTTP minus pipeline, per request: the reply's way back (reply copy, the gateway's read, the
+  answer) against the output topic's way to its reader; the target is ≤ 5 ms at p99;
+* the mean batch size of the predictions (their ``batch_size`` field).
+
+Then a **burst** beyond capacity: the statuses (503 once ``--max-pending`` are waiting), and the answered
+requests' p99 against the timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from producers.events import generate_events
+from stream.bench.callers import Answer, call_at_rate
+from stream.broker import BrokerKind, free_port, start_broker
+from stream.children import WorkerProcess
+from stream.codec import SchemaRegistry, decode
+from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
+from stream.models.train_demo import ensure_trained
+from stream.topics import create_topics
+
+PARTITIONS = 4
+
+
+def demo_events(count: int, seed: int) -> list[dict[str, Any]]:
+    block = generate_events(count, seed=seed)
+    return [{"event_id": e, "key": k, "ts_ms": 0, "features": [float(x) for x in f]}
+            for e, k, f in zip(block.event_ids, block.keys, block.features, strict=True)]
+
+
+class ArrivalClock:
+    """Reads the output topic (``read_committed``) on a thread of its own: event id -> when its prediction became
+    readable (wall-clock ms, taken as the record is handed over: each wait returns at the first record)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.arrived: dict[str, float] = {}
+        self._registry = SchemaRegistry.from_dir()
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"arrivals-{time.time_ns()}",
+                                   "enable.auto.commit": False, "isolation.level": "read_committed",
+                                   "fetch.wait.max.ms": 10})
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            first = self._consumer.poll(0.05)
+            if first is None:
+                continue
+            now = time.time() * 1000.0
+            for msg in [first, *self._consumer.consume(1000, 0)]:
+                if msg.error() is None:
+                    event_id = str(decode(self._registry, msg.value())[1]["event_id"])
+                    self.arrived.setdefault(event_id, now)
+
+    def wait_for(self, ids: set[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not ids <= self.arrived.keys():
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+def _pct(values: list[float] | np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def steady_figures(answers: list[Answer], arrived: dict[str, float], rate: float) -> dict[str, Any]:
+    ok = [a for a in answers if a.status == 200]
+    http = [a.seconds * 1000.0 for a in ok]
+    timed = [(a.seconds * 1000.0, arrived[a.event["event_id"]] - a.sent_ms) for a in ok
+             if a.event["event_id"] in arrived]
+    pipeline = [p for _, p in timed]
+    cost = [h - p for h, p in timed]
+    statuses: dict[str, int] = {}
+    for a in answers:
+        statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
+    return {"rate": rate, "requests": len(answers), "statuses": statuses,
+            "http_ms": {"p50": _pct(http, 50), "p99": _pct(http, 99)},
+            "pipeline_ms": {"p50": _pct(pipeline, 50), "p99": _pct(pipeline, 99), "timed": len(timed)},
+            "gateway_cost_ms": {"p50": _pct(cost, 50), "p99": _pct(cost, 99)},
+            "mean_batch_size": float(np.mean([a.body["batch_size"] for a in ok])) if ok else None,
+            "callers_waited_for_a_connection_max_ms": max((a.waited_s for a in answers), default=0.0) * 1000.0}
+
+
+def burst_figures(answers: list[Answer], timeout_ms: float, rate: float) -> dict[str, Any]:
+    statuses: dict[str, int] = {}
+    for a in answers:
+        statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
+    answered = [a.seconds * 1000.0 for a in answers if a.status == 200]
+    refused = [a.seconds * 1000.0 for a in answers if a.status == 503]
+    return {"rate": rate, "requests": len(answers), "statuses": statuses, "timeout_ms": timeout_ms,
+            "answered_ms": {"p50": _pct(answered, 50), "p99": _pct(answered, 99), "max": max(answered, default=None)},
+            "refused_ms": {"p50": _pct(refused, 50), "p99": _pct(refused, 99)}}
+
+
+@contextmanager
+def pipeline(broker_kind: BrokerKind, work: Path, args: argparse.Namespace) -> Iterator[tuple[str, int, str]]:
+    """(bootstrap, the gateway's port, the output topic) of a running broker, worker and gateway."""
+    broker = start_broker(broker_kind)
+    procs: list[WorkerProcess] = []
+    try:
+        run = f"{int(time.time())}"
+        topics = {"input": f"gw-in-{run}", "output": f"gw-out-{run}"}
+        create_topics(broker.bootstrap, topics.values(), PARTITIONS)
+        model_dir = ensure_trained(DEFAULT_MODEL_DIR)
+        procs.append(WorkerProcess(
+            ["--bootstrap-servers", broker.bootstrap, "--input-topic", topics["input"], "--output-topic",
+             topics["output"], "--group-id", f"gw-{run}", "--model-dir", str(model_dir), "--batch-policy", "fixed",
+             "--max-wait-ms", str(args.max_wait_ms), "--max-batch-size", str(args.max_batch_size),
+             "--guarantee", args.guarantee], work / "worker.log"))
+        port = free_port()
+        procs.append(WorkerProcess(
+            ["--bootstrap-servers", broker.bootstrap, "--input-topic", topics["input"], "--port", str(port),
+             "--input-schema", EVENT_SCHEMA, "--timeout-ms", str(args.timeout_ms), "--max-pending",
+             str(args.max_pending)], work / "gateway.log", command="gateway"))
+        _wait_answering(port, procs, work)
+        yield broker.bootstrap, port, topics["output"]
+    finally:
+        for p in procs:
+            p.terminate(30)
+        broker.stop()
+
+
+def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, timeout_s: float = 120.0) -> None:
+    """Until one event is answered (the worker has its partitions, the gateway reads its replies)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.proc.poll() is not None:
+                raise RuntimeError(f"{p.log_path.name} exited:\n{p.output()[-3000:]}")
+        try:
+            answers = asyncio.run(call_at_rate("127.0.0.1", port, demo_events(1, seed=0), rate=1.0))
+            if answers[0].status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no answer within {timeout_s:.0f} s; logs in {work}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from stream.bench.runner import versions
+
+    work = Path(tempfile.mkdtemp(prefix="stream-bench-gateway-"))
+    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "results"},
+                              "versions": versions(args.broker), "steady": []}
+    with pipeline(args.broker, work, args) as (bootstrap, port, output):
+        clock = ArrivalClock(bootstrap, output)
+        try:
+            asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))  # warm-up
+            for i, rate in enumerate(args.rates):
+                events = demo_events(int(rate * args.seconds), seed=10 + i)
+                print(f"bench-gateway: {len(events)} callers at {rate:,.0f}/s ...", flush=True)
+                answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
+                clock.wait_for({a.event["event_id"] for a in answers if a.status == 200}, 30.0)
+                report["steady"].append(steady_figures(answers, clock.arrived, rate))
+            events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
+            print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s ...", flush=True)
+            answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=args.burst_rate,
+                                               connections=args.burst_connections))
+            report["burst"] = burst_figures(answers, args.timeout_ms, args.burst_rate)
+        finally:
+            clock.close()
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    lines = ["| rate/s | requests | mean batch | HTTP p50 / p99 ms | pipeline p50 / p99 ms "
+             "| gateway's cost p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- |"]
+    for s in report["steady"]:
+        lines.append(f"| {s['rate']:,.0f} | {s['requests']:,} {s['statuses']} | {ms(s['mean_batch_size'])} | "
+                     f"{ms(s['http_ms']['p50'])} / {ms(s['http_ms']['p99'])} | {ms(s['pipeline_ms']['p50'])} / "
+                     f"{ms(s['pipeline_ms']['p99'])} | {ms(s['gateway_cost_ms']['p50'])} / "
+                     f"{ms(s['gateway_cost_ms']['p99'])} |")
+    b = report.get("burst")
+    if b:
+        lines.append(f"\nburst: {b['requests']:,} callers at {b['rate']:,.0f}/s: {b['statuses']}; answered p99 "
+                     f"{ms(b['answered_ms']['p99'])} ms (max {ms(b['answered_ms']['max'])}, timeout "
+                     f"{b['timeout_ms']:.0f}); refused p99 {ms(b['refused_ms']['p99'])} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stream.bench.gateway", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    parser.add_argument("--rates", type=lambda v: [float(r) for r in v.split(",")], default=[100.0, 400.0],
+                        help="steady caller rates per second, comma-separated (100,400)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds at each steady rate (10)")
+    parser.add_argument("--burst-rate", type=float, default=4000.0, help="callers per second in the burst (4000)")
+    parser.add_argument("--burst-seconds", type=float, default=2.0)
+    parser.add_argument("--burst-connections", type=int, default=2000,
+                        help="the burst's connections: enough that the callers wait on the gateway, not on a pool")
+    parser.add_argument("--max-wait-ms", type=float, default=20.0, help="the worker's (20)")
+    parser.add_argument("--max-batch-size", type=int, default=256, help="the worker's (256)")
+    parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
+    parser.add_argument("--timeout-ms", type=float, default=2000.0, help="the gateway's (2000)")
+    parser.add_argument("--max-pending", type=int, default=1000, help="the gateway's (1000)")
+    parser.add_argument("--results", type=Path, default=None, help="write the figures here (JSON)")
+    args = parser.parse_args(argv)
+    report = run(args)
+    print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""``python -m stream gateway``: an HTTP front for callers that wait for their prediction.
+
+Each request becomes a record of the input topic (the durable queue the workers batch from) with a reply address;
+the worker that predicts it publishes a copy of the prediction to this gateway's reply partition, where the
+gateway picks it up and answers (`stream.replies`, `stream.gateway.client`, `stream.gateway.app`).
+
+Why Starlette on uvicorn: an asyncio server holds thousands of waiting callers on one thread (each waits on a
+future the client's reply thread settles), both are small, maintained and typed, and neither brings a framework
+the worker does not need (FastAPI's request models would duplicate the Avro schema, which is the contract here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from stream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stream.codec.registry import SchemaSource, WriterSchema
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    g = sub.add_parser("gateway", help="an HTTP service answering callers with their prediction (POST /v1/predict)")
+    g.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                   help="Kafka brokers (KAFKA_BOOTSTRAP_SERVERS; other KAFKA_* variables as for the worker)")
+    g.add_argument("--input-topic", required=True, help="the workers' input topic")
+    g.add_argument("--reply-topic", default=None,
+                   help="where workers send replies (default <input-topic>.replies, the workers' default "
+                        "--reply-topics); created if missing")
+    g.add_argument("--reply-partition", type=int, default=0,
+                   help="the partition of the reply topic this gateway reads: one per gateway replica (0)")
+    g.add_argument("--reply-partitions", type=int, default=4,
+                   help="partitions of the reply topic when it is created here (4: room for four replicas)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0: every interface)")
+    g.add_argument("--port", type=int, default=8080)
+    g.add_argument("--timeout-ms", type=float, default=5000.0,
+                   help="answer 504 when no prediction came within this long (5000)")
+    g.add_argument("--max-pending", type=int, default=1000,
+                   help="answer 503 while this many events wait for their predictions (1000)")
+    g.add_argument("--max-input-bytes", type=int, default=1_048_576,
+                   help="answer 413 for a body, or an event encoded, over this size (1 MiB, as the worker)")
+    g.add_argument("--schema-registry-url", default=os.environ.get("SCHEMA_REGISTRY_URL"),
+                   help="a Confluent-compatible schema registry (SCHEMA_REGISTRY_URL); without it, --schemas-dir")
+    g.add_argument("--schemas-dir", default=None, help="the schema folder (default: the repository's schemas/)")
+    g.add_argument("--input-schema", default=None,
+                   help="the events' schema: an .avsc file (registered under <input-topic>-value), or a subject "
+                        "(registry) / record name (folder); default with a registry: <input-topic>-value")
+    g.add_argument("--shutdown-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM, how long to wait for the requests in flight (30)")
+    g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; then stop taking requests and wait for the pending ones (bounded)."""
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    _check(args)
+    from pathlib import Path
+
+    import uvicorn
+
+    from stream.codec.registry import open_source
+    from stream.config import kafka_admin_env_config, kafka_env_config
+    from stream.gateway.app import GatewayMetrics, build_app
+    from stream.gateway.client import PredictionClient
+    from stream.replies import default_reply_topic
+    from stream.topics import create_topics, partitions_of
+
+    reply_topic = args.reply_topic or default_reply_topic(args.input_topic)
+    consumer_env, producer_env = kafka_env_config(os.environ)
+    admin_env = kafka_admin_env_config(os.environ)
+    create_topics(args.bootstrap_servers, [reply_topic], args.reply_partitions, client_config=admin_env)
+    partitions = partitions_of(args.bootstrap_servers, reply_topic, admin_env)
+    if args.reply_partition not in partitions:
+        raise ConfigError(f"--reply-partition {args.reply_partition}: {reply_topic} has {len(partitions)} "
+                          "partition(s) (it existed already; add partitions with kafka-topics --alter)")
+    source = open_source(args.schema_registry_url, Path(args.schemas_dir) if args.schemas_dir else None)
+    schema = _input_schema(source, args)
+    client = PredictionClient(
+        bootstrap_servers=args.bootstrap_servers, input_topic=args.input_topic, reply_topic=reply_topic,
+        reply_partition=args.reply_partition, source=source, input_schema=schema,
+        timeout_s=args.timeout_ms / 1000.0, max_pending=args.max_pending, max_input_bytes=args.max_input_bytes,
+        producer_config=producer_env, consumer_config=consumer_env)
+    metrics = GatewayMetrics(client)
+    app = build_app(client, metrics, args.max_input_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=int(max(1, args.shutdown_timeout_s))))
+    log.info("gateway on http://%s:%d: events to %s as %s (id %d), replies from %s[%d]", args.host, args.port,
+             args.input_topic, schema.name, schema.schema_id, reply_topic, args.reply_partition)
+    # uvicorn serves SIGTERM/SIGINT itself (stops listening, waits for the requests in flight up to the bound),
+    # then raises the signal again under the handler it found: one that does nothing lets the client close next.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        left = client.close(wait_s=args.shutdown_timeout_s)
+        if left:
+            log.warning("stopped with %d request(s) unanswered (their events are in the input topic)", left)
+        source.close()
+    log.info("gateway stopped")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not args.bootstrap_servers:
+        raise ConfigError("no brokers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+    for name in ("timeout_ms", "max_pending", "max_input_bytes", "reply_partitions", "shutdown_timeout_s"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}")
+    if not 0 <= args.reply_partition < args.reply_partitions:
+        raise ConfigError(f"--reply-partition {args.reply_partition} is not one of the reply topic's "
+                          f"{args.reply_partitions} partitions (--reply-partitions)")
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port")
+
+
+def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:
+    """The events' schema, registered (its id goes in front of each event): an .avsc file registered under
+    ``<input-topic>-value`` (or found in the folder), else a subject or record name, else that subject."""
+    from stream.codec.registry import reader_schema
+
+    subject = f"{args.input_topic}-value"
+    if args.input_schema and args.input_schema.endswith(".avsc"):
+        return source.register(subject, reader_schema(source, args.input_schema, None).raw)
+    if not args.input_schema and not args.schema_registry_url:
+        raise ConfigError("no input schema: pass --input-schema (an .avsc file or a record name in the schema "
+                          "folder), or --schema-registry-url (the subject <input-topic>-value)")
+    return reader_schema(source, args.input_schema, subject)

@@ -1,0 +1,170 @@
+"""`python -m stream gateway` in front of `python -m stream worker`, both as users run them, on the test broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stream.bench.callers import call_at_rate
+from stream.topics import create_topics
+from stream.verify import OutputReader
+from tests.conftest import BrokerInfo
+from tests.gateway_cli import Gateway, events, expected_scores
+from tests.integration.harness import Pipeline, wait_for_assignment
+
+
+def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status(
+        pipeline: Pipeline, model_dir: Path, tmp_path: Path, unique_name: Callable[[str], str]) -> None:
+    dlq = unique_name("dlq")
+    worker = pipeline.worker("--dlq-topic", dlq, "--max-batch-size", "64", "--max-wait-ms", "20",
+                             "--batch-policy", "fixed")
+    first = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw-0.log", "--max-input-bytes", "4000",
+                    "--timeout-ms", "10000")
+    second = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw-1.log", "--reply-partition", "1")
+    try:
+        wait_for_assignment(worker)
+        first.wait_ready()
+        second.wait_ready()
+        sent = events(1500, seed=41)
+        answers = asyncio.run(call_at_rate("127.0.0.1", first.port, sent, rate=400.0))
+        # Every caller answered once, with its own event's prediction, as the model scores that event.
+        assert [a.status for a in answers] == [200] * len(sent), [a.body for a in answers if a.status != 200][:3]
+        expected = expected_scores(model_dir, sent)
+        for a in answers:
+            assert a.body["event_id"] == a.event["event_id"]
+            assert a.body["fraud_score"] == pytest.approx(expected[a.event["event_id"]], abs=1e-5)
+            assert a.body["model_name"] and a.body["model_version"]
+        # ... from batches well above one record (400 callers a second, batches closed 20 ms after their first)
+        mean_batch = sum(a.body["batch_size"] for a in answers) / len(answers)
+        assert mean_batch > 3, mean_batch
+        # The second gateway, on reply partition 1, read none of the first one's replies.
+        assert first.metric("stream_gateway_replies_read") == len(sent)
+        assert second.metric("stream_gateway_replies_read") == 0
+        assert first.metric("stream_gateway_requests_total", '{status="200"}') == len(sent)
+
+        with httpx.Client(base_url=first.url, timeout=30) as http:
+            good = events(3, seed=42)
+            # 413: a body over --max-input-bytes; 422: the schema refuses a field; 400: not JSON
+            big = http.post("/v1/predict", content=json.dumps({**good[0], "event_id": "x" * 5000}))
+            assert big.status_code == 413 and "max-input-bytes" in big.json()["error"]
+            refused = http.post("/v1/predict", json={**good[0], "features": "not a list"})
+            assert refused.status_code == 422 and any("features" in p for p in refused.json()["problems"])
+            assert http.post("/v1/predict", content=b"{not json").status_code == 400
+            # A list: one answer per event, in order
+            listed = http.post("/v1/predict", json=good[1:])
+            assert listed.status_code == 200
+            assert [r["event_id"] for r in listed.json()] == [e["event_id"] for e in good[1:]]
+            # Dead-lettered by the worker (31 features: the schema takes it, the model's input does not): 422
+            dead = http.post("/v1/predict", json={**good[0], "features": good[0]["features"][:31]})
+            assert dead.status_code == 422, dead.text
+            assert dead.json()["stage"] == "decode" and dead.json()["input_offset"] is not None
+        assert http_status_counts(first) == {"200": len(sent) + 1, "413": 1, "422": 2, "400": 1}
+        assert first.stop() == 0 and second.stop() == 0
+        assert worker.terminate() == 0
+    finally:
+        first.process.kill()
+        second.process.kill()
+
+
+def http_status_counts(gateway: Gateway) -> dict[str, int]:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith('stream_gateway_requests_total{status="'):
+            status = line.split('"')[1]
+            counts[status] = int(float(line.split()[-1]))
+    return counts
+
+
+def test_no_worker_gives_504_naming_where_the_event_waits_and_a_burst_gets_503_not_latency(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--timeout-ms", "1500",
+                      "--max-pending", "40")
+    try:
+        gateway.wait_ready()
+        sent = events(200, seed=43)
+        # 200 callers at once, no worker: 40 are queued and time out (504, with where their event is), the other
+        # 160 are told at once to come back (503 with Retry-After) instead of waiting.
+        answers = asyncio.run(call_at_rate("127.0.0.1", gateway.port, sent, rate=2000.0))
+        by_status: dict[int, list] = {}
+        for a in answers:
+            by_status.setdefault(a.status, []).append(a)
+        assert sorted(by_status) == [503, 504], {s: len(a) for s, a in by_status.items()}
+        assert len(by_status[504]) == 40
+        assert all(a.body["input_offset"] is not None and a.body["may_still_be_predicted"] for a in by_status[504])
+        assert all(a.seconds < 1.0 for a in by_status[503]), "503s are immediate"
+        assert all(1.4 < a.seconds < 3.0 for a in by_status[504]), "504s come at the timeout, not later"
+        # Those 40 events are durable: a worker started now predicts each of them into the output topic.
+        worker = pipeline.worker()
+        waiting = {a.event["event_id"] for a in by_status[504]}
+        reader = OutputReader(pipeline.bootstrap, pipeline.output)
+        try:
+            assert reader.read_until(waiting, timeout_s=60), f"{reader.missing(waiting)} never predicted"
+        finally:
+            reader.close()
+        assert worker.terminate() == 0
+        assert gateway.stop() == 0
+    finally:
+        gateway.process.kill()
+
+
+def test_the_gateway_refuses_a_bad_configuration_with_one_line(broker: BrokerInfo, tmp_path: Path,
+                                                               unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("in")
+    create_topics(broker.bootstrap, [topic], 1)
+    gateway = Gateway(broker.bootstrap, topic, tmp_path / "gw.log", "--reply-partition", "4")
+    try:
+        assert gateway.process.wait(60) == 2
+        assert "--reply-partition 4" in gateway.process.output()
+    finally:
+        gateway.process.kill()
+
+
+def test_a_worker_killed_mid_load_under_exactly_once_answers_every_caller_rightly_or_with_504(
+        broker: BrokerInfo, pipeline: Pipeline, model_dir: Path, tmp_path: Path) -> None:
+    """Two exactly-once workers; one SIGKILLed a third of the way through the callers: every caller gets its own
+    prediction (or a 504 naming where its event is), and every event is predicted exactly once in the output."""
+    if not broker.hides_aborted_transactions:
+        pytest.skip("this broker shows aborted transactions to read_committed readers")
+    args = ("--guarantee", "exactly-once", "--batch-policy", "fixed", "--max-wait-ms", "20")
+    workers = [pipeline.worker(*args), pipeline.worker(*args)]
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--timeout-ms", "20000")
+    try:
+        for w in workers:
+            wait_for_assignment(w)
+        gateway.wait_ready()
+        sent = events(1500, seed=44)
+
+        async def callers_with_a_kill() -> list:
+            asyncio.get_running_loop().call_later(2.5, workers[0].proc.kill)
+            return await call_at_rate("127.0.0.1", gateway.port, sent, rate=300.0)
+
+        answers = asyncio.run(callers_with_a_kill())
+        assert workers[0].proc.poll() is not None, "the worker was killed while callers waited"
+        statuses = {a.status for a in answers}
+        assert statuses <= {200, 504}, statuses
+        expected = expected_scores(model_dir, sent)
+        for a in answers:
+            if a.status == 200:
+                assert a.body["event_id"] == a.event["event_id"]
+                assert a.body["fraud_score"] == pytest.approx(expected[a.event["event_id"]], abs=1e-5)
+            else:
+                assert a.body["input_offset"] is not None, a.body
+        answered = sum(a.status == 200 for a in answers)
+        assert answered >= 0.9 * len(sent), f"only {answered} of {len(sent)} answered in time"
+        reader = OutputReader(pipeline.bootstrap, pipeline.output)
+        try:
+            ids = {e["event_id"] for e in sent}
+            assert reader.read_until(ids, timeout_s=120), f"{reader.missing(ids)} events never predicted"
+            assert reader.duplicates() == 0 and reader.unexpected(ids) == 0
+        finally:
+            reader.close()
+        assert gateway.stop() == 0
+        assert workers[1].terminate() == 0
+    finally:
+        gateway.process.kill()
