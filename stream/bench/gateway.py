@@ -12,8 +12,9 @@ prediction becomes readable there. Per steady rate:
   answer) against the output topic's way to its reader; the target is ≤ 5 ms at p99;
 * the mean batch size of the predictions (their ``batch_size`` field).
 
-Then a **burst** beyond capacity: the statuses (503 once ``--max-pending`` are waiting), and the answered
-requests' p99 against the timeout.
+Then a **burst** beyond capacity, against a worker whose (simulated) device takes a set time a record, so that the
+worker is the bound as a real model's would be: the statuses (503 once ``--max-pending`` are waiting), and the
+answered requests' p99 against the timeout.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from producers.events import generate_events
 from stream.bench.callers import Answer, call_at_rate
-from stream.broker import BrokerKind, free_port, start_broker
+from stream.broker import free_port, start_broker
 from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode
 from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
@@ -122,31 +123,31 @@ def burst_figures(answers: list[Answer], timeout_ms: float, rate: float) -> dict
 
 
 @contextmanager
-def pipeline(broker_kind: BrokerKind, work: Path, args: argparse.Namespace) -> Iterator[tuple[str, int, str]]:
-    """(bootstrap, the gateway's port, the output topic) of a running broker, worker and gateway."""
-    broker = start_broker(broker_kind)
+def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max_pending: int,
+             worker_extra: tuple[str, ...] = (), worker_env: dict[str, str] | None = None
+             ) -> Iterator[tuple[int, str]]:
+    """(the gateway's port, the output topic) of a worker and a gateway on topics of their own."""
     procs: list[WorkerProcess] = []
     try:
-        run = f"{int(time.time())}"
+        run = f"{tag}-{int(time.time())}"
         topics = {"input": f"gw-in-{run}", "output": f"gw-out-{run}"}
-        create_topics(broker.bootstrap, topics.values(), PARTITIONS)
+        create_topics(bootstrap, topics.values(), PARTITIONS)
         model_dir = ensure_trained(DEFAULT_MODEL_DIR)
         procs.append(WorkerProcess(
-            ["--bootstrap-servers", broker.bootstrap, "--input-topic", topics["input"], "--output-topic",
+            ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--output-topic",
              topics["output"], "--group-id", f"gw-{run}", "--model-dir", str(model_dir), "--batch-policy", "fixed",
              "--max-wait-ms", str(args.max_wait_ms), "--max-batch-size", str(args.max_batch_size),
-             "--guarantee", args.guarantee], work / "worker.log"))
+             "--guarantee", args.guarantee, *worker_extra], work / f"worker-{tag}.log", worker_env))
         port = free_port()
         procs.append(WorkerProcess(
-            ["--bootstrap-servers", broker.bootstrap, "--input-topic", topics["input"], "--port", str(port),
+            ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--port", str(port),
              "--input-schema", EVENT_SCHEMA, "--timeout-ms", str(args.timeout_ms), "--max-pending",
-             str(args.max_pending)], work / "gateway.log", command="gateway"))
+             str(max_pending)], work / f"gateway-{tag}.log", command="gateway"))
         _wait_answering(port, procs, work)
-        yield broker.bootstrap, port, topics["output"]
+        yield port, topics["output"]
     finally:
         for p in procs:
             p.terminate(30)
-        broker.stop()
 
 
 def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, timeout_s: float = 120.0) -> None:
@@ -172,23 +173,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="stream-bench-gateway-"))
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "results"},
                               "versions": versions(args.broker), "steady": []}
-    with pipeline(args.broker, work, args) as (bootstrap, port, output):
-        clock = ArrivalClock(bootstrap, output)
-        try:
-            asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))  # warm-up
-            for i, rate in enumerate(args.rates):
-                events = demo_events(int(rate * args.seconds), seed=10 + i)
-                print(f"bench-gateway: {len(events)} callers at {rate:,.0f}/s ...", flush=True)
-                answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
-                clock.wait_for({a.event["event_id"] for a in answers if a.status == 200}, 30.0)
-                report["steady"].append(steady_figures(answers, clock.arrived, rate))
+    broker = start_broker(args.broker)
+    try:
+        with pipeline(broker.bootstrap, work, args, "steady", args.max_pending) as (port, output):
+            clock = ArrivalClock(broker.bootstrap, output)
+            try:
+                asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))  # warm-up
+                for i, rate in enumerate(args.rates):
+                    events = demo_events(int(rate * args.seconds), seed=10 + i)
+                    print(f"bench-gateway: {len(events)} callers at {rate:,.0f}/s ...", flush=True)
+                    answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
+                    clock.wait_for({a.event["event_id"] for a in answers if a.status == 200}, 30.0)
+                    report["steady"].append(steady_figures(answers, clock.arrived, rate))
+            finally:
+                clock.close()
+        # The burst: a worker on a slower (simulated) device, so that it, not the gateway, is the bound.
+        env = {"BENCH_SIM_MS_PER_RECORD": str(args.burst_device_ms_per_record)}
+        with pipeline(broker.bootstrap, work, args, "burst", args.burst_max_pending,
+                      ("--model", "stream.bench.simulated:DelayedDemo"), env) as (port, _output):
             events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
-            print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s ...", flush=True)
+            print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s, the worker's "
+                  f"device taking {args.burst_device_ms_per_record} ms a record ...", flush=True)
             answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=args.burst_rate,
                                                connections=args.burst_connections))
             report["burst"] = burst_figures(answers, args.timeout_ms, args.burst_rate)
-        finally:
-            clock.close()
+            report["burst"].update(device_ms_per_record=args.burst_device_ms_per_record,
+                                   max_pending=args.burst_max_pending)
+    finally:
+        broker.stop()
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(report, indent=1))
@@ -220,8 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=lambda v: [float(r) for r in v.split(",")], default=[100.0, 400.0],
                         help="steady caller rates per second, comma-separated (100,400)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds at each steady rate (10)")
-    parser.add_argument("--burst-rate", type=float, default=4000.0, help="callers per second in the burst (4000)")
-    parser.add_argument("--burst-seconds", type=float, default=2.0)
+    parser.add_argument("--burst-rate", type=float, default=1500.0, help="callers per second in the burst (1500)")
+    parser.add_argument("--burst-seconds", type=float, default=3.0)
+    parser.add_argument("--burst-device-ms-per-record", type=float, default=2.0,
+                        help="the burst's worker: its simulated device's time a record (2: about 500 a second)")
+    parser.add_argument("--burst-max-pending", type=int, default=400,
+                        help="the burst's gateway (400: at most about 0.8 s of that worker's work waiting)")
     parser.add_argument("--burst-connections", type=int, default=2000,
                         help="the burst's connections: enough that the callers wait on the gateway, not on a pool")
     parser.add_argument("--max-wait-ms", type=float, default=20.0, help="the worker's (20)")

@@ -13,6 +13,7 @@ the tokenizer and the embedding size come from the installed all-MiniLM-L6-v2 we
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from stream.errors import UnrecoverableModelError
+from stream.models.demo import DemoFraudHandler
 from stream.models.minilm import MiniLMHandler
 
 
@@ -53,3 +55,24 @@ class SimulatedDevice(MiniLMHandler):
         if self.ns_per_token > 0:
             time.sleep(self.ns_per_token * 1e-9 * sum((p.stop - p.start) * p.length for p in passes))
         return torch.zeros((len(lengths), self.outputs[0].size), dtype=torch.float32)
+
+
+class DelayedDemo(DemoFraudHandler):
+    """The demo model on a slower simulated device: each batch's forward pass also sleeps (GIL released)
+    ``BENCH_SIM_MS_PER_BATCH`` plus ``BENCH_SIM_MS_PER_RECORD`` a record (environment variables, 0 by default).
+    The gateway's benchmark uses it to make the worker, not the gateway, the bound in its burst::
+
+        BENCH_SIM_MS_PER_RECORD=2 python -m stream worker ... --model stream.bench.simulated:DelayedDemo
+    """
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        super().__init__(model_dir)
+        try:
+            self.ms_per_batch = float(os.environ.get("BENCH_SIM_MS_PER_BATCH", "0"))
+            self.ms_per_record = float(os.environ.get("BENCH_SIM_MS_PER_RECORD", "0"))
+        except ValueError as exc:
+            raise UnrecoverableModelError(f"simulated device: {exc}") from exc
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        time.sleep((self.ms_per_batch + self.ms_per_record * len(inputs)) / 1000.0)
+        return super().predict(inputs)
