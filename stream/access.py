@@ -83,6 +83,25 @@ def _check_access(settings: WorkerSettings, admin_config: Mapping[str, Any]) -> 
                            f"{'it' if len(missing) == 1 else 'them'} (README: Security, least-privilege ACLs)")
 
 
+def reply_partitions(admin_config: Mapping[str, Any], topic: str) -> int | None:
+    """A reply topic's partition count when the worker may write to it, else None (it does not exist, or the
+    brokers do not allow this principal WRITE on it: logged, naming the ACL). Asked by the worker's reply router,
+    so that a reply topic it may not write to costs callers their answers (504), never the worker."""
+    client = admin(admin_config["bootstrap.servers"], **admin_config)
+    try:
+        future = client.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                        request_timeout=_TIMEOUT_S)[topic]
+        ops = _operations(future, f"topic {topic!r}")
+        if ops is not None and "WRITE" not in ops and "ALL" not in ops:
+            log.warning("no reply is sent to %r: the brokers do not allow this worker's principal %s", topic,
+                        _grant("topic", topic, "WRITE"))
+            return None
+        return len(future.result(timeout=_TIMEOUT_S + 5).partitions)
+    except (KafkaException, KafkaClientError) as exc:
+        log.warning("reply topic %r: %s", topic, exc)
+        return None
+
+
 def _operations(future: Any, what: str) -> set[str] | None:
     """The operations allowed on a resource; an empty set when it may not even be described."""
     try:

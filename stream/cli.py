@@ -102,6 +102,11 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--dlq-topic", help="dead-letter topic for bad records (created if missing); "
                    "without it a bad record stops the worker")
     p.add_argument("--max-input-bytes", type=int, help="larger input values are dead-lettered (default 1 MiB)")
+    p.add_argument("--shadow", action="store_true", default=None,
+                   help="a shadow run: answer no caller (its own --group-id and --output-topic; then "
+                        "python -m stream compare)")
+    p.add_argument("--start-from", help="where a partition this group never committed starts: earliest "
+                                        "(default), latest, Unix ms or an ISO 8601 time")
     p.add_argument("--reply-topics", help="topics a caller's reply address may name, comma-separated (default: "
                                           "<input-topic>.replies; python -m stream gateway)")
     p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
@@ -539,9 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
     gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
     gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
-    from stream import gateway
+    from stream import compare, gateway
 
     gateway.add_parser(sub)
+    compare.add_parser(sub)
     top = sub.add_parser("top", help="a live view of running replicas from their metrics endpoints (Ctrl-C ends it)")
     top.add_argument("targets", nargs="+", metavar="ENDPOINT",
                      help="each replica's --metrics-port: PORT (on 127.0.0.1), HOST:PORT or a URL")
@@ -554,6 +560,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     from stream import gateway
 
     return gateway.run(args)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from stream import compare
+
+    return compare.run(args)
 
 
 def run_top(args: argparse.Namespace) -> int:
@@ -575,7 +587,8 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "broker-node": run_broker_node,
                "registry": run_registry, "topics": run_topics, "train-model": run_train, "demo": run_demo,
                "bench": run_bench_command, "bench-text": run_bench_text_command,
-               "bench-gpu": run_bench_gpu_command, "top": run_top, "gateway": run_gateway}
+               "bench-gpu": run_bench_gpu_command, "top": run_top, "gateway": run_gateway,
+               "compare": run_compare}
     try:
         return runners[args.command](args)
     except StreamError as exc:

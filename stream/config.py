@@ -69,6 +69,22 @@ def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
     return {**parts[""], **parts["ADMIN"]}
 
 
+def parse_start_time(text: str) -> int:
+    """``--start-from``'s time: Unix milliseconds, or an ISO 8601 date-time with a zone (Z or +hh:mm)."""
+    from datetime import datetime
+
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"start_from {text!r} is not earliest, latest, Unix milliseconds or an ISO 8601 "
+                         "date-time") from None
+    if when.tzinfo is None:
+        raise ValueError(f"start_from {text!r} has no time zone (add Z or +hh:mm)")
+    return int(when.timestamp() * 1000)
+
+
 def default_prepare_threads(cores: int | None = None) -> int:
     """Prepare threads by default: half the cores (the poll, device and finish threads, the clients' own threads
     and the model's intra-op threads need the rest), at least 1, at most 4."""
@@ -181,6 +197,15 @@ class WorkerSettings(BaseSettings):
         description="the topics a caller's reply address (header stream.reply, set by the gateway) may name, "
                     "comma-separated; default: <input-topic>.replies; an address naming another topic is refused "
                     "(stream_replies_total{outcome=\"refused\"}) and its record processed as any other")
+    shadow: bool = Field(
+        default=False,
+        description="a shadow run of a model version: never answer callers' reply addresses (the production "
+                    "workers do); give it a group and an output topic of its own, then python -m stream compare")
+    start_from: str | None = Field(
+        default=None, min_length=1,
+        description="where a partition without a committed offset in this group starts: earliest (the default), "
+                    "latest, or a time (Unix milliseconds, or ISO 8601 such as 2026-11-26T14:00:00Z): the first "
+                    "record at or after it")
     native_producer: bool = Field(
         default=True,
         description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
@@ -202,12 +227,25 @@ class WorkerSettings(BaseSettings):
             raise ValueError("input_topic and output_topic must differ (the worker would consume its own output)")
         if self.dlq_topic is not None and self.dlq_topic in (self.input_topic, self.output_topic):
             raise ValueError("dlq_topic must differ from the input and output topics")
+        if self.shadow and self.reply_topics is not None:
+            raise ValueError("a shadow worker answers no caller: reply_topics cannot be given with shadow")
+        if self.start_from is not None and self.start_from not in ("earliest", "latest"):
+            parse_start_time(self.start_from)  # a ValueError names the problem
         return self
+
+    @property
+    def start_from_ms(self) -> int | None:
+        """``--start-from`` as a time (ms), None for earliest/latest or when not given."""
+        if self.start_from is None or self.start_from in ("earliest", "latest"):
+            return None
+        return parse_start_time(self.start_from)
 
     @property
     def reply_topic_set(self) -> frozenset[str]:
         from stream.replies import default_reply_topic
 
+        if self.shadow:
+            return frozenset()
         if self.reply_topics is None:
             return frozenset([default_reply_topic(self.input_topic)])
         return frozenset(t.strip() for t in self.reply_topics.split(",") if t.strip())
@@ -221,7 +259,7 @@ class WorkerSettings(BaseSettings):
         _check_owned(consumer, _CONSUMER_OWNED)
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
-            "auto.offset.reset": "earliest",
+            "auto.offset.reset": "latest" if self.start_from == "latest" else "earliest",
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
             # Fetch big chunks: the poll thread hands whole batches on, it never waits on the model.

@@ -23,6 +23,12 @@ BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(17))
 COMMIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+# From 0: Prometheus's histograms carry no _sum (and so no mean) when a bucket bound is negative; a negative
+# value counts in the first bucket.
+VALUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99,
+                 1.0, 10.0, 100.0, 1000.0)
+
+
 class BulkHistogram(Collector):
     """A histogram that accepts arrays: ``observe_many`` costs one numpy call per batch."""
 
@@ -159,6 +165,8 @@ class StreamMetrics:
             "Event ts_ms (producer time) to the broker's acknowledgement of its prediction.",
             LATENCY_BUCKETS_S, r)
 
+        self.prediction_values = PredictionValues(r)
+
     def watch_cuda_memory(self, device: Any) -> None:
         """``stream_gpu_memory_bytes{kind}`` for a CUDA device: what torch's allocator holds for tensors
         (allocated), what it has reserved from the driver (reserved) and the device's total, read at scrape."""
@@ -170,3 +178,40 @@ class StreamMetrics:
         gauge.labels("allocated").set_function(lambda: torch.cuda.memory_allocated(device))
         gauge.labels("reserved").set_function(lambda: torch.cuda.memory_reserved(device))
         gauge.labels("total").set(torch.cuda.get_device_properties(device).total_memory)
+
+
+class PredictionValues(Collector):
+    """``stream_prediction_value{output}``: the distribution of each scalar output the worker publishes (a score,
+    a flag as 0/1), so that two model versions can be compared side by side: its mean is ``_sum / _count``, its
+    quantiles ``histogram_quantile``. Fed a batch's column at a time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._bounds = np.asarray(VALUE_BUCKETS, dtype=np.float64)
+        self._by_output: dict[str, tuple[np.ndarray, list[float]]] = {}  # output -> (counts, [sum])
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, output: str, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return
+        binned = np.bincount(np.searchsorted(self._bounds, values, side="left"), minlength=len(self._bounds) + 1)
+        total = float(values.sum())
+        with self._lock:
+            counts, sums = self._by_output.setdefault(output, (np.zeros(len(self._bounds) + 1, np.int64), [0.0]))
+            counts += binned
+            sums[0] += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily("stream_prediction_value", "Each scalar model output's published values "
+                                       "(booleans as 0/1), for comparing model versions.", labels=["output"])
+        with self._lock:
+            snapshot = [(o, c.copy(), s[0]) for o, (c, s) in self._by_output.items()]
+        for output, counts, total in sorted(snapshot):
+            cumulative = np.cumsum(counts)
+            buckets: list[tuple[str, Any]] = [(_le(b), int(c)) for b, c in
+                                              zip(self._bounds.tolist(), cumulative[:-1].tolist(), strict=True)]
+            buckets.append(("+Inf", int(cumulative[-1])))
+            family.add_metric([output], buckets, total)
+        yield family

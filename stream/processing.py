@@ -47,6 +47,7 @@ from stream.records import Records
 from stream.replies import REPLY_HEADER, ReplyAddress, ReplyRouter
 
 log = logging.getLogger(__name__)
+_SCALAR_TYPES = ("float", "double", "int", "long", "boolean")  # outputs whose values stream_prediction_value shows
 
 
 class Abandoned(StreamError):
@@ -132,7 +133,10 @@ class DeadRecord:
 class BatchProcessor:
     def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: ColumnDecoder,
                  binder: InputBinder, encoder: OutputEncoder, publisher: Publisher, metrics: StreamMetrics,
-                 sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False) -> None:
+                 sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False,
+                 reply_partitions: Callable[[str], int | None] = lambda topic: None) -> None:
+        """``reply_partitions(topic)``: a reply topic's partition count when the worker may write to it, else
+        None (`stream.access.reply_partitions`)."""
         self.policy = policy
         self._engine = engine
         self._decoder = decoder
@@ -147,8 +151,7 @@ class BatchProcessor:
         # The input record's topic/partition/offset travel in the prediction's value when its schema has the
         # fields for them (version 2 on), as headers when asked for or when it has not.
         self._provenance_headers = policy.provenance_headers or not encoder.carries_source
-        self._replies = ReplyRouter(policy.reply_topics, lambda topic: publisher.partition_count(topic),
-                                    metrics.replies.labels("refused").inc)
+        self._replies = ReplyRouter(policy.reply_topics, reply_partitions, metrics.replies.labels("refused").inc)
 
     @property
     def engine(self) -> InferenceEngine:
@@ -298,6 +301,9 @@ class BatchProcessor:
             return
         records = batch.records
         handler = self._engine.handler
+        for spec in handler.outputs:
+            if spec.type in _SCALAR_TYPES:
+                self._metrics.prediction_values.observe_many(spec.name, outputs[spec.name])
         row_partitions = batch.partitions[decoded.index]
         row_offsets = batch.offsets[decoded.index]
         if self.policy.event_time_field is not None:

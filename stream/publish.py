@@ -281,17 +281,6 @@ class Publisher:
                         raise PublishError("produce", "publisher closed while the local queue was full") from None
                     self._serve(0.001)
 
-    def partition_count(self, topic: str, timeout_s: float = 5.0) -> int | None:
-        """How many partitions ``topic`` has (the producer's metadata), None when it does not exist or the
-        brokers did not answer in time."""
-        try:
-            meta = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        except KafkaException:
-            return None
-        if meta is None or meta.error is not None:
-            return None
-        return len(meta.partitions)
-
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
                        row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
         """Queue one record per row, ``values[ends[i-1]:ends[i]]``, for the span of its input partition. Through

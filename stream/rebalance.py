@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from stream.batching import MicroBatcher
 from stream.committer import Committer
@@ -34,7 +34,7 @@ class Rebalancer:
     def __init__(self, batcher: MicroBatcher[Records], tracker: OffsetTracker, stalls: StallDetector,
                  committer: Committer, pause: InputPause, metrics: StreamMetrics, *, revoke_budget_s: float,
                  failed: Callable[[], bool], rewinding: Callable[[], bool],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, start_from_ms: int | None = None) -> None:
         self.intake: Intake | None = None  # set once the consumer exists
         self._batcher = batcher
         self._tracker = tracker
@@ -46,6 +46,7 @@ class Rebalancer:
         self._failed = failed
         self._rewinding = rewinding
         self._clock = clock
+        self._start_from_ms = start_from_ms  # --start-from a time: for partitions the group never committed
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
@@ -59,6 +60,24 @@ class Rebalancer:
         if partitions:
             self._metrics.rebalances.labels("assigned").inc()
         log.info("assigned %s", fmt_partitions(tps))
+        if self._start_from_ms is not None and partitions:
+            self._assign_from_time(consumer, partitions, self._start_from_ms)
+
+    @staticmethod
+    def _assign_from_time(consumer: Consumer, partitions: list[TopicPartition], at_ms: int) -> None:
+        """Assign ``partitions`` ourselves (confluent-kafka then does not): those the group committed at their
+        committed offset, the others at their first record at or after ``at_ms`` (their end when none is)."""
+        committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in partitions], timeout=10)
+        fresh = [TopicPartition(tp.topic, tp.partition, at_ms) for tp in committed if tp.offset < 0]
+        found = {(tp.topic, tp.partition): tp.offset
+                 for tp in (consumer.offsets_for_times(fresh, timeout=10) if fresh else [])}
+        start = []
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else found.get((tp.topic, tp.partition), -1)
+            start.append(TopicPartition(tp.topic, tp.partition, offset if offset >= 0 else OFFSET_END))
+        log.info("starting %s", ", ".join(f"{tp.partition}@{'end' if tp.offset == OFFSET_END else tp.offset}"
+                                          for tp in start))
+        consumer.incremental_assign(start)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]

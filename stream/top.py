@@ -1,7 +1,9 @@
 """``python -m stream top``: a live view of running replicas, from their metrics endpoints (``/metrics``, and
 ``/healthz`` and ``/readyz`` for their state). One row per replica, refreshed every second: events in and out
 per second, consumer lag, mean batch size and end-to-end p99 since the last refresh, the stage that binds (its
-share of its threads' time in use), dead letters, partitions. Ctrl-C ends it."""
+share of its threads' time in use), dead letters, partitions, the model version and the mean of its first scalar
+output. With replicas of more than one model version (a canary), one more row per version sums them, side by
+side. Ctrl-C ends it."""
 
 from __future__ import annotations
 
@@ -111,6 +113,8 @@ class Row:
     binds: str = ""  # the stage whose threads were busiest, and how busy: "prepare 93%"
     dead: float | None = None
     partitions: str = ""
+    version: str = ""  # the model's name:version (stream_model_info)
+    mean_output: str = ""  # the mean of its first scalar output over the interval: "fraud_score 0.127"
 
 
 def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
@@ -126,7 +130,8 @@ def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
     lag = now.total("stream_consumer_lag_records")
     assigned, paused = now.total("stream_assigned_partitions"), now.total("stream_paused_partitions")
     out = Row(replica, state, lag=lag, dead=now.total("stream_dead_letters_total") or 0.0,
-              partitions=f"{assigned or 0:.0f}" + (f" ({paused:.0f} paused)" if paused else ""))
+              partitions=f"{assigned or 0:.0f}" + (f" ({paused:.0f} paused)" if paused else ""),
+              version=model_version(now))
     if before is None or before.error is not None or now.at <= before.at:
         return out
     dt = now.at - before.at
@@ -143,6 +148,64 @@ def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
     out.p99_s = quantile(0.99, before.buckets("stream_end_to_end_latency_seconds"),
                          now.buckets("stream_end_to_end_latency_seconds"))
     out.binds = binding_stage(before, now, dt)
+    out.mean_output = mean_output([before], [now])
+    return out
+
+
+def model_version(scrape: Scrape) -> str:
+    """``name:version`` of the model a replica serves, from stream_model_info."""
+    for labels, _ in scrape.samples.get("stream_model_info", []):
+        return f"{labels.get('name', '?')}:{labels.get('version', '?')}"
+    return ""
+
+
+def mean_output(befores: list[Scrape | None], nows: list[Scrape]) -> str:
+    """The mean of the first scalar output (stream_prediction_value) over the interval, summed over replicas."""
+    outputs = sorted({labels.get("output", "") for now in nows
+                      for labels, _ in now.samples.get("stream_prediction_value_count", [])})
+    if not outputs:
+        return ""
+    total = count = 0.0
+    for before, now in zip(befores, nows, strict=True):
+        b_sum = before.total("stream_prediction_value_sum", output=outputs[0]) if before else None
+        b_count = before.total("stream_prediction_value_count", output=outputs[0]) if before else None
+        n_sum = now.total("stream_prediction_value_sum", output=outputs[0])
+        n_count = now.total("stream_prediction_value_count", output=outputs[0])
+        if n_sum is not None and n_count is not None:
+            total += n_sum - (b_sum or 0.0)
+            count += n_count - (b_count or 0.0)
+    return f"{outputs[0]} {total / count:.3f}" if count > 0 else ""
+
+
+def version_rows(rows: list[Row], befores: list[Scrape | None], nows: list[Scrape]) -> list[Row]:
+    """With replicas of more than one model version (a canary), one row per version: its replicas' rates, lag,
+    dead letters and partitions summed, its p99 and mean output over all of them, side by side."""
+    versions = sorted({r.version for r in rows if r.version})
+    if len(versions) < 2:
+        return []
+    out = []
+    for version in versions:
+        members = [i for i, r in enumerate(rows) if r.version == version]
+        picked = [rows[i] for i in members]
+        before_buckets: dict[float, float] = {}
+        now_buckets: dict[float, float] = {}
+        for i in members:
+            before = befores[i]
+            if before is not None and before.error is None and nows[i].error is None:
+                for bound, c in before.buckets("stream_end_to_end_latency_seconds").items():
+                    before_buckets[bound] = before_buckets.get(bound, 0.0) + c
+                for bound, c in nows[i].buckets("stream_end_to_end_latency_seconds").items():
+                    now_buckets[bound] = now_buckets.get(bound, 0.0) + c
+
+        def summed(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return sum(known) if known else None
+
+        out.append(Row(f"{version} ({len(picked)})", "version", summed([r.in_rate for r in picked]),
+                       summed([r.out_rate for r in picked]), summed([r.lag for r in picked]), None,
+                       quantile(0.99, before_buckets, now_buckets), "", summed([r.dead for r in picked]),
+                       f"{sum(int(r.partitions.split()[0]) for r in picked if r.partitions):d}", version,
+                       mean_output([befores[i] for i in members], [nows[i] for i in members])))
     return out
 
 
@@ -174,15 +237,18 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
 
 def table(rows: Iterable[Row]) -> Table:
     t = Table(title="stream top", title_justify="left", expand=False)
-    for name, justify in (("replica", "left"), ("state", "left"), ("in/s", "right"), ("out/s", "right"),
-                          ("lag", "right"), ("batch", "right"), ("p99 e2e", "right"), ("binds", "right"),
-                          ("dead letters", "right"), ("partitions", "right")):
+    for name, justify in (("replica", "left"), ("state", "left"), ("model", "left"), ("in/s", "right"),
+                          ("out/s", "right"), ("lag", "right"), ("batch", "right"), ("p99 e2e", "right"),
+                          ("binds", "right"), ("dead letters", "right"), ("partitions", "right"),
+                          ("mean output", "right")):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in rows:
-        style = "green" if r.state == "ready" else ("red" if r.state.startswith(("down", "failed")) else "yellow")
-        t.add_row(r.replica, f"[{style}]{r.state}[/]", _num(r.in_rate), _num(r.out_rate), _num(r.lag),
-                  _num(r.batch, "{:,.1f}"), _num(None if r.p99_s is None else r.p99_s * 1000, "{:,.1f} ms"),
-                  r.binds or "-", _num(r.dead), r.partitions)
+        style = ("green" if r.state == "ready" else "cyan" if r.state == "version"
+                 else "red" if r.state.startswith(("down", "failed")) else "yellow")
+        t.add_row(r.replica, f"[{style}]{r.state}[/]", r.version or "-", _num(r.in_rate), _num(r.out_rate),
+                  _num(r.lag), _num(r.batch, "{:,.1f}"),
+                  _num(None if r.p99_s is None else r.p99_s * 1000, "{:,.1f} ms"), r.binds or "-", _num(r.dead),
+                  r.partitions, r.mean_output or "-")
     return t
 
 
@@ -204,6 +270,7 @@ def run(targets: list[str], interval_s: float = 1.0, once: bool = False, console
             nonlocal previous
             scrapes = list(pool.map(scrape, bases))
             rows = [row(n, b, s) for n, b, s in zip(names, previous, scrapes, strict=True)]
+            rows += version_rows(rows, previous, scrapes)
             previous = list(scrapes)
             return table(rows)
 

@@ -23,7 +23,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stream import faults
-from stream.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic
+from stream.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic, reply_partitions
 from stream.batching import MicroBatcher
 from stream.client_logs import ConnectionWatch, client_logger
 from stream.client_stats import ConsumerStats
@@ -77,7 +77,8 @@ class Worker:
         self.metrics.model_info.info({
             "name": handler.name, "version": handler.version, "device": str(self._engine.device),
             "input_schema": f"{self._decoder.reader.name}:{self._decoder.reader.schema_id}",
-            "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}"})
+            "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}",
+            "shadow": "true" if s.shadow else "false"})
         if self._engine.device.type == "cuda":
             self.metrics.watch_cuda_memory(self._engine.device)
         self._consumer_config = s.consumer_config()
@@ -102,7 +103,7 @@ class Worker:
         self._rebalancer = Rebalancer(
             self._batcher, self._tracker, self._stalls, self._committer, self._pause, self.metrics,
             revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
-            rewinding=self._transactions.pending, clock=clock)
+            rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self._failure_lock = threading.Lock()
@@ -200,8 +201,10 @@ class Worker:
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
                                   event_time_field=self._event_time_field, reply_topics=s.reply_topic_set)
+        admin_config = self._admin_config
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
-                                   self.metrics, stopping=self._stop.is_set)
+                                   self.metrics, stopping=self._stop.is_set,
+                                   reply_partitions=lambda topic: reply_partitions(admin_config, topic))
         self._stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,

@@ -175,3 +175,20 @@ def test_admin_settings_take_the_shared_kafka_variables_and_their_own_not_the_cl
     consumer, producer = kafka_env_config(env)
     assert "request.timeout.ms" not in consumer and "request.timeout.ms" not in producer
     assert "admin.request.timeout.ms" not in consumer
+
+
+def test_reply_topics_shadow_and_start_from() -> None:
+    s = load_settings(BASE, environ={})
+    assert s.reply_topic_set == {"in.replies"} and s.start_from_ms is None
+    assert s.consumer_config(environ={})["auto.offset.reset"] == "earliest"
+    assert load_settings({**BASE, "reply_topics": "a, b"}, environ={}).reply_topic_set == {"a", "b"}
+    shadow = load_settings({**BASE, "shadow": True, "start_from": "latest"}, environ={})
+    assert shadow.reply_topic_set == frozenset(), "a shadow run answers no caller"
+    assert shadow.consumer_config(environ={})["auto.offset.reset"] == "latest" and shadow.start_from_ms is None
+    assert load_settings({**BASE, "start_from": "2026-11-26T14:00:00Z"}, environ={}).start_from_ms == 1795701600000
+    assert load_settings({**BASE, "start_from": "1795788000000"}, environ={}).start_from_ms == 1795788000000
+    for bad, why in (({"start_from": "yesterday"}, "not earliest, latest"),
+                     ({"start_from": "2026-11-26T14:00:00"}, "no time zone"),
+                     ({"shadow": True, "reply_topics": "x"}, "answers no caller")):
+        with pytest.raises(ConfigError, match=why):
+            load_settings({**BASE, **bad}, environ={})

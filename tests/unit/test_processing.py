@@ -118,8 +118,8 @@ def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retri
     decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
     policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
                               event_time_field=event_time, reply_topics=reply_topics)
-    processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),
-                               sleep=lambda s: None)  # type: ignore[arg-type]
+    processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),  # type: ignore[arg-type]
+                               sleep=lambda s: None, reply_partitions=publisher.partition_count)
     return processor, publisher
 
 

@@ -44,7 +44,7 @@ def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worke
     text = generate_latest(worker.metrics.registry).decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("stream_model_info{"))
     for part in ('name="demo-fraud-mlp"', 'device="cpu"', 'input_schema="stream.demo.FraudEvent:1"',
-                 'output_schema="stream.demo.FraudPrediction:3"'):
+                 'output_schema="stream.demo.FraudPrediction:3"', 'shadow="false"'):
         assert part in line, line
 
 
