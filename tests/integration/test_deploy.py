@@ -383,3 +383,23 @@ def test_the_topic_commands_parse_as_the_cli_does(path: str) -> None:
     assert command[0] == "stream" and "topics" in text
     args = build_parser().parse_args([c.replace("$(KAFKA_BOOTSTRAP_SERVERS)", "kafka:9092") for c in command[1:]])
     assert args.topics and args.partitions == 8, shlex.join(command)
+
+
+def test_the_canary_overlay_is_a_second_deployment_in_the_same_group() -> None:
+    overlay = load_yaml(K8S / "canary" / "kustomization.yaml")
+    [canary] = [doc for name in overlay["resources"] for doc in yaml.safe_load_all((K8S / "canary" / name).read_text())]
+    assert k8s_errors(canary) == []
+    base = k8s_docs()["Deployment"]
+    assert canary["kind"] == "Deployment" and canary["metadata"]["name"] != base["metadata"]["name"]
+    # Selectors that do not overlap: neither Deployment takes the other's pods.
+    base_selector = base["spec"]["selector"]["matchLabels"].items()
+    canary_selector = canary["spec"]["selector"]["matchLabels"].items()
+    assert not base_selector <= canary["spec"]["template"]["metadata"]["labels"].items()
+    assert not canary_selector <= base["spec"]["template"]["metadata"]["labels"].items()
+    [b], [c] = base["spec"]["template"]["spec"]["containers"], canary["spec"]["template"]["spec"]["containers"]
+    assert c["envFrom"] == b["envFrom"], "the same settings, so the same consumer group"
+    assert c["args"] == b["args"] and c["image"] != b["image"]
+    for key in ("livenessProbe", "readinessProbe", "startupProbe", "ports"):
+        assert c[key] == b[key], key
+    assert {"name": "STREAM_MODEL_DIR", "value": "/models/v2"} in c["env"]
+    assert c["env"][0] == b["env"][0], "a stable transactional id per pod, as the baseline's"

@@ -92,3 +92,24 @@ def test_states_from_the_probes_and_a_replica_that_does_not_answer() -> None:
     failed = row("w", None, scrape_of(m, 1.0, health=(503, "failed: KafkaClientError: boom\n"),
                                       ready=(503, "failed: KafkaClientError: boom\n")))
     assert failed.state == "failed: KafkaClientError: boom"
+
+
+def test_replicas_of_two_model_versions_get_a_row_per_version_side_by_side() -> None:
+    from stream.top import version_rows
+
+    replicas = []
+    for version, score in (("A", 0.2), ("A", 0.4), ("B", 0.9)):
+        m = StreamMetrics()
+        m.model_info.info({"name": "m", "version": version, "device": "cpu"})
+        m.assigned_partitions.set(2)
+        before = scrape_of(m, 10.0)
+        m.predicted.inc(100)
+        m.prediction_values.observe_many("score", np.full(100, score))
+        replicas.append((before, scrape_of(m, 11.0)))
+    rows = [row(f"w{i}", b, n) for i, (b, n) in enumerate(replicas)]
+    assert [r.version for r in rows] == ["m:A", "m:A", "m:B"] and rows[0].mean_output == "score 0.200"
+    a, b = version_rows(rows, [b for b, _ in replicas], [n for _, n in replicas])
+    assert (a.replica, a.out_rate, a.partitions, a.mean_output) == ("m:A (2)", 200, "4", "score 0.300")
+    assert (b.replica, b.out_rate, b.partitions, b.mean_output) == ("m:B (1)", 100, "2", "score 0.900")
+    assert version_rows(rows[:2], [b for b, _ in replicas[:2]], [n for _, n in replicas[:2]]) == [], \
+        "one version: no extra rows"
