@@ -290,7 +290,10 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         fleet.start(slot, {"STREAM_TEST_KILL_AT": phase, "STREAM_TEST_KILL_AFTER": str(rng.randint(1, 5))})
         say(f"  kills={kills} armed {slot} for {phase}")
     if cfg.faults:
-        time.sleep(cfg.fault_gap_s)  # load after the last fault: its recovery is measured on it
+        # Load after the last fault, its recovery measured on it: until the group has caught up (a recovery
+        # slower than the gap would otherwise end with the load and read as none), then the gap.
+        _wait_caught_up(cfg, group, input_topic)
+        time.sleep(cfg.fault_gap_s)
     freezes = freeze_each_in_turn(fleet, cfg, log)
     load.end(deadline)
     # Replace still-armed replicas with clean ones, then step through the scale plan.

@@ -20,7 +20,9 @@ KINDS = {"at-least-once": ("leader-kill", "rolling-restart", "worker-netcut"),
 RECOVERY_BOUND_S = 60.0  # measured: 0-19 s (the dead broker's 9 s session, then the clients' retries)
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+# At-least-once runs in `make chaos` (marked long: CI keeps its time for the exactly-once one, whose rewinds
+# and fencing have more to go wrong; at-least-once meets kills in CI in test_sigkill_at_every_phase_scale_and_sigterm).
+@pytest.mark.parametrize("guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"])
 def test_broker_faults_lose_nothing_and_the_pipeline_recovers(kafka_cluster: LocalCluster, model_dir: Path,
                                                               guarantee: str, tmp_path: Path) -> None:
     kinds = KINDS[guarantee]

@@ -96,7 +96,9 @@ def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model
     assert hanging_transactions(broker.bootstrap, names[1:3]) == []
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+# At-least-once runs in `make chaos` (marked long: CI keeps its time for the exactly-once one, whose rewinds
+# and fencing have more to go wrong; at-least-once meets kills in CI in test_sigkill_at_every_phase_scale_and_sigterm).
+@pytest.mark.parametrize("guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"])
 def test_each_replica_frozen_and_thawed_in_turn_keeps_every_partition_moving(broker: BrokerInfo, model_dir: Path,
                                                                              guarantee: str, tmp_path: Path) -> None:
     """Two replicas, each frozen past the session timeout and thawed in turn, under a model slower than the input
