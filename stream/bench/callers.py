@@ -52,6 +52,7 @@ class Callers:
         self._free: list[_Connection] = []
         self._slots = asyncio.Semaphore(connections)
         self._all: list[_Connection] = []
+        self.reconnects = 0  # requests sent again on a new connection (see post)
 
     async def post(self, path: str, payload: Any) -> tuple[int, Any, float]:
         """(status, the JSON body, seconds waited for a connection)."""
@@ -60,16 +61,29 @@ class Callers:
         async with self._slots:
             waited = time.perf_counter() - started
             conn = self._free.pop() if self._free else None
-            if conn is None:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-                conn = _Connection(reader, writer)
-                self._all.append(conn)
-            try:
-                status, raw = await conn.post(f"{self.host}:{self.port}", path, body)
-            except BaseException:
-                conn.close()
-                self._all.remove(conn)
-                raise
+            reused = conn is not None
+            while True:
+                if conn is None:
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
+                    conn = _Connection(reader, writer)
+                    self._all.append(conn)
+                try:
+                    status, raw = await conn.post(f"{self.host}:{self.port}", path, body)
+                    break
+                except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+                    conn.close()
+                    self._all.remove(conn)
+                    # A kept-alive connection the server closed while it idled (uvicorn: after 5 s) answers
+                    # nothing: the request never reached it, so it goes again on a new connection, as any HTTP
+                    # client does. Anything else is the server's failure.
+                    if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                        raise
+                    self.reconnects += 1
+                    conn, reused = None, False
+                except BaseException:
+                    conn.close()
+                    self._all.remove(conn)
+                    raise
             self._free.append(conn)
         return status, json.loads(raw) if raw else None, waited
 
