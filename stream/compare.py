@@ -24,16 +24,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from fastavro import parse_schema, schemaless_reader
 
-from stream.codec import MAGIC, strip_logical_types
-from stream.codec.registry import SchemaSource, open_source
+from stream.codec.registry import WireDecoder, open_source
 from stream.errors import ConfigError, StreamError
 from stream.topics import end_offsets
 from stream.verify import headers_of, input_source
@@ -73,28 +70,6 @@ def read_topic(bootstrap: str, topic: str, config: dict[str, Any] | None = None,
         consumer.close()
 
 
-class Decoder:
-    """Confluent wire format -> dict, writer schemas by id from the registry or the schema folder."""
-
-    def __init__(self, source: SchemaSource) -> None:
-        self.source = source
-        self._parsed: dict[int, Any] = {}
-
-    def __call__(self, value: bytes) -> dict[str, Any]:
-        if len(value) < 5 or value[0] != MAGIC:
-            raise StreamError("a record is not in the Confluent wire format")
-        schema_id = int.from_bytes(value[1:5], "big")
-        parsed = self._parsed.get(schema_id)
-        if parsed is None:
-            found = self.source.by_id(schema_id)
-            if found is None:
-                raise StreamError(f"schema id {schema_id} is unknown to {self.source.description}")
-            parsed = self._parsed[schema_id] = parse_schema(strip_logical_types(found.normalized))
-        record = schemaless_reader(BytesIO(value[5:]), parsed, None)
-        assert isinstance(record, dict)
-        return record
-
-
 @dataclass
 class Side:
     topic: str
@@ -107,7 +82,7 @@ class Side:
                 if "predicted_ts_ms" in r and "event_ts_ms" in r]
 
 
-def load_side(bootstrap: str, topic: str, decode: Decoder, dlq: str | None) -> Side:
+def load_side(bootstrap: str, topic: str, decode: WireDecoder, dlq: str | None) -> Side:
     side = Side(topic)
     for value, headers in read_topic(bootstrap, topic):
         if value is None:
@@ -230,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the baseline and the candidate are the same topic")
     source = open_source(args.schema_registry_url, args.schemas_dir)
     try:
-        decode = Decoder(source)
+        decode = WireDecoder(source)
         baseline = load_side(args.bootstrap_servers, args.baseline, decode, args.baseline_dlq)
         candidate = load_side(args.bootstrap_servers, args.candidate, decode, args.candidate_dlq)
     finally:

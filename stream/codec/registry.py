@@ -13,9 +13,13 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from fastavro import parse_schema, schemaless_reader
+
+from stream.codec import MAGIC, strip_logical_types
 from stream.codec.columns import normalize
 from stream.errors import ConfigError, StreamError
 
@@ -249,3 +253,27 @@ def reader_schema(source: SchemaSource, given: str | None, default_subject: str 
     if not subject:
         raise ConfigError("no input schema: pass --input-schema (an .avsc file, or a subject or record name)")
     return source.latest(subject)
+
+
+class WireDecoder:
+    """Confluent wire-format records -> dicts, each by its writer schema from ``source`` (parsed once per id);
+    for the readers of whole records (the gateway's replies, ``stream compare``), not the worker's batches."""
+
+    def __init__(self, source: SchemaSource) -> None:
+        self.source = source
+        self._parsed: dict[int, Any] = {}
+
+    def __call__(self, value: bytes) -> dict[str, Any]:
+        if len(value) < 5 or value[0] != MAGIC:
+            raise StreamError("a record is not in the Confluent wire format")
+        schema_id = int.from_bytes(value[1:5], "big")
+        parsed = self._parsed.get(schema_id)
+        if parsed is None:
+            found = self.source.by_id(schema_id)
+            if found is None:
+                raise StreamError(f"schema id {schema_id} is unknown to {self.source.description}")
+            parsed = self._parsed[schema_id] = parse_schema(strip_logical_types(found.normalized))
+        record = schemaless_reader(BytesIO(value[5:]), parsed, None)
+        if not isinstance(record, dict):
+            raise StreamError(f"a record of schema id {schema_id} is not an Avro record")
+        return record

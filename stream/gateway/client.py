@@ -29,11 +29,11 @@ from io import BytesIO
 from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_writer
 from fastavro.validation import ValidationError, validate
 
 from stream.codec import MAGIC, strip_logical_types
-from stream.codec.registry import SchemaSource, WriterSchema
+from stream.codec.registry import SchemaSource, WireDecoder, WriterSchema
 from stream.errors import StreamError
 from stream.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
 from stream.replies import REPLY_HEADER, ReplyAddress
@@ -163,7 +163,7 @@ class PredictionClient:
         self._schema: Any = parse_schema(strip_logical_types(input_schema.normalized))
         self.schema_name = input_schema.name
         self._header = bytes([MAGIC]) + input_schema.schema_id.to_bytes(4, "big")
-        self._readers: dict[int, Any] = {}
+        self._decode = WireDecoder(source)
         self._ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
         self._pending: dict[str, _Pending] = {}
         self._deadlines: deque[tuple[float, str]] = deque()  # in submission order, hence in deadline order
@@ -348,21 +348,6 @@ class PredictionClient:
         partition = pending.partition if pending.partition is not None else -1
         offset = pending.offset if pending.offset is not None else -1
         _settle(pending.future, Prediction(_json_ready(record), partition, offset))
-
-    def _decode(self, value: bytes) -> dict[str, Any]:
-        if len(value) < 5 or value[0] != MAGIC:
-            raise ValueError("not in the Confluent wire format")
-        schema_id = int.from_bytes(value[1:5], "big")
-        reader = self._readers.get(schema_id)
-        if reader is None:
-            found = self._source.by_id(schema_id)
-            if found is None:
-                raise ValueError(f"schema id {schema_id} is unknown to {self._source.description}")
-            reader = self._readers[schema_id] = parse_schema(strip_logical_types(found.normalized))
-        record = schemaless_reader(BytesIO(value[5:]), reader, None)
-        if not isinstance(record, dict):
-            raise ValueError("the prediction is not a record")
-        return record
 
     def _expire(self, now: float) -> int:
         expired = []
