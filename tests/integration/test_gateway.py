@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,3 +173,42 @@ def test_a_worker_killed_mid_load_under_exactly_once_answers_every_caller_rightl
         assert workers[1].terminate() == 0
     finally:
         gateway.process.kill()
+
+
+def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tmp_path: Path) -> None:
+    """On a broker of its own (Tansu, stopped midway): SIGTERM with a caller waiting: that caller is answered
+    (here 504: no worker) before the gateway exits 0; /readyz 503 (and /healthz 200) once the brokers are gone."""
+    from stream.broker import start_tansu
+
+    broker = start_tansu()
+    gateway = None
+    try:
+        create_topics(broker.bootstrap, ["ready-in"], 1)
+        gateway = Gateway(broker.bootstrap, "ready-in", tmp_path / "gw.log", "--timeout-ms", "3000")
+        gateway.wait_ready()
+
+        async def one_caller_then_sigterm() -> list:
+            pending = asyncio.ensure_future(call_at_rate("127.0.0.1", gateway.port, events(1, seed=45), rate=1.0))
+            await asyncio.sleep(1.0)
+            gateway.process.proc.send_signal(15)
+            return await pending
+
+        [answer] = asyncio.run(one_caller_then_sigterm())
+        assert answer.status == 504 and answer.body["input_offset"] is not None, answer.body
+        assert 2.5 < answer.seconds < 6.0, "answered at its timeout, during the shutdown"
+        assert gateway.process.wait(30) == 0, gateway.process.output()[-2000:]
+        gateway.process.kill()
+
+        gateway = Gateway(broker.bootstrap, "ready-in", tmp_path / "gw-2.log")
+        gateway.wait_ready()
+        broker.stop()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and httpx.get(f"{gateway.url}/readyz", timeout=5).status_code == 200:
+            time.sleep(0.25)
+        readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
+        assert readyz.status_code == 503 and "brokers" in readyz.json()["why"]
+        assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200, "alive, not ready"
+    finally:
+        if gateway is not None:
+            gateway.process.kill()
+        broker.stop()
