@@ -186,6 +186,11 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     print(f"worker summary: {summary.line()}", flush=True)
     if args.summary_json is not None:
         args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+    if worker.close_abandoned:  # the client's destructor would wait for the close that never returned
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(summary.exit_code)
     return summary.exit_code
 
 

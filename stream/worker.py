@@ -55,6 +55,7 @@ __all__ = ["Worker", "WorkerSummary"]
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.1
+_CLOSE_FLOOR_S = 10.0  # the consumer's close gets at least this long, whatever the shutdown deadline left
 _STALL_STEP_S = 0.05
 _GAUGE_EVERY_S = 0.1
 _IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
@@ -105,6 +106,7 @@ class Worker:
             revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
             rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
         self._stop = threading.Event()
+        self.close_abandoned = False  # the consumer's close did not return in time (`_close_consumer`)
         self._failure: BaseException | None = None
         self._failure_lock = threading.Lock()
         # Made once the clients exist (`_connect`).
@@ -411,8 +413,28 @@ class Worker:
             self._stop.set()
             if self._intake is not None:
                 self._intake.close()  # before the consumer's close, which destroys the client it uses
+            self._close_consumer(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
+
+    def _close_consumer(self, consumer: Consumer, timeout_s: float) -> None:
+        """Leave the group (on_revoke finds nothing left to do), within ``timeout_s``: librdkafka's close has no
+        bound of its own, and was seen not to return when the group assigned the partitions during the close (a
+        --stop-at-end worker on an empty topic). Past the bound the worker goes on without it (its offsets were
+        committed above) and its process ends without running the client's destructor (``close_abandoned``)."""
+        errors: list[BaseException] = []
+
+        def close() -> None:
             try:
-                consumer.close()  # leaves the group; on_revoke finds nothing left to do
+                consumer.close()
             except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
-                log.warning("consumer close: %s", exc)
+                errors.append(exc)
+
+        closing = threading.Thread(target=close, name="consumer-close", daemon=True)
+        closing.start()
+        closing.join(timeout_s)
+        if closing.is_alive():
+            self.close_abandoned = True
+            log.warning("the consumer's close did not return within %.0f s; leaving the group to its session "
+                        "timeout (the offsets were committed before it)", timeout_s)
+        elif errors:
+            log.warning("consumer close: %s", errors[0])
 

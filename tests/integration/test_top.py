@@ -81,7 +81,7 @@ def row_of(text: str, replica: str) -> list[str]:
 
 def shown(text: str, replica: str) -> bool:
     row = row_of(text, replica)
-    return len(row) == 10 and row[1] == "ready" and row[2] not in ("", "-")
+    return len(row) == 12 and row[1] == "ready" and row[3] not in ("", "-")
 
 
 def test_top_shows_every_replica_and_ends_on_ctrl_c(pipeline: Pipeline) -> None:
@@ -95,9 +95,10 @@ def test_top_shows_every_replica_and_ends_on_ctrl_c(pipeline: Pipeline) -> None:
         pipeline.produce(20_000, seed=81)
         # Both rows, ready, with their rates once two refreshes have passed.
         text = term.wait_for(lambda t: all(shown(t, r) for r in replicas), 30)
-        assert row_of(text, "replica") == ["replica", "state", "in/s", "out/s", "lag", "batch", "p99 e2e",
-                                           "binds", "dead letters", "partitions"], text
-        assert sum(int(row_of(text, r)[-1]) for r in replicas) == 4, text  # the partitions between them
+        assert row_of(text, "replica") == ["replica", "state", "model", "in/s", "out/s", "lag", "batch",
+                                           "p99 e2e", "binds", "dead letters", "partitions", "mean output"], text
+        assert sum(int(row_of(text, r)[-2]) for r in replicas) == 4, text  # the partitions between them
+        assert all(row_of(text, r)[2] == "demo-fraud-mlp:1" for r in replicas), text
         workers[1].kill()
         text = term.wait_for(lambda t: row_of(t, replicas[1])[1:2] == ["down: Connection refused"], 15)
         assert row_of(text, replicas[0])[1] == "ready"

@@ -89,3 +89,28 @@ def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
     worker._tracker.assign([("in", 0)])
     worker._accept(records([0, 0], [10, 11]))
     assert worker._close_batch().offsets.tolist() == [10, 11]
+
+
+def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(worker: Worker,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Stuck:
+        def close(self) -> None:
+            release.wait(30)
+
+    class Failing:
+        def close(self) -> None:
+            raise RuntimeError("broker gone")
+
+    started = time.monotonic()
+    worker._close_consumer(Stuck(), 0.3)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2.0 and worker.close_abandoned
+    assert "the consumer's close did not return within" in caplog.text
+    release.set()
+    worker.close_abandoned = False
+    worker._close_consumer(Failing(), 5.0)  # type: ignore[arg-type]
+    assert not worker.close_abandoned and "consumer close: broker gone" in caplog.text
