@@ -314,16 +314,16 @@ class BatchProcessor:
         keys = records.keys if len(decoded) == len(records) else [records.keys[i] for i in decoded.index.tolist()]
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
+        reply_rows = np.flatnonzero(np.isin(decoded.index, list(replies))).tolist() if replies else []
         if not self._provenance_headers:
             # One buffer for the whole batch; the native producer takes it as is (no bytes object per record).
             joined, ends = self._encoder.encode_joined(
                 decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
                 batch_size=len(records), source=source)
             self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries)
-            if replies:
-                for j in np.flatnonzero(np.isin(decoded.index, list(replies))).tolist():
-                    start = int(ends[j - 1]) if j else 0
-                    copies.append((int(decoded.index[j]), bytes(joined[start:int(ends[j])]), []))
+            for j in reply_rows:
+                start = int(ends[j - 1]) if j else 0
+                copies.append((int(decoded.index[j]), bytes(joined[start:int(ends[j])]), []))
             return
         payloads = self._encoder.encode_batch(
             decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
@@ -336,9 +336,7 @@ class BatchProcessor:
                                          for p, o in zip(parts, row_offsets.tolist(), strict=True)]
         callbacks = [deliveries[p] for p in parts]
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
-        if replies:
-            for j in np.flatnonzero(np.isin(decoded.index, list(replies))).tolist():
-                copies.append((int(decoded.index[j]), payloads[j], []))
+        copies += [(int(decoded.index[j]), payloads[j], []) for j in reply_rows]
 
     def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord], replies: dict[int, tuple[ReplyAddress, bytes]],
                      copies: list[tuple[int, bytes | None, Headers]]) -> None:
@@ -362,8 +360,7 @@ class BatchProcessor:
             oversized = raw is not None and len(raw) > self.policy.max_input_bytes
             message = str(d.error)[:1000]
             hdrs: Headers = [
-                (HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % p),
-                (HEADER_OFFSET, b"%d" % int(batch.offsets[d.index])), (DLQ_STAGE, d.stage.encode()),
+                *self._provenance(p, int(batch.offsets[d.index])), (DLQ_STAGE, d.stage.encode()),
                 (DLQ_ERROR_CLASS, type(d.error).__name__.encode()), (DLQ_ERROR_REASON, d.reason.encode()),
                 (DLQ_ERROR_MESSAGE, message.encode("utf-8", "replace")),
                 (DLQ_VALUE_BYTES, b"%d" % (len(raw) if raw is not None else -1)),
@@ -392,12 +389,15 @@ class BatchProcessor:
         for topic, some in by_topic.items():
             headers: list[Headers | None] = []
             for row, _value, hdrs in some:
-                p = int(batch.partitions[row])
-                headers.append([(REPLY_HEADER, replies[row][1]), *(hdrs or [
-                    (HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % p),
-                    (HEADER_OFFSET, b"%d" % int(batch.offsets[row]))])])
+                provenance = hdrs or self._provenance(int(batch.partitions[row]), int(batch.offsets[row]))
+                headers.append([(REPLY_HEADER, replies[row][1]), *provenance])
             self._publisher.produce_many(
                 topic, [v for _, v, _ in some], [batch.records.keys[row] for row, _, _ in some], headers,
                 [batch.deliveries[int(batch.partitions[row])] for row, _, _ in some],
                 partitions=[replies[row][0].partition for row, _, _ in some])
         self._metrics.replies.labels("sent").inc(len(copies))
+
+    def _provenance(self, partition: int, offset: int) -> Headers:
+        """The ``stream.input.*`` headers naming one input record (a dead letter's, a reply copy's)."""
+        return [(HEADER_TOPIC, self._topic_header), (HEADER_PARTITION, b"%d" % partition),
+                (HEADER_OFFSET, b"%d" % offset)]

@@ -113,6 +113,7 @@ class Row:
     binds: str = ""  # the stage whose threads were busiest, and how busy: "prepare 93%"
     dead: float | None = None
     partitions: str = ""
+    assigned: int = 0  # the partitions it holds (summed by version_rows)
     version: str = ""  # the model's name:version (stream_model_info)
     mean_output: str = ""  # the mean of its first scalar output over the interval: "fraud_score 0.127"
 
@@ -131,7 +132,7 @@ def row(replica: str, before: Scrape | None, now: Scrape) -> Row:
     assigned, paused = now.total("stream_assigned_partitions"), now.total("stream_paused_partitions")
     out = Row(replica, state, lag=lag, dead=now.total("stream_dead_letters_total") or 0.0,
               partitions=f"{assigned or 0:.0f}" + (f" ({paused:.0f} paused)" if paused else ""),
-              version=model_version(now))
+              assigned=int(assigned or 0), version=model_version(now))
     if before is None or before.error is not None or now.at <= before.at:
         return out
     dt = now.at - before.at
@@ -187,6 +188,7 @@ def version_rows(rows: list[Row], befores: list[Scrape | None], nows: list[Scrap
     for version in versions:
         members = [i for i, r in enumerate(rows) if r.version == version]
         picked = [rows[i] for i in members]
+        held = sum(r.assigned for r in picked)
         before_buckets: dict[float, float] = {}
         now_buckets: dict[float, float] = {}
         for i in members:
@@ -204,7 +206,7 @@ def version_rows(rows: list[Row], befores: list[Scrape | None], nows: list[Scrap
         out.append(Row(f"{version} ({len(picked)})", "version", summed([r.in_rate for r in picked]),
                        summed([r.out_rate for r in picked]), summed([r.lag for r in picked]), None,
                        quantile(0.99, before_buckets, now_buckets), "", summed([r.dead for r in picked]),
-                       f"{sum(int(r.partitions.split()[0]) for r in picked if r.partitions):d}", version,
+                       str(held), held, version,
                        mean_output([befores[i] for i in members], [nows[i] for i in members])))
     return out
 

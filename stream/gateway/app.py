@@ -64,9 +64,13 @@ class GatewayMetrics:
         self.foreign.set_function(lambda: client.foreign_replies)
 
 
+def _respond(status: int, body: dict[str, Any]) -> JSONResponse:
+    """A failure's answer: a 503 says when to come back."""
+    return JSONResponse(body, status_code=status, headers={"Retry-After": "1"} if status == 503 else None)
+
+
 def _error(status: int, message: str, **more: Any) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse({"error": message, **more}, status_code=status, headers=headers)
+    return _respond(status, {"error": message, **more})
 
 
 def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -135,8 +139,7 @@ def build_app(client: PredictionClient, metrics: GatewayMetrics, max_body_bytes:
             result = results[0]
             if isinstance(result, Prediction):
                 return JSONResponse(result.record)
-            status, detail = _failure(result)
-            return JSONResponse(detail, status_code=status, headers={"Retry-After": "1"} if status == 503 else None)
+            return _respond(*_failure(result))
         items = [r.record if isinstance(r, Prediction) else dict(zip(("status", "error"), _failure(r), strict=True))
                  for r in results]
         return JSONResponse(items)

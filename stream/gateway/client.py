@@ -24,7 +24,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
@@ -37,6 +37,7 @@ from stream.codec.registry import SchemaSource, WireDecoder, WriterSchema
 from stream.errors import StreamError
 from stream.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
 from stream.replies import REPLY_HEADER, ReplyAddress
+from stream.verify import headers_of
 
 log = logging.getLogger(__name__)
 _NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -102,11 +103,8 @@ class Prediction:
 @dataclass
 class _Pending:
     future: Future[Prediction]
-    deadline: float
-    submitted: float
-    partition: int | None = None
+    partition: int | None = None  # where the event is in the input topic, once known
     offset: int | None = None
-    size: int = field(default=0)
 
 
 def _settle(future: Future[Prediction], result: Prediction | None = None,
@@ -234,7 +232,7 @@ class PredictionClient:
                 raise Overloaded(f"{len(self._pending)} requests are waiting for their predictions "
                                  f"(--max-pending {self.max_pending})")
             correlation = next(self._ids)
-            self._pending[correlation] = _Pending(future, now + self.timeout_s, now, size=len(value))
+            self._pending[correlation] = _Pending(future)
             self._deadlines.append((now + self.timeout_s, correlation))
         address = (self.address_prefix + correlation).encode()
         try:
@@ -320,7 +318,7 @@ class PredictionClient:
 
     def _reply(self, msg: Message) -> None:
         self.replies_read += 1
-        headers = {k: v for k, v in msg.headers() or [] if isinstance(v, bytes)}  # type: ignore[str-unpack]
+        headers = headers_of(msg)
         raw = headers.get(REPLY_HEADER)
         try:
             correlation = ReplyAddress.parse(raw).correlation_id if raw is not None else None
