@@ -1,9 +1,10 @@
 """``python -m stream.bench.gateway``: callers through the gateway against the pipeline's own latency, same run.
 
 One broker, one worker (``--batch-policy fixed``: batches closed by count or ``--max-wait-ms`` after their first
-record, so that batching shows), one gateway, and callers (`stream.bench.callers`: an open loop at a set rate,
-each event's ``ts_ms`` the time it is sent). A reader of the output topic (``read_committed``) times when each
-prediction becomes readable there. Per steady rate:
+record, so that batching shows), one gateway per event loop in ``--loops`` (each reading its own reply partition;
+the rates take turns between them, ``--rounds`` times, so the loops are compared in one run), and callers
+(`stream.bench.callers`: an open loop at a set rate, each event's ``ts_ms`` the time it is sent). A reader of the
+output topic (``read_committed``) times when each prediction becomes readable there. Per steady rate:
 
 * **HTTP**: from sending the request to having the answer, p50/p99;
 * **pipeline**: from sending the request to its prediction readable in the output topic (what a downstream
@@ -124,9 +125,10 @@ def burst_figures(answers: list[Answer], timeout_ms: float, rate: float) -> dict
 
 @contextmanager
 def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max_pending: int,
-             worker_extra: tuple[str, ...] = (), worker_env: dict[str, str] | None = None
-             ) -> Iterator[tuple[int, str]]:
-    """(the gateway's port, the output topic) of a worker and a gateway on topics of their own."""
+             worker_extra: tuple[str, ...] = (), worker_env: dict[str, str] | None = None,
+             loops: tuple[str, ...] = ("auto",)) -> Iterator[tuple[list[int], str]]:
+    """(the gateways' ports, one per event loop, and the output topic) of a worker and its gateways on topics of
+    their own."""
     procs: list[WorkerProcess] = []
     try:
         run = f"{tag}-{int(time.time())}"
@@ -138,13 +140,16 @@ def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max
              topics["output"], "--group-id", f"gw-{run}", "--model-dir", str(model_dir), "--batch-policy", "fixed",
              "--max-wait-ms", str(args.max_wait_ms), "--max-batch-size", str(args.max_batch_size),
              "--guarantee", args.guarantee, *worker_extra], work / f"worker-{tag}.log", worker_env))
-        port = free_port()
-        procs.append(WorkerProcess(
-            ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--port", str(port),
-             "--input-schema", EVENT_SCHEMA, "--timeout-ms", str(args.timeout_ms), "--max-pending",
-             str(max_pending)], work / f"gateway-{tag}.log", command="gateway"))
-        _wait_answering(port, procs, work)
-        yield port, topics["output"]
+        ports = [free_port() for _ in loops]
+        for i, (port, loop) in enumerate(zip(ports, loops, strict=True)):
+            procs.append(WorkerProcess(
+                ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--port", str(port),
+                 "--input-schema", EVENT_SCHEMA, "--timeout-ms", str(args.timeout_ms), "--max-pending",
+                 str(max_pending), "--loop", loop, "--reply-partition", str(i)],
+                work / f"gateway-{tag}-{i}.log", command="gateway"))
+        for port in ports:
+            _wait_answering(port, procs, work)
+        yield ports, topics["output"]
     finally:
         for p in procs:
             p.terminate(30)
@@ -175,22 +180,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "versions": versions(args.broker), "steady": []}
     broker = start_broker(args.broker)
     try:
-        with pipeline(broker.bootstrap, work, args, "steady", args.max_pending) as (port, output):
+        with pipeline(broker.bootstrap, work, args, "steady", args.max_pending,
+                      loops=tuple(args.loops)) as (ports, output):
             clock = ArrivalClock(broker.bootstrap, output)
             try:
-                asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))  # warm-up
-                for i, rate in enumerate(args.rates):
-                    events = demo_events(int(rate * args.seconds), seed=10 + i)
-                    print(f"bench-gateway: {len(events)} callers at {rate:,.0f}/s ...", flush=True)
-                    answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
-                    clock.wait_for({a.event["event_id"] for a in answers if a.status == 200}, 30.0)
-                    report["steady"].append(steady_figures(answers, clock.arrived, rate))
+                for port in ports:  # warm-up
+                    asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))
+                seed = 10
+                for r in range(args.rounds):
+                    for rate in args.rates:
+                        # Each round starts with the other loop, so neither always follows the same one.
+                        order = list(zip(ports, args.loops, strict=True))[::(-1) ** r]
+                        for port, loop in order:
+                            seed += 1
+                            events = demo_events(int(rate * args.seconds), seed=seed)
+                            print(f"bench-gateway: round {r + 1}, {len(events)} callers at {rate:,.0f}/s, "
+                                  f"gateway on {loop} ...", flush=True)
+                            answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
+                            clock.wait_for({a.event["event_id"] for a in answers if a.status == 200}, 30.0)
+                            report["steady"].append({"round": r + 1, "loop": loop,
+                                                     **steady_figures(answers, clock.arrived, rate)})
             finally:
                 clock.close()
         # The burst: a worker on a slower (simulated) device, so that it, not the gateway, is the bound.
         env = {"BENCH_SIM_MS_PER_RECORD": str(args.burst_device_ms_per_record)}
         with pipeline(broker.bootstrap, work, args, "burst", args.burst_max_pending,
-                      ("--model", "stream.bench.simulated:DelayedDemo"), env) as (port, _output):
+                      ("--model", "stream.bench.simulated:DelayedDemo"), env, (args.loops[0],)) as (ports, _):
+            port = ports[0]
             events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
             print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s, the worker's "
                   f"device taking {args.burst_device_ms_per_record} ms a record ...", flush=True)
@@ -211,10 +227,11 @@ def format_report(report: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    lines = ["| rate/s | requests | mean batch | HTTP p50 / p99 ms | pipeline p50 / p99 ms "
-             "| gateway's cost p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| round | loop | rate/s | requests | mean batch | HTTP p50 / p99 ms | pipeline p50 / p99 ms "
+             "| gateway's cost p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in report["steady"]:
-        lines.append(f"| {s['rate']:,.0f} | {s['requests']:,} {s['statuses']} | {ms(s['mean_batch_size'])} | "
+        lines.append(f"| {s.get('round', 1)} | {s.get('loop', 'asyncio')} | {s['rate']:,.0f} | "
+                     f"{s['requests']:,} {s['statuses']} | {ms(s['mean_batch_size'])} | "
                      f"{ms(s['http_ms']['p50'])} / {ms(s['http_ms']['p99'])} | {ms(s['pipeline_ms']['p50'])} / "
                      f"{ms(s['pipeline_ms']['p99'])} | {ms(s['gateway_cost_ms']['p50'])} / "
                      f"{ms(s['gateway_cost_ms']['p99'])} |")
@@ -232,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=lambda v: [float(r) for r in v.split(",")], default=[100.0, 400.0],
                         help="steady caller rates per second, comma-separated (100,400)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds at each steady rate (10)")
+    parser.add_argument("--loops", type=lambda v: v.split(","), default=["uvloop", "asyncio"],
+                        help="one gateway per event loop, the rates taking turns between them (uvloop,asyncio)")
+    parser.add_argument("--rounds", type=int, default=2, help="times each rate runs on each gateway (2)")
     parser.add_argument("--burst-rate", type=float, default=1500.0, help="callers per second in the burst (1500)")
     parser.add_argument("--burst-seconds", type=float, default=3.0)
     parser.add_argument("--burst-device-ms-per-record", type=float, default=2.0,
