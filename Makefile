@@ -25,7 +25,7 @@ help:
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 
-$(STAMP): pyproject.toml setup.py stream/_rdkafka.h stream/_nativeproduce.c stream/_nativeconsume.c stream/_nativecodec.c
+$(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -64,7 +64,7 @@ test: lint typecheck
 
 chaos: $(STAMP)
 	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \
-		tests/unit/test_decoder.py tests/unit/test_plan.py -k "fuzz or agree"
+		tests/unit/codec/test_decoder.py tests/unit/codec/test_plan.py -k "fuzz or agree"
 	$(PY) -m pytest -q -m long tests/chaos
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3 --nodes 3 --broker-faults 8 \
 		--results docs/results/chaos-$$(git rev-parse --short HEAD).json

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from producers.load import produce_events
 from stream.config import kafka_env_config
-from stream.native import unavailable as native_unavailable
+from stream.kafka.native import unavailable as native_unavailable
 
 
 def positive_int(text: str) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=positive_int, default=0, help="index of the first event")
     parser.add_argument("--no-native-producer", dest="native", action="store_false",
                         help="produce through confluent-kafka, one produce() call per event (default: the C producer "
-                             "of stream.native where it is built, one call per burst)")
+                             "of stream.kafka.native where it is built, one call per burst)")
     parser.add_argument("--pregenerate", action="store_true",
                         help="draw and frame every event before sending the first (about 200 bytes of memory an "
                              "event), so that a paced run only stamps and sends: for latency measurements on a "

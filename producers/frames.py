@@ -108,7 +108,7 @@ class EventFrames:
 
     def stamped_joined(self, start: int, stop: int, ts: bytes) -> tuple[bytes, np.ndarray]:
         """Values ``start:stop`` stamped as in `stamped`, back to back in one buffer, with each value's end offset
-        in it (the layout `stream.native.NativeProducer.produce` takes)."""
+        in it (the layout `stream.kafka.native.NativeProducer.produce` takes)."""
         if len(ts) != self.ts_len:
             raise ValueError(f"{len(ts)}-byte timestamp for a {self.ts_len}-byte slot")
         if stop <= start:

@@ -15,11 +15,11 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from producers.events import generate_events
 from producers.frames import EventFrames
-from stream.client_logs import client_logger
 from stream.codec import RegisteredSchema, SchemaRegistry, avro_long, decode
+from stream.kafka.client_logs import client_logger
+from stream.kafka.native import NativeProducer
+from stream.kafka.native import unavailable as native_unavailable
 from stream.models.demo import EVENT_SCHEMA
-from stream.native import NativeProducer
-from stream.native import unavailable as native_unavailable
 
 BLOCK = 5_000
 _BURST = 500  # events per timestamp: a burst is handed over in well under a millisecond
@@ -105,7 +105,7 @@ class _ClientSender:
 
 
 class _NativeSender:
-    """Through the C producer of `stream.native`: a burst is one ``rd_kafka_produce_batch()`` call and one
+    """Through the C producer of `stream.kafka.native`: a burst is one ``rd_kafka_produce_batch()`` call and one
     delivery slot, so producing costs a fraction of the CPU a produce() call per event does (a load generator
     that shares the machine with the broker and the worker takes less from them). Delivery latency is timed
     per burst, from its hand-over to the report that completes it."""
@@ -186,7 +186,7 @@ def produce_events(
 
     Each event's ``ts_ms`` is stamped when it is handed to the producer. Setting ``stop`` ends the run
     early: the summary then reports what was sent (events ``start .. start+requested-1``). ``native`` sends
-    through the C producer of `stream.native` (RuntimeError where it is unavailable): delivery latency is then
+    through the C producer of `stream.kafka.native` (RuntimeError where it is unavailable): delivery latency is then
     timed per burst of events rather than per event. ``pregenerate`` draws and frames every event before the
     first is sent (memory: about 200 bytes an event until it is sent), so that the paced run only stamps and
     sends: a load generator that shares the machine with what it measures then takes as little of it as it can.

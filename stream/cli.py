@@ -175,7 +175,7 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     _setup_logging(settings.log_level)
     threshold = mmap_threshold(settings.model, settings.malloc_mmap_threshold_kib)
     log.debug("glibc malloc tuned (mmap threshold %d bytes): %s", threshold, tune_malloc(threshold=threshold))
-    from stream.worker import Worker
+    from stream.pipeline.worker import Worker
 
     worker = Worker(settings)
     worker.install_signal_handlers()
@@ -196,7 +196,7 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
 
 def _foreground(server: Any, started: str) -> int:
     """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1); the
-    server is stopped by PID either way. (A cluster: `stream.cluster_supervisor.run_foreground`.)"""
+    server is stopped by PID either way. (A cluster: `stream.local.cluster_supervisor.run_foreground`.)"""
     print(started, flush=True)
     stopping = False
 
@@ -216,21 +216,21 @@ def _foreground(server: Any, started: str) -> int:
 
 def run_broker(args: argparse.Namespace) -> int:
     _setup_logging()
-    from stream.broker import start_broker
+    from stream.local.broker import start_broker
 
     if args.restart_delay_s < 0:
         raise StreamError(f"--restart-delay-s must be 0 or more, not {args.restart_delay_s}")
     if args.nodes > 1 or args.sasl:
         if args.kind != "kafka" or args.port is not None:
             raise StreamError("--nodes N and --sasl: Apache Kafka only (--kind kafka), on free ports (no --port)")
-        from stream.broker import start_kafka_cluster
+        from stream.local.broker import start_kafka_cluster
 
         cluster = start_kafka_cluster(args.nodes, sasl=args.sasl)
         pids = " ".join(f"{n.node_id}:{n.pid}" for n in cluster.nodes)
         if cluster.security is not None:  # the admin's settings, for the operator who started it
             print("\n".join(f"export {k}={v}" for k, v in cluster.security.env(
                 "admin", cluster.security.admin_password).items()), flush=True)
-        from stream.cluster_supervisor import run_foreground
+        from stream.local.cluster_supervisor import run_foreground
 
         return run_foreground(cluster, f"kafka cluster of {args.nodes} node{'s' if args.nodes > 1 else ''} "
                                        f"(node:pid {pids}) bootstrap={cluster.bootstrap}"
@@ -244,7 +244,7 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def run_broker_node(args: argparse.Namespace) -> int:
-    from stream.cluster_supervisor import find_cluster, format_status, request
+    from stream.local.cluster_supervisor import find_cluster, format_status, request
 
     status_path = find_cluster(args.cluster)
     if args.action == "status":
@@ -259,14 +259,14 @@ def run_broker_node(args: argparse.Namespace) -> int:
 
 def run_registry(args: argparse.Namespace) -> int:
     _setup_logging()
-    from stream.registry_server import start_registry
+    from stream.local.registry_server import start_registry
 
     registry = start_registry(args.port)
     return _foreground(registry, f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")
 
 
 def run_topics(args: argparse.Namespace) -> int:
-    from stream.topics import create_topics
+    from stream.kafka.topics import create_topics
 
     status = create_topics(args.bootstrap_servers, args.topics, args.partitions,
                            replication_factor=args.replication_factor)
@@ -289,7 +289,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
-    from stream.demo import run_demo as demo
+    from stream.local.demo import run_demo as demo
 
     return demo(broker_kind=args.broker, events=args.events, workers=args.workers, partitions=args.partitions,
                 bootstrap=args.bootstrap_servers, model=args.model)
@@ -549,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
     gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
     gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
-    from stream import compare, gateway
+    from stream import gateway
+    from stream.ops import compare
 
     gateway.add_parser(sub)
     compare.add_parser(sub)
@@ -568,13 +569,13 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from stream import compare
+    from stream.ops import compare
 
     return compare.run(args)
 
 
 def run_top(args: argparse.Namespace) -> int:
-    from stream.top import run
+    from stream.ops.top import run
 
     if args.interval <= 0:
         raise ConfigError(f"--interval must be positive, not {args.interval}")

@@ -92,6 +92,11 @@ def default_prepare_threads(cores: int | None = None) -> int:
     return max(1, min(4, cores // 2))
 
 
+
+def default_reply_topic(input_topic: str) -> str:
+    """The reply topic the worker answers and the gateway reads unless told otherwise."""
+    return f"{input_topic}.replies"
+
 class WorkerSettings(BaseSettings):
     """Everything the worker needs; invalid combinations fail before any connection is made."""
 
@@ -208,13 +213,13 @@ class WorkerSettings(BaseSettings):
                     "record at or after it")
     native_producer: bool = Field(
         default=True,
-        description="publish predictions through the C extension stream._nativeproduce (one librdkafka call per "
+        description="publish predictions through the C extension stream.kafka._nativeproduce (one librdkafka call per "
                     "batch; at-least-once: a client of its own counting delivery reports in C; exactly-once: on "
                     "the transactional producer's handle) where it is built; not with provenance headers: dead "
                     "letters and headers use confluent-kafka")
     native_consumer: bool = Field(
         default=True,
-        description="take input records through the C extension stream._nativeconsume (whole batches from "
+        description="take input records through the C extension stream.kafka._nativeconsume (whole batches from "
                     "librdkafka into one buffer, no Message object per record) where it is built; the "
                     "confluent-kafka consumer keeps the group, commits, seeks and callbacks")
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
@@ -242,8 +247,6 @@ class WorkerSettings(BaseSettings):
 
     @property
     def reply_topic_set(self) -> frozenset[str]:
-        from stream.replies import default_reply_topic
-
         if self.shadow:
             return frozenset()
         if self.reply_topics is None:

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stream.children import die_with_parent
-from stream.topics import admin
+from stream.kafka.topics import admin
+from stream.local.children import die_with_parent
 
 
 def wait(condition: Any, timeout_s: float, what: str) -> float:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import LocalCluster, kafka_available, start_kafka, start_kafka_cluster, start_tansu
+from stream.local.broker import LocalCluster, kafka_available, start_kafka, start_kafka_cluster, start_tansu
+from stream.local.registry_server import LocalRegistry, start_registry
 from stream.models.train_demo import train
-from stream.registry_server import LocalRegistry, start_registry
 from tests.containers import (
     broker_choice,
     engine_available,

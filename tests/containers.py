@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stream.broker import KAFKA_VERSION, free_port
-from stream.registry_server import REGISTRY_API, REGISTRY_VERSION
+from stream.local.broker import KAFKA_VERSION, free_port
+from stream.local.registry_server import REGISTRY_API, REGISTRY_VERSION
 
 Choice = Literal["external", "kafka", "tansu", "container", "unavailable"]
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
@@ -111,7 +111,7 @@ def kafka_container_env(host_port: int) -> dict[str, str]:
 def start_kafka_container(timeout_s: float = 120.0) -> Started:
     from testcontainers.core.container import DockerContainer
 
-    from stream.topics import wait_ready
+    from stream.kafka.topics import wait_ready
 
     port = free_port()
     container = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, port).with_envs(**kafka_container_env(port))

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from producers.events import generate_events
-from stream.broker import free_port
-from stream.children import WorkerProcess
+from stream.local.broker import free_port
+from stream.local.children import WorkerProcess
 from stream.models.demo import EVENT_SCHEMA, DemoFraudHandler
 
 

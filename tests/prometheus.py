@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from stream.broker import LocalProcess, cache_dir, free_port
-from stream.children import die_with_parent
 from stream.errors import BrokerError
+from stream.local.broker import LocalProcess, cache_dir, free_port
+from stream.local.children import die_with_parent
 
 PACKAGE = "prometheus"
 

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="write the drains here as JSON")
     parser.add_argument("worker_args", nargs="*", help="extra worker flags for both (after --)")
     args = parser.parse_args(argv)
-    from stream.broker import start_kafka
+    from stream.local.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 
     work = Path(tempfile.mkdtemp(prefix="stream-ab-"))

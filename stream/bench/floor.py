@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream.broker import BrokerKind, start_broker
-from stream.children import die_with_parent
 from stream.config import WorkerSettings
-from stream.kafka_config import KafkaHeap
-from stream.topics import create_topics, partitions_of
+from stream.kafka.topics import create_topics, partitions_of
+from stream.local.broker import BrokerKind, start_broker
+from stream.local.children import die_with_parent
+from stream.local.kafka_node import KafkaHeap
 
 PARTITIONS = 8  # as the benchmark's topics
 

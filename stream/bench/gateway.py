@@ -37,12 +37,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from producers.events import generate_events
 from stream.bench.callers import Answer, call_at_rate
-from stream.broker import free_port, start_broker
-from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode
+from stream.kafka.topics import create_topics
+from stream.local.broker import free_port, start_broker
+from stream.local.children import WorkerProcess
 from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
 from stream.models.train_demo import ensure_trained
-from stream.topics import create_topics
 
 PARTITIONS = 4
 

@@ -22,7 +22,7 @@ from fastavro import parse_schema, schemaless_writer
 
 from stream.codec.columns import normalize, reader_columns
 from stream.codec.encoder import derive_schema
-from stream.inputs import InputSpec, OutputSpec
+from stream.models import InputSpec, OutputSpec
 
 SCALARS = [("temp", "double"), ("humidity", "double"), ("pressure", "double"), ("wind", "double"),
            ("volt", "float"), ("amp", "float"), ("load", "float"), ("count", "long"), ("uptime_s", "long"),

@@ -31,11 +31,11 @@ from safetensors.torch import save_file
 
 from producers.events import N_FEATURES, generate_events
 from stream.bench.runner import Bench, BenchConfig, versions
-from stream.broker import BrokerKind, start_broker
 from stream.errors import ConfigError
-from stream.inference import InferenceEngine
-from stream.kafka_config import KafkaHeap
+from stream.local.broker import BrokerKind, start_broker
+from stream.local.kafka_node import KafkaHeap
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE, DemoFraudHandler, FraudMLP
+from stream.pipeline.inference import InferenceEngine
 
 
 @dataclass

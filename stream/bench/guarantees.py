@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--latency-loads: not a comma-separated list of numbers: {args.latency_loads!r}")
     if any(not 0 < x <= 1 for x in loads) or args.latency_seconds <= 0 or (args.capacity or 1) <= 0:
         parser.error("--latency-loads must be in (0, 1], --latency-seconds and --capacity positive")
-    from stream.broker import start_kafka
-    from stream.kafka_config import KafkaHeap
+    from stream.local.broker import start_kafka
+    from stream.local.kafka_node import KafkaHeap
     from stream.models.demo import DEFAULT_MODEL_DIR
     from stream.models.train_demo import ensure_trained
 

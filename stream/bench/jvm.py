@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from stream.broker import KAFKA_VERSION, SLF4J_VERSION, cache_dir
 from stream.errors import BrokerError
+from stream.local.broker import KAFKA_VERSION, SLF4J_VERSION, cache_dir
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "jvm"

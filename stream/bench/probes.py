@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, TopicPartition
 
-from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode
-from stream.topics import partitions_of
-from stream.verify import headers_of, input_source
+from stream.kafka.topics import partitions_of
+from stream.local.children import WorkerProcess
+from stream.ops.verify import headers_of, input_source
 
 
 class CpuSampler:

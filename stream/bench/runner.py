@@ -38,13 +38,13 @@ from stream.bench.probes import (
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
 from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
 from stream.bench.text import TextBenchConfig, run_text_bench
-from stream.broker import BrokerKind, free_port, start_broker
-from stream.children import WorkerProcess, die_with_parent
 from stream.config import WorkerSettings
-from stream.kafka_config import KafkaHeap
+from stream.kafka.topics import create_topics
+from stream.local.broker import BrokerKind, free_port, start_broker
+from stream.local.children import WorkerProcess, die_with_parent
+from stream.local.kafka_node import KafkaHeap
 from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
-from stream.topics import create_topics
 
 PARTITIONS = 8
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
@@ -434,7 +434,7 @@ def versions(broker: str) -> dict[str, str]:
     import confluent_kafka
     import torch
 
-    from stream.broker import KAFKA_VERSION
+    from stream.local.broker import KAFKA_VERSION
 
     if broker == "kafka":
         broker_version = f"Apache Kafka {KAFKA_VERSION}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream.topics import partitions_of
+from stream.kafka.topics import partitions_of
 
 
 def read_receipts(bootstrap: str, topic: str, count: int, isolation: str, fetch_wait_ms: int, poll_ms: float,

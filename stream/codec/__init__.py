@@ -4,7 +4,10 @@ The worker decodes input of any schema with `stream.codec.decoder` (field plans,
 sources, `stream.codec.registry`) and writes predictions with `stream.codec.encoder`. This module keeps the wire
 format, the local schema folder (``schemas/registry.json``), one-record `encode`/`decode` (tests, the verifier, slow
 paths) and the Avro primitives the encoders share. The load generator's framing of demo events is in
-`producers.frames`.
+`producers.frames`. The C decoder and encoder are `_nativecodec.c`.
+
+Layer: imports `stream.errors`, `stream.config`, `stream.models` (the output types) and `stream.kafka` (a consumed
+batch); ops, the pipeline, the local launchers and the gateway import it.
 """
 
 from __future__ import annotations

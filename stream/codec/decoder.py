@@ -24,10 +24,10 @@ from stream.codec.program import Program, flatten, run_native
 from stream.codec.reference import decode_columns
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import DecodeError
-from stream.records import Records
+from stream.kafka.records import Records
 
 try:
-    from stream import _nativecodec
+    from stream.codec import _nativecodec
 except ImportError:  # not compiled: the reference decoder does the same work, record by record
     _nativecodec = None  # type: ignore[assignment]
 

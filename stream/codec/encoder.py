@@ -29,10 +29,10 @@ from stream.codec import HEADER_SIZE, InputSource, avro_long, avro_string, utf8_
 from stream.codec.columns import Column, Columns, ColumnSpec, type_name
 from stream.codec.registry import WriterSchema
 from stream.errors import ConfigError
-from stream.inputs import OutputSpec
+from stream.models.spec import OutputSpec
 
 try:
-    from stream import _nativecodec
+    from stream.codec import _nativecodec
 except ImportError:
     _nativecodec = None  # type: ignore[assignment]
 
@@ -41,7 +41,7 @@ LINEAGE: dict[str, str] = {
     "input_topic": "string", "input_partition": "int", "input_offset": "long",
 }
 SOURCE_FIELDS = ("input_topic", "input_partition", "input_offset")
-# Operations of the C encoder (stream/_nativecodec.c, encode_rows)
+# Operations of the C encoder (stream/codec/_nativecodec.c, encode_rows)
 EN_CONST, EN_LONG, EN_INT, EN_FLOAT, EN_DOUBLE, EN_BOOL, EN_BYTES, EN_REALS, EN_LONGS, EN_INTS, EN_NULLABLE = range(11)
 _SCALAR_OP = {"long": EN_LONG, "int": EN_INT, "float": EN_FLOAT, "double": EN_DOUBLE, "boolean": EN_BOOL}
 _DTYPE = {"long": np.int64, "int": np.int32, "float": np.float32, "double": np.float64, "boolean": np.uint8}

@@ -1,4 +1,4 @@
-"""A field plan flattened into an int32 program for the C interpreter (stream/_nativecodec.c, ``run_plan``),
+"""A field plan flattened into an int32 program for the C interpreter (stream/codec/_nativecodec.c, ``run_plan``),
 and the call that runs it over a batch into columns."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class _Layout:
 
 @dataclass(frozen=True)
 class Program:
-    """A plan flattened for the C interpreter (stream/_nativecodec.c, ``run_plan``)."""
+    """A plan flattened for the C interpreter (stream/codec/_nativecodec.c, ``run_plan``)."""
 
     code: np.ndarray  # int32
     defaults: list[bytes | None]  # the reader's default values, as their columns store them

@@ -1,5 +1,5 @@
 """The reference decoder: a field plan run record by record in Python, into columns. The C interpreter
-(`stream.codec.program`, stream/_nativecodec.c) must give the same answers; the tests hold the two, and fastavro,
+(`stream.codec.program`, stream/codec/_nativecodec.c) must give the same answers; the tests hold the two, and fastavro,
 to that, and the worker uses this one where the extension is not built."""
 
 from __future__ import annotations

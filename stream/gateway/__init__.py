@@ -2,11 +2,14 @@
 
 Each request becomes a record of the input topic (the durable queue the workers batch from) with a reply address;
 the worker that predicts it publishes a copy of the prediction to this gateway's reply partition, where the
-gateway picks it up and answers (`stream.replies`, `stream.gateway.client`, `stream.gateway.app`).
+gateway picks it up and answers (`stream.kafka.replies`, `stream.gateway.client`, `stream.gateway.app`).
 
 Why Starlette on uvicorn: an asyncio server holds thousands of waiting callers on one thread (each waits on a
 future the client's reply thread settles), both are small, maintained and typed, and neither brings a framework
 the worker does not need (FastAPI's request models would duplicate the Avro schema, which is the contract here).
+
+Layer: imports `stream.errors`, `stream.config`, `stream.kafka`, `stream.codec` and `stream.ops`, never the
+pipeline (a gateway runs without torch); only the commands import it.
 """
 
 from __future__ import annotations
@@ -70,11 +73,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from stream.codec.registry import open_source
-    from stream.config import kafka_admin_env_config, kafka_env_config
+    from stream.config import default_reply_topic, kafka_admin_env_config, kafka_env_config
     from stream.gateway.app import GatewayMetrics, build_app
     from stream.gateway.client import PredictionClient
-    from stream.replies import default_reply_topic
-    from stream.topics import create_topics, partitions_of
+    from stream.kafka.topics import create_topics, partitions_of
 
     reply_topic = args.reply_topic or default_reply_topic(args.input_topic)
     consumer_env, producer_env = kafka_env_config(os.environ)

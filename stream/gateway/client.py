@@ -1,7 +1,7 @@
 """The caller's side of the durable queue: ``submit(event) -> Future`` of its prediction.
 
 `PredictionClient` encodes an event with the input schema (validated first: a refused event never reaches the
-topic), produces it to the input topic with a reply address (`stream.replies`: this client's reply topic and
+topic), produces it to the input topic with a reply address (`stream.kafka.replies`: this client's reply topic and
 partition, and a correlation id), and reads its reply partition, and only that one, from the end it had at
 start: each reply settles the future of its correlation id with the prediction record (a dict, as the output
 schema decodes it) or with `DeadLettered`. A future not settled within ``timeout_s`` of its submission fails with
@@ -35,9 +35,9 @@ from fastavro.validation import ValidationError, validate
 from stream.codec import MAGIC, strip_logical_types
 from stream.codec.registry import SchemaSource, WireDecoder, WriterSchema
 from stream.errors import StreamError
-from stream.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
-from stream.replies import REPLY_HEADER, ReplyAddress
-from stream.verify import headers_of
+from stream.kafka.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
+from stream.kafka.replies import REPLY_HEADER, ReplyAddress
+from stream.ops.verify import headers_of
 
 log = logging.getLogger(__name__)
 _NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from stream.errors import UnrecoverableModelError
-from stream.inputs import InputSpec, OutputSpec
+from stream.models.spec import InputSpec, OutputSpec
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
 EVENT_SCHEMA = "stream.demo.FraudEvent"  # the demo's schemas, in the repository's schemas/ folder

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.inputs import NUMERIC_DTYPES, InputSpec, OutputSpec
+from stream.models.spec import NUMERIC_DTYPES, InputSpec, OutputSpec
 
 METADATA = "stream.json"
 _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32", torch.int64: "int64",

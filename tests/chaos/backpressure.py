@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producers.load import produce_events
-from stream.children import WorkerProcess
-from stream.topics import create_topics
+from stream.kafka.topics import create_topics
+from stream.local.children import WorkerProcess
 
 
 def rss_mb(pid: int) -> float:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap-servers", default=None, help="default: start a local Apache Kafka")
     parser.add_argument("--seconds", type=float, default=40.0)
     args = parser.parse_args(argv)
-    from stream.broker import start_kafka
+    from stream.local.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 
     model_dir = ensure_trained(Path(tempfile.mkdtemp(prefix="bp-model-")))

@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stream.broker import LocalCluster
-from stream.topics import admin
+from stream.kafka.topics import admin
+from stream.local.broker import LocalCluster
 
 BROKER_KINDS = ("leader-kill", "controller-kill", "rolling-restart", "broker-pause")
 KINDS = (*BROKER_KINDS, "worker-netcut")

@@ -23,9 +23,9 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from producers.events import generate_events
-from stream.children import WorkerProcess
-from stream.topics import committed_offsets, end_offsets
-from stream.verify import check_committed
+from stream.kafka.topics import committed_offsets, end_offsets
+from stream.local.children import WorkerProcess
+from stream.ops.verify import check_committed
 from tests.chaos.verifier import Verifier, hanging_transactions
 from tests.cluster_cli import ClusterCommand, wait
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
-from stream.topics import committed_offsets, create_topics, end_offsets
-from stream.verify import check_committed
+from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.ops.verify import check_committed
 from tests.chaos.runner import ChaosConfig, Fleet
 from tests.chaos.verifier import Verifier, hanging_transactions
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     # and kill the replicas and stop the broker: a replica left frozen would outlive the run.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from stream.broker import start_kafka
+    from stream.local.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 
     model_dir = ensure_trained(Path(tempfile.mkdtemp(prefix="freeze-model-")))

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
-from stream.broker import LocalCluster
-from stream.children import WorkerProcess
-from stream.client_logs import client_logger
-from stream.faults import PHASES
-from stream.topics import committed_offsets, create_topics, end_offsets
-from stream.verify import check_committed
+from stream.kafka.client_logs import client_logger
+from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.local.broker import LocalCluster
+from stream.local.children import WorkerProcess
+from stream.ops.verify import check_committed
+from stream.pipeline.faults import PHASES
 from tests.chaos.broker_faults import BROKER_KINDS, Fault, FaultPlan, inject, measure_recovery, recovery_table
 from tests.chaos.netcut import Bridge, isolated, netns_available
 from tests.chaos.verifier import Verifier, hanging_transactions, uncommitted_extra
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # SIGTERM unwinds through the finally blocks (a frozen replica is thawed, the broker stopped).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    from stream.broker import start_kafka_cluster
+    from stream.local.broker import start_kafka_cluster
     from stream.models.train_demo import ensure_trained
 
     with_faults = args.broker_faults > 0 and args.bootstrap_servers is None and args.nodes >= 3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import LocalCluster
+from stream.local.broker import LocalCluster
 from tests.chaos.broker_faults import under_replicated
 from tests.chaos.netcut import netns_available
 from tests.chaos.runner import ChaosConfig, run_chaos

@@ -13,8 +13,8 @@ import pytest
 
 from producers.events import generate_events
 from producers.load import produce_events
-from stream.topics import committed_offsets, create_topics, end_offsets
-from stream.verify import check_committed
+from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.ops.verify import check_committed
 from tests.chaos.freeze import FreezeConfig, run_freeze_thaw
 from tests.chaos.runner import ChaosConfig, Fleet, run_chaos
 from tests.chaos.verifier import Verifier, hanging_transactions

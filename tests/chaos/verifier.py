@@ -10,8 +10,8 @@ from collections import defaultdict
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from stream.topics import admin, end_offsets, partitions_of
-from stream.verify import headers_of, input_source
+from stream.kafka.topics import admin, end_offsets, partitions_of
+from stream.ops.verify import headers_of, input_source
 
 
 class Verifier:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from producers.events import generate_events
 from producers.load import produce_events
-from stream.children import WorkerProcess
-from stream.topics import committed_offsets, create_topics, end_offsets
-from stream.verify import OutputReader, check_committed
+from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.local.children import WorkerProcess
+from stream.ops.verify import OutputReader, check_committed
 from tests.conftest import BrokerInfo
 
 PARTITIONS = 4

@@ -171,8 +171,8 @@ def test_broker_floor_times_every_record_after_the_warm_up(broker: BrokerInfo) -
 
 
 def test_benchmark_broker_heap_reaches_the_jvm() -> None:
-    from stream.broker import kafka_available, start_kafka
-    from stream.kafka_config import KafkaHeap
+    from stream.local.broker import kafka_available, start_kafka
+    from stream.local.kafka_node import KafkaHeap
 
     if not kafka_available():
         pytest.skip("Apache Kafka unavailable (needs java and mvn)")

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import ConfigResource
 
-from stream.broker import LocalCluster
-from stream.topics import admin, create_topics
+from stream.kafka.topics import admin, create_topics
+from stream.local.broker import LocalCluster
 from tests.cluster_cli import partition_replicas, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

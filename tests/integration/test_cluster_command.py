@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from stream.broker import kafka_available
-from stream.topics import admin, create_topics
+from stream.kafka.topics import admin, create_topics
+from stream.local.broker import kafka_available
 from tests.cluster_cli import ClusterCommand, gone, partition_replicas, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

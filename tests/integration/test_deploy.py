@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 import yaml
 
-from stream.broker import KAFKA_VERSION
 from stream.config import WorkerSettings
-from stream.registry_server import REGISTRY_VERSION
+from stream.local.broker import KAFKA_VERSION
+from stream.local.registry_server import REGISTRY_VERSION
 from tests.go_modules import COMPOSE_GO, KEDA, module_dir
 from tests.prometheus import promtool
 

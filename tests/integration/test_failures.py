@@ -13,14 +13,14 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from producers.events import generate_events
-from stream.broker import free_port
-from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode, encode
+from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
+from stream.kafka.topics import committed_offsets, end_offsets
+from stream.local.broker import free_port
+from stream.local.children import WorkerProcess
 from stream.models.demo import EVENT_SCHEMA
-from stream.processing import DLQ_ERROR_REASON, DLQ_STAGE
-from stream.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
-from stream.topics import committed_offsets, end_offsets
-from stream.verify import check_committed, input_source
+from stream.ops.verify import check_committed, input_source
+from stream.pipeline.processing import DLQ_ERROR_REASON, DLQ_STAGE
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
@@ -233,9 +233,9 @@ def test_an_unreachable_broker_stops_the_worker_within_a_bound(model_dir: Path, 
     """A private broker (not the session one) disappears while predictions are in flight: the worker must
     exit 1 on its own, within a bound, naming the failure; it must neither hang nor skip."""
     from producers.load import produce_events
-    from stream.broker import start_tansu
-    from stream.children import WorkerProcess
-    from stream.topics import create_topics
+    from stream.kafka.topics import create_topics
+    from stream.local.broker import start_tansu
+    from stream.local.children import WorkerProcess
 
     private = start_tansu()
     try:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from stream.bench.callers import call_at_rate
-from stream.topics import create_topics
-from stream.verify import OutputReader
+from stream.kafka.topics import create_topics
+from stream.ops.verify import OutputReader
 from tests.conftest import BrokerInfo
 from tests.gateway_cli import Gateway, events, expected_scores
 from tests.integration.harness import Pipeline, wait_for_assignment
@@ -178,7 +178,7 @@ def test_a_worker_killed_mid_load_under_exactly_once_answers_every_caller_rightl
 def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tmp_path: Path) -> None:
     """On a broker of its own (Tansu, stopped midway): SIGTERM with a caller waiting: that caller is answered
     (here 504: no worker) before the gateway exits 0; /readyz 503 (and /healthz 200) once the brokers are gone."""
-    from stream.broker import start_tansu
+    from stream.local.broker import start_tansu
 
     broker = start_tansu()
     gateway = None
@@ -208,6 +208,8 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
         readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
         assert readyz.status_code == 503 and "brokers" in readyz.json()["why"]
         assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200, "alive, not ready"
+        for typo in ("/", "/readz", "/heathz", "/v1/predicts"):  # a mistyped probe fails instead of passing
+            assert httpx.get(f"{gateway.url}{typo}", timeout=5).status_code == 404, typo
     finally:
         if gateway is not None:
             gateway.process.kill()

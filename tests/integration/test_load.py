@@ -12,9 +12,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from producers.events import generate_events
 from producers.load import BLOCK, produce_events
-from stream import native
 from stream.codec import SchemaRegistry, decode
-from stream.topics import create_topics
+from stream.kafka import native
+from stream.kafka.topics import create_topics
 from tests.conftest import BrokerInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

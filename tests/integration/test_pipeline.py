@@ -10,10 +10,10 @@ import urllib.request
 import pytest
 
 from producers.events import generate_events
-from stream import native as stream_native
-from stream.broker import free_port
-from stream.children import WorkerProcess
 from stream.codec import SchemaRegistry, decode
+from stream.kafka import native as stream_native
+from stream.local.broker import free_port
+from stream.local.children import WorkerProcess
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import Producer
 
 from producers.events import generate_events
-from stream.broker import free_port
 from stream.codec import SchemaRegistry, encode
+from stream.local.broker import free_port
 from stream.models.demo import EVENT_SCHEMA
 from tests.handlers import bad_values
 from tests.integration.harness import Pipeline, wait_for_assignment

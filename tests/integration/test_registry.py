@@ -13,12 +13,12 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_writer
 
-from stream.broker import free_port
 from stream.codec.columns import reader_columns
 from stream.codec.plan import resolve
 from stream.codec.reference import decode_columns
 from stream.codec.registry import HttpRegistry, RegistryUnavailable, subject_name
 from stream.errors import ConfigError
+from stream.local.broker import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from producers.load import produce_events
-from stream.broker import free_port
-from stream.children import WorkerProcess
+from stream.kafka.topics import create_topics
+from stream.local.broker import free_port
+from stream.local.children import WorkerProcess
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE
-from stream.topics import create_topics
-from stream.verify import OutputReader
+from stream.ops.verify import OutputReader
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 
 

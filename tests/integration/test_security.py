@@ -25,12 +25,12 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from producers.events import generate_events
-from stream.access import required
-from stream.broker import LocalCluster, kafka_available, start_kafka_cluster
-from stream.children import WorkerProcess
 from stream.config import WorkerSettings
-from stream.topics import admin, committed_offsets, create_topics, end_offsets
-from stream.verify import OutputReader, check_committed
+from stream.kafka.access import required
+from stream.kafka.topics import admin, committed_offsets, create_topics, end_offsets
+from stream.local.broker import LocalCluster, kafka_available, start_kafka_cluster
+from stream.local.children import WorkerProcess
+from stream.ops.verify import OutputReader, check_committed
 from tests.handlers import bad_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

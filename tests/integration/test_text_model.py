@@ -19,10 +19,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from producers.texts import generate_texts
 from stream.bench.probes import scrape
-from stream.broker import free_port
+from stream.kafka.publish import HEADER_OFFSET
+from stream.local.broker import free_port
 from stream.models.minilm import PACKAGE, PACKAGE_ZIP, MiniLMHandler
-from stream.processing import DLQ_ERROR_REASON
-from stream.publish import HEADER_OFFSET
+from stream.pipeline.processing import DLQ_ERROR_REASON
 from tests.integration.harness import Pipeline, wait_for_assignment
 from tests.integration.test_your_schema import read
 

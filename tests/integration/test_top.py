@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pyte
 import pytest
 
-from stream.broker import free_port
+from stream.local.broker import free_port
 from tests.integration.harness import Pipeline, wait_for_assignment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import free_port
-from stream.children import WorkerProcess
+from stream.local.broker import free_port
+from stream.local.children import WorkerProcess
 from tests.probes import get as probe
 
 pytestmark = pytest.mark.integration
@@ -49,9 +49,9 @@ def test_unreachable_brokers_at_start_up_are_reported_once_and_retried_until_sto
 
 
 def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path, tmp_path: Path) -> None:
-    from stream.broker import kafka_available, start_kafka_cluster
-    from stream.topics import committed_offsets, create_topics, end_offsets
-    from stream.verify import OutputReader, check_committed
+    from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+    from stream.local.broker import kafka_available, start_kafka_cluster
+    from stream.ops.verify import OutputReader, check_committed
     from tests.integration.harness import WORKER_ENV, wait_for_assignment
 
     if not kafka_available():

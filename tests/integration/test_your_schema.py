@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from stream.processing import DLQ_ERROR_REASON
+from stream.pipeline.processing import DLQ_ERROR_REASON
 from tests.integration.harness import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -118,8 +118,8 @@ def test_two_versions_of_a_new_schema_through_an_exported_model_are_read_back_by
 
 def test_a_registry_lost_mid_run_stops_nothing_it_knows_and_commits_nothing_it_cannot_read(
         pipeline: Pipeline, unique_name: Callable[[str], str], tmp_path: Path) -> None:
-    from stream.registry_server import start_registry
-    from stream.topics import committed_offsets, end_offsets
+    from stream.kafka.topics import committed_offsets, end_offsets
+    from stream.local.registry_server import start_registry
     from tests.integration.harness import wait_for_assignment
 
     export_model(tmp_path / "orders.pt2")
@@ -177,7 +177,7 @@ def _write(tmp_path: Path) -> Path:
 
 
 def test_a_registry_that_cannot_be_reached_at_start_up_is_one_line_and_exit_2(pipeline: Pipeline) -> None:
-    from stream.broker import free_port
+    from stream.local.broker import free_port
 
     worker = pipeline.worker("--schema-registry-url", f"http://127.0.0.1:{free_port()}",
                              env={"SCHEMA_REGISTRY_TIMEOUT": "2", "SCHEMA_REGISTRY_MAX_RETRIES": "1"})

@@ -150,14 +150,14 @@ def test_a_full_prefetch_queue_is_looked_at_again_soon() -> None:
     assert s.consumer_config({"KAFKA_CONSUMER_FETCH_QUEUE_BACKOFF_MS": "250"})["fetch.queue.backoff.ms"] == "250"
 
 
-def test_the_readme_lists_exactly_the_acls_the_worker_needs() -> None:
-    """The README's least-privilege table and `stream.access.required` say the same."""
+def test_the_docs_list_exactly_the_acls_the_worker_needs() -> None:
+    """The operator's guide's least-privilege table and `stream.kafka.access.required` say the same."""
     from pathlib import Path
 
-    from stream.access import required
+    from stream.kafka.access import required
 
-    readme = Path(__file__).resolve().parents[2] / "README.md"
-    table = readme.read_text().split("**Security: the least-privilege ACLs.**")[1].split("\n\n")[1]
+    guide = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+    table = guide.read_text().split("## Security: the least-privilege ACLs")[1].split("\n\n")[2]
     rows = [[c.strip().strip("`") for c in line.strip("|").split("|")][:3] for line in table.splitlines()[2:]]
     flags = {"--input-topic": "in", "--group-id": "g", "--output-topic": "out", "--dlq-topic": "dlq",
              "--transactional-id": "tid"}

@@ -1,0 +1,333 @@
+/* Input records consumed in C (see stream/kafka/native.py for why and how it is used).
+ *
+ * Queue(consumer, topic): input records of a confluent_kafka.Consumer taken in C. The fetch queue of each input
+ * partition is forwarded ("routed", before the partition is assigned) to a queue of our own; consume() takes up
+ * to n records from it with one rd_kafka_consume_batch_queue() call (GIL released) and copies them into one
+ * buffer: no Python object per record but its key. librdkafka's own serving of that call keeps what
+ * confluent-kafka's consume() does for fetched records (outdated ones after a seek or a revoke are dropped, the
+ * consumed position advances, the poll interval is reset). Rebalances, commit results and client errors stay on
+ * the consumer's queue, which confluent-kafka's consume() serves (its callbacks need its own call state); when
+ * something arrives there, a consume() blocked here returns early and says so ("pending"). */
+#include "_rdkafka.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk; /* confluent_kafka's Handle begins so (confluent_kafka.h) */
+} HandleHead;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *consumer; /* kept alive while the queue is open */
+    rd_kafka_t *rk;
+    rd_kafka_queue_t *q;  /* ours: the routed partitions' records */
+    rd_kafka_queue_t *cq; /* the consumer's queue (a reference to it) */
+    char *topic;
+    char *reply_header; /* the header whose value consume() returns per record, NULL: none */
+    rd_kafka_message_t **msgs;
+    Py_ssize_t cap;
+} Queue;
+
+/* From a librdkafka thread, on every op put on the consumer's queue: wake a consume() blocked on ours. */
+static void on_consumer_queue(rd_kafka_t *rk, void *opaque) {
+    (void)rk;
+    rdk.queue_yield((rd_kafka_queue_t *)opaque);
+}
+
+static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
+    static char *kws[] = {"consumer", "topic", "reply_header", NULL};
+    PyObject *consumer;
+    const char *topic, *reply_header = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|z", kws, &consumer, &topic, &reply_header))
+        return -1;
+    if (!rdk_loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
+        return -1;
+    }
+    if (self->q) {
+        PyErr_SetString(PyExc_RuntimeError, "already initialised");
+        return -1;
+    }
+    if (Py_TYPE(consumer)->tp_basicsize < (Py_ssize_t)sizeof(HandleHead)) {
+        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Consumer");
+        return -1;
+    }
+    rd_kafka_t *rk = ((HandleHead *)consumer)->rk;
+    if (!rk) {
+        PyErr_SetString(PyExc_RuntimeError, "the consumer is closed");
+        return -1;
+    }
+    const char *name = rdk.type(rk) == RD_KAFKA_CONSUMER ? rdk.name(rk) : NULL;
+    if (!name || !strstr(name, "#consumer-")) {
+        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Consumer handle");
+        return -1;
+    }
+    rd_kafka_queue_t *cq = rdk.queue_get_consumer(rk);
+    if (!cq) {
+        PyErr_SetString(PyExc_ValueError, "the consumer has no group (group.id)");
+        return -1;
+    }
+    self->topic = strdup(topic);
+    self->reply_header = reply_header ? strdup(reply_header) : NULL;
+    self->q = rdk.queue_new(rk);
+    if (!self->topic || !self->q || (reply_header && !self->reply_header)) {
+        rdk.queue_destroy(cq);
+        if (self->q)
+            rdk.queue_destroy(self->q);
+        self->q = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->cq = cq;
+    self->rk = rk;
+    Py_INCREF(consumer);
+    self->consumer = consumer;
+    rdk.queue_cb_event_enable(cq, on_consumer_queue, self->q);
+    return 0;
+}
+
+static int open_or_raise(Queue *self) {
+    if (self->q)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the native queue is closed");
+    return -1;
+}
+
+/* route(partitions): forward these input partitions' fetch queues to ours. Call it before they are assigned
+ * (in on_assign), so no record of theirs reaches the consumer's queue first. */
+static PyObject *Queue_route(Queue *self, PyObject *args) {
+    PyObject *partitions;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &partitions) || open_or_raise(self) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(partitions); i++) {
+        long p = PyLong_AsLong(PyList_GET_ITEM(partitions, i));
+        if (p == -1 && PyErr_Occurred())
+            return NULL;
+        if (p < 0 || p > INT32_MAX)
+            return PyErr_Format(PyExc_ValueError, "partition %ld out of range", p);
+        rd_kafka_queue_t *pq = rdk.queue_get_partition(self->rk, self->topic, (int32_t)p);
+        if (!pq)
+            return PyErr_Format(PyExc_ValueError, "no partition %s [%ld]", self->topic, p);
+        rdk.queue_forward(pq, self->q);
+        rdk.queue_destroy(pq);
+    }
+    Py_RETURN_NONE;
+}
+
+/* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
+ * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something):
+ * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
+ * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
+ * events among them (end of partition included); pending: the consumer's queue holds something to serve;
+ * replies: {row: value} of the records carrying the header named reply_header at construction, None when none. */
+static PyObject *Queue_consume(Queue *self, PyObject *args) {
+    Py_ssize_t max;
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "nd", &max, &timeout_s) || open_or_raise(self) < 0)
+        return NULL;
+    if (max < 1 || max > (1 << 24))
+        return PyErr_Format(PyExc_ValueError, "n must be in 1..2**24, got %zd", max);
+    if (self->cap < max) {
+        rd_kafka_message_t **grown = realloc(self->msgs, (size_t)max * sizeof *grown);
+        if (!grown)
+            return PyErr_NoMemory();
+        self->msgs = grown;
+        self->cap = max;
+    }
+    rd_kafka_message_t **msgs = self->msgs;
+    int timeout_ms = timeout_s <= 0 ? 0 : (int)(timeout_s * 1000.0);
+    ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = rdk.consume_batch_queue(self->q, timeout_ms, msgs, (size_t)max);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        return PyErr_Format(PyExc_RuntimeError, "consume: %s", rdk.err2str(rdk.last_error()));
+    Py_ssize_t good = 0, nerr = 0;
+    size_t total = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        if (msgs[i]->err)
+            nerr++;
+        else {
+            good++;
+            total += msgs[i]->payload ? msgs[i]->len : 0;
+        }
+    }
+    PyObject *result = NULL;
+    PyObject *values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    PyObject *starts = PyBytes_FromStringAndSize(NULL, good * 8);
+    PyObject *lens = PyBytes_FromStringAndSize(NULL, good * 8);
+    PyObject *parts = PyBytes_FromStringAndSize(NULL, good * 4);
+    PyObject *offs = PyBytes_FromStringAndSize(NULL, good * 8);
+    PyObject *keys = PyList_New(good);
+    PyObject *errors = PyList_New(nerr);
+    PyObject *replies = NULL; /* {row: the reply-address header's bytes}, made at the first record with one */
+    if (values && starts && lens && parts && offs && keys && errors) {
+        char *vb = PyBytes_AS_STRING(values);
+        int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
+        int32_t *pt = (int32_t *)PyBytes_AS_STRING(parts);
+        int64_t *of = (int64_t *)PyBytes_AS_STRING(offs);
+        Py_ssize_t g = 0, e = 0, at = 0, failed = 0;
+        for (ssize_t i = 0; i < n; i++) {
+            const rd_kafka_message_t *m = msgs[i];
+            PyObject *item;
+            if (m->err) {
+                item = m->payload && m->len
+                           ? Py_BuildValue("(iLiN)", m->partition, (long long)m->offset, m->err,
+                                           PyUnicode_DecodeUTF8(m->payload, (Py_ssize_t)m->len, "replace"))
+                           : Py_BuildValue("(iLis)", m->partition, (long long)m->offset, m->err,
+                                           rdk.err2str(m->err));
+                if (!item) {
+                    failed = 1;
+                    break;
+                }
+                PyList_SET_ITEM(errors, e++, item);
+                continue;
+            }
+            if (m->key) {
+                item = PyBytes_FromStringAndSize(m->key, (Py_ssize_t)m->key_len);
+                if (!item) {
+                    failed = 1;
+                    break;
+                }
+            } else {
+                item = Py_None;
+                Py_INCREF(item);
+            }
+            PyList_SET_ITEM(keys, g, item);
+            st[g] = at;
+            if (m->payload) {
+                memcpy(vb + at, m->payload, m->len);
+                ln[g] = (int64_t)m->len;
+                at += (Py_ssize_t)m->len;
+            } else
+                ln[g] = -1;
+            pt[g] = m->partition;
+            of[g] = m->offset;
+            if (self->reply_header) {
+                rd_kafka_headers_t *hdrs;
+                const void *hv;
+                size_t hlen;
+                if (rdk.message_headers(m, &hdrs) == 0 &&
+                    rdk.header_get_last(hdrs, self->reply_header, &hv, &hlen) == 0 && hv) {
+                    PyObject *row = PyLong_FromSsize_t(g);
+                    PyObject *address = PyBytes_FromStringAndSize(hv, (Py_ssize_t)hlen);
+                    if (!replies)
+                        replies = PyDict_New();
+                    if (!row || !address || !replies || PyDict_SetItem(replies, row, address) < 0)
+                        failed = 1;
+                    Py_XDECREF(row);
+                    Py_XDECREF(address);
+                    if (failed)
+                        break;
+                }
+            }
+            g++;
+        }
+        if (!failed)
+            result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
+                                   rdk.queue_length(self->cq) > 0 ? Py_True : Py_False,
+                                   replies ? replies : Py_None);
+    }
+    /* Records taken from librdkafka are released whatever happened; a failure here fails the caller, whose
+     * offsets then stay where their acknowledged predictions put them. */
+    for (ssize_t i = 0; i < n; i++)
+        rdk.message_destroy(msgs[i]);
+    Py_XDECREF(values);
+    Py_XDECREF(starts);
+    Py_XDECREF(lens);
+    Py_XDECREF(parts);
+    Py_XDECREF(offs);
+    Py_XDECREF(keys);
+    Py_XDECREF(errors);
+    Py_XDECREF(replies);
+    return result;
+}
+
+/* pending() -> the consumer's queue holds something (a rebalance, a commit result, an error) to serve. */
+static PyObject *Queue_pending(Queue *self, PyObject *noargs) {
+    (void)noargs;
+    if (open_or_raise(self) < 0)
+        return NULL;
+    return PyBool_FromLong(rdk.queue_length(self->cq) > 0);
+}
+
+/* wake(): a consume() blocked on the queue returns now (from any thread). */
+static PyObject *Queue_wake(Queue *self, PyObject *noargs) {
+    (void)noargs;
+    if (self->q)
+        rdk.queue_yield(self->q);
+    Py_RETURN_NONE;
+}
+
+static void queue_close(Queue *self) {
+    if (self->q) {
+        rdk.queue_cb_event_enable(self->cq, NULL, NULL);
+        rdk.queue_destroy(self->cq);
+        rdk.queue_destroy(self->q); /* what is still in it is dropped; the routed partitions' records after it too */
+        self->q = NULL;
+        self->cq = NULL;
+        self->rk = NULL;
+    }
+    Py_CLEAR(self->consumer);
+}
+
+/* close(): release the queue. Must come before the consumer's close(), which destroys the client. */
+static PyObject *Queue_close(Queue *self, PyObject *noargs) {
+    (void)noargs;
+    queue_close(self);
+    Py_RETURN_NONE;
+}
+
+static void Queue_dealloc(Queue *self) {
+    queue_close(self);
+    free(self->msgs);
+    free(self->topic);
+    free(self->reply_header);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Queue_methods[] = {
+    {"route", (PyCFunction)Queue_route, METH_VARARGS, "Forward these partitions' records to this queue."},
+    {"consume", (PyCFunction)Queue_consume, METH_VARARGS, "Take up to n records as one batch."},
+    {"pending", (PyCFunction)Queue_pending, METH_NOARGS, "Whether the consumer's own queue has ops to serve."},
+    {"wake", (PyCFunction)Queue_wake, METH_NOARGS, "Make a blocked consume() return."},
+    {"close", (PyCFunction)Queue_close, METH_NOARGS, "Release the queue (before closing the consumer)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject QueueType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stream.kafka._nativeproduce.Queue",
+    .tp_basicsize = sizeof(Queue),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Queue(consumer: confluent_kafka.Consumer, topic: str)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Queue_init,
+    .tp_dealloc = (destructor)Queue_dealloc,
+    .tp_methods = Queue_methods,
+};
+
+static PyMethodDef module_methods[] = {
+    {"load", rdk_load, METH_VARARGS, "load(path): bind to the librdkafka shared library at path."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "stream.kafka._nativeconsume", NULL, -1, module_methods,
+                                       NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__nativeconsume(void) {
+    if (PyType_Ready(&QueueType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&QueueType);
+    if (PyModule_AddObject(m, "Queue", (PyObject *)&QueueType) < 0) {
+        Py_DECREF(&QueueType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

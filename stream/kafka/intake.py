@@ -1,0 +1,108 @@
+"""Where input records come from: confluent-kafka's ``consume()``, or the C consumer (`stream.kafka.native.NativeInput`)
+that takes them from a librdkafka queue the assigned partitions' fetch queues are forwarded to."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, Message
+
+from stream.config import WorkerSettings
+from stream.errors import KafkaClientError, StreamError
+from stream.kafka import native
+from stream.kafka.records import Records
+
+log = logging.getLogger(__name__)
+_SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
+
+
+class Intake:
+    """Takes up to n records for the poll thread, serving the group (rebalances, commit results, errors) meanwhile."""
+
+    def __init__(self, consumer: Consumer, source: native.NativeInput | None, clock: Callable[[], float]) -> None:
+        self._consumer = consumer
+        self._source = source
+        self._clock = clock
+        self._serve_consumer_at = 0.0  # native input: when the consumer's own queue is next served
+
+    @classmethod
+    def open(cls, consumer: Consumer, settings: WorkerSettings, clock: Callable[[], float]) -> Intake:
+        """The C consumer when it can be used, else confluent-kafka's; logs the choice."""
+        why_not = "--no-native-consumer" if not settings.native_consumer else native.unavailable()
+        if why_not is None:
+            try:
+                source = native.NativeInput(consumer, settings.input_topic)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                why_not = str(exc)
+            else:
+                log.info("input records taken through the native consumer (stream.kafka._nativeconsume)")
+                return cls(consumer, source, clock)
+        log.info("input records taken through confluent-kafka (native consumer off: %s)", why_not)
+        return cls(consumer, None, clock)
+
+    def route(self, tps: list[tuple[str, int]]) -> None:
+        """Newly assigned partitions (from on_assign, before confluent-kafka assigns them): the input topic's
+        records go to the C consumer's queue, none to the consumer's own."""
+        if self._source is not None:
+            self._source.route([p for t, p in tps if t == self._source.topic])
+
+    def take(self, n: int, timeout_s: float) -> Records:
+        """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile."""
+        consumer = self._consumer
+        source = self._source
+        if source is None:
+            return self._records_of(consumer.consume(n, timeout_s))
+        now = self._clock()
+        if now >= self._serve_consumer_at:
+            # Rebalances (on_assign routes new partitions to the native queue before they are assigned),
+            # commit results and client errors. Served before taking records, so records taken next are of
+            # partitions assigned now.
+            self._serve_consumer_at = now + _SERVE_CONSUMER_S
+            if len(self._records_of(consumer.consume(100, 0))):
+                raise StreamError("a record reached the consumer's own queue while the native consumer takes the "
+                                  "input (a partition assigned without on_assign?)")
+        records, errors, pending = source.consume(n, timeout_s)
+        for _partition, _offset, code, text in errors:
+            consume_error(KafkaError(code, text))
+        if pending:
+            self._serve_consumer_at = 0.0  # at the next call
+        return records
+
+    @property
+    def wakeable(self) -> bool:
+        """Whether `wake` can cut a waiting `take` short (the C consumer's queue can; confluent-kafka's cannot)."""
+        return self._source is not None
+
+    def wake(self) -> None:
+        """Make a `take` waiting now (or the next one) return at once; from any thread. A no-op unless
+        `wakeable`."""
+        source = self._source
+        if source is not None:
+            source.wake()
+
+    def close(self) -> None:
+        """Before the consumer's close, which destroys the client the C consumer uses."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    @staticmethod
+    def _records_of(messages: list[Message]) -> Records:
+        good = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                good.append(msg)
+            else:
+                consume_error(err)
+        return Records.from_messages(good) if good else Records.empty()
+
+
+def consume_error(err: KafkaError) -> None:
+    """End of partition: nothing; fatal or not retriable: raise; else a warning."""
+    if err.code() == KafkaError._PARTITION_EOF:
+        return
+    if err.fatal() or not err.retriable():
+        raise KafkaClientError("consume", err)
+    log.warning("consume: %s", err)

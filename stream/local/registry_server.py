@@ -1,0 +1,102 @@
+"""A local schema registry: Apicurio Registry (Apache-2.0), its runner from Maven Central, in-memory storage,
+serving the Confluent-compatible API. On 127.0.0.1, stopped by PID, like the brokers (`stream.local.broker`)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from stream.errors import BrokerError
+from stream.local.broker import LocalProcess, cache_dir, free_port
+from stream.local.children import die_with_parent
+
+log = logging.getLogger(__name__)
+REGISTRY_VERSION = "2.6.13.Final"  # Apicurio Registry, Apache-2.0; its 2.x runner needs Java 11+
+REGISTRY_API = "/apis/ccompat/v7"  # Apicurio's Confluent-compatible API
+
+
+def registry_home() -> Path:
+    return cache_dir() / f"apicurio-registry-{REGISTRY_VERSION}"
+
+
+def ensure_registry_jar() -> Path:
+    """Fetch Apicurio Registry's runner (``io.apicurio:apicurio-registry-app:<version>:tar.gz:all``) from Maven
+    Central into the cache and unpack it (once); returns the runner jar."""
+    home = registry_home()
+    jar = home / f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
+    if (home / ".complete").is_file():
+        return jar
+    mvn = shutil.which("mvn")
+    if mvn is None or shutil.which("java") is None:
+        raise BrokerError("the local schema registry needs `java` (17+) and `mvn` on PATH")
+    download = home / "download"
+    download.mkdir(parents=True, exist_ok=True)
+    log.info("fetching Apicurio Registry %s with Maven into %s", REGISTRY_VERSION, home)
+    proc = subprocess.run(
+        [mvn, "-q", "-B", "dependency:copy",
+         f"-Dartifact=io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all",
+         f"-DoutputDirectory={download}"],
+        cwd=download, capture_output=True, text=True, timeout=900, check=False)
+    archive = download / f"apicurio-registry-app-{REGISTRY_VERSION}-all.tar.gz"
+    if proc.returncode != 0 or not archive.is_file():
+        raise BrokerError(f"maven could not fetch Apicurio Registry {REGISTRY_VERSION}:\n"
+                          f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(home, filter="data")
+    archive.unlink()
+    if not jar.is_file():
+        raise BrokerError(f"{archive.name} holds no {jar.name}")
+    (home / ".complete").write_text(REGISTRY_VERSION + "\n")
+    return jar
+
+
+class LocalRegistry(LocalProcess):
+    """A running Apicurio Registry (in-memory storage); ``url`` is its Confluent-compatible API."""
+
+    def __init__(self, port: int, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        super().__init__(port, proc, workdir)
+        self.url = f"http://127.0.0.1:{port}{REGISTRY_API}"
+
+
+def start_registry(port: int | None = None, *, timeout_s: float = 90.0, heap_mib: int = 384) -> LocalRegistry:
+    """Apicurio Registry on 127.0.0.1 (in-memory: its schemas live as long as the process), ready when its
+    Confluent-compatible API answers."""
+    jar = ensure_registry_jar()
+    port = port or free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="stream-registry-"))
+    log_file = workdir / "registry.log"
+    java = shutil.which("java") or "java"
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(
+            [java, "-Xms64m", f"-Xmx{heap_mib}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1", "-Dquarkus.log.level=WARN",
+             f"-Djava.io.tmpdir={workdir}", "-jar", str(jar)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
+            preexec_fn=die_with_parent)
+    registry = LocalRegistry(port, proc, workdir)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                tail = log_file.read_text(errors="replace")[-3000:]
+                raise BrokerError(f"the schema registry exited with code {proc.returncode} during start-up:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{registry.url}/subjects", timeout=2) as reply:
+                    if reply.status == 200:
+                        return registry
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerError(f"the schema registry did not answer on {registry.url} within {timeout_s:.0f}s "
+                                  f"(log: {log_file})")
+            time.sleep(0.2)
+    except BaseException:
+        registry.stop()
+        raise

@@ -1,0 +1,99 @@
+"""``/healthz`` and ``/readyz`` beside ``/metrics``, for liveness and readiness probes.
+
+- ``/healthz`` (liveness): the worker has not failed and, once it consumes, its poll loop went round within
+  ``LIVENESS_S``. A worker whose poll loop is stuck is restarted by its orchestrator; one waiting on unreachable
+  brokers is not (its loop keeps turning, and at start-up it waits by design: a restart would not bring the
+  brokers back).
+- ``/readyz`` (readiness): the model is loaded, the worker has joined its group (an assignment arrived, even
+  an empty one: with more replicas than partitions some hold none), the brokers can be reached, and no
+  partition is stalled (records waiting, no committed progress for ``--stall-timeout-s``).
+
+Both answer 200 ``ok`` or 503 with the reasons, one per line.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+LIVENESS_S = 30.0
+
+
+class Health:
+    """What the probes report; written by the worker's threads (single writes of plain values)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._tick = clock()
+        self.polling = False  # the poll loop started: from then on it must keep going round
+        self.model_loaded = False
+        self.joined = False  # an assignment (possibly empty) arrived from the group
+        self.failed: str | None = None
+        self.unreachable: Callable[[], bool] = lambda: False
+        self.stalled: Callable[[], int] = lambda: 0
+
+    def tick(self) -> None:
+        """The poll loop went round."""
+        self._tick = self._clock()
+
+    def live(self) -> list[str]:
+        """Reasons the worker is not alive (empty: alive)."""
+        reasons = []
+        if self.failed is not None:
+            reasons.append(f"failed: {self.failed}")
+        quiet = self._clock() - self._tick
+        if self.polling and quiet > LIVENESS_S:
+            reasons.append(f"poll loop has not gone round for {quiet:.0f}s")
+        return reasons
+
+    def ready(self) -> list[str]:
+        """Reasons the worker is not ready (empty: ready)."""
+        reasons = self.live()
+        if not self.model_loaded:
+            reasons.append("model not loaded")
+        if not self.joined:
+            reasons.append("not in the consumer group yet (no assignment)")
+        if self.unreachable():
+            reasons.append("Kafka brokers unreachable")
+        stalled = self.stalled()
+        if stalled:
+            reasons.append(f"{stalled} partition{'s' if stalled > 1 else ''} stalled")
+        return reasons
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Threading(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a probe that hangs never holds the worker's exit
+
+
+def serve(registry: CollectorRegistry, health: Health, port: int, host: str) -> WSGIServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` from a daemon thread (``.shutdown()``); any
+    other path answers 404."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            reasons = health.live() if path == "/healthz" else health.ready()
+            start_response("503 Service Unavailable" if reasons else "200 OK",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            return [("\n".join(reasons) if reasons else "ok").encode() + b"\n"]
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        # Any other path is 404, so that a mistyped probe (/readz) fails instead of passing on the metrics page.
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"no {path}: this port serves /metrics, /healthz and /readyz\n".encode()]
+
+    server = make_server(host, port, app, server_class=_Threading, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

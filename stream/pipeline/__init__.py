@@ -1,0 +1,12 @@
+"""The worker: input in micro-batches through the model to predictions, commits after acknowledgement.
+
+`worker` (the process: threads, signals, shutdown), `batching` (closing batches by count or time), `stage` (the
+prepare, device and finish stages), `processing` (one batch: decode, bind, predict, encode, publish, dead-letter),
+`inference` (handlers and devices), `inputs` (decoded columns into model inputs), `schemas` (the reader and output
+schemas a handler needs), `committer`, `rebalance` and `transactions` (the commit policy at-least-once and
+exactly-once, and what an assignment change does to them), `pausing` (backpressure), `stall_check`, `stop_at_end`,
+`runtime` (the process's allocator and threads), `faults` (test-only fault injection).
+
+Layer: imports every layer below it (`stream.errors`, `stream.config`, `stream.models`, `stream.kafka`,
+`stream.codec`, `stream.ops`); only the commands (`stream.cli`, `stream.bench`) import it.
+"""

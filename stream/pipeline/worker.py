@@ -1,0 +1,440 @@
+"""The orchestrator, and the table of contents of the pipeline.
+
+    poll thread (this module):  take records (`intake`) -> `MicroBatcher` -> close a batch: its spans in the
+        `OffsetTracker` -> the first stage's bounded queue; input paused while a closed batch waits for it
+        (`pausing`); commits (`committer`); rebalances (`rebalance`); stuck partitions (`stall_check`);
+        exactly-once rewinds (`transactions`); stop-at-end; shutdown.
+    the stages (`stage`, threads of their own, bounded queues between them): prepare (a pool: decode, the
+        model's host-side prepare) -> device (submit; on the CPU the forward pass) -> finish (outputs, encode,
+        produce, and the delivery reports that acknowledge spans and so advance the commit positions;
+        exactly-once: transactions of one or more batches, `transactions`); `processing` is a batch's work.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from stream.config import WorkerSettings
+from stream.errors import KafkaClientError, StreamError
+from stream.kafka.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic, reply_partitions
+from stream.kafka.client_logs import ConnectionWatch, client_logger
+from stream.kafka.client_stats import ConsumerStats
+from stream.kafka.deadline import Deadline
+from stream.kafka.intake import Intake
+from stream.kafka.offsets import OffsetTracker, fmt_partitions
+from stream.kafka.publish import Publisher, SpanDelivery, native_topic
+from stream.kafka.records import Records
+from stream.ops.health import Health
+from stream.ops.health import serve as serve_http
+from stream.ops.metrics import StreamMetrics
+from stream.ops.stalls import StallDetector
+from stream.ops.summary import WorkerSummary
+from stream.pipeline import faults
+from stream.pipeline.batching import MicroBatcher
+from stream.pipeline.committer import Committer
+from stream.pipeline.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
+from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
+from stream.pipeline.processing import BatchProcessor, Dispatched, ProcessingPolicy
+from stream.pipeline.rebalance import IdleReplica, Rebalancer
+from stream.pipeline.runtime import freeze_loaded, set_torch_threads, tuned
+from stream.pipeline.schemas import build_codecs
+from stream.pipeline.stage import ProcessingStages
+from stream.pipeline.stall_check import StallCheck
+from stream.pipeline.stop_at_end import StopAtEnd
+from stream.pipeline.transactions import Transactions
+
+__all__ = ["Worker", "WorkerSummary"]
+
+log = logging.getLogger(__name__)
+_IDLE_POLL_S = 0.1
+_CLOSE_FLOOR_S = 10.0  # the consumer's close gets at least this long, whatever the shutdown deadline left
+_STALL_STEP_S = 0.05
+_GAUGE_EVERY_S = 0.1
+_IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
+# whether the model went idle (the C consumer's take is woken instead)
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, *, handler: ModelHandler | None = None,
+                 metrics: StreamMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = s = settings
+        self.metrics = metrics if metrics is not None else StreamMetrics()
+        self._clock = clock
+        self._connection = ConnectionWatch(clock)
+        self.health = Health(clock)
+        set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
+        handler = handler if handler is not None else create_handler(
+            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs))
+        self._engine = InferenceEngine(handler, select_device(s.device))
+        self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(s, handler)
+        self.metrics.model_info.info({
+            "name": handler.name, "version": handler.version, "device": str(self._engine.device),
+            "input_schema": f"{self._decoder.reader.name}:{self._decoder.reader.schema_id}",
+            "output_schema": f"{self._encoder.schema.name}:{self._encoder.schema.schema_id}",
+            "shadow": "true" if s.shadow else "false"})
+        if self._engine.device.type == "cuda":
+            self.metrics.watch_cuda_memory(self._engine.device)
+        self._consumer_config = s.consumer_config()
+        stats_ms = int(self._consumer_config.get("statistics.interval.ms", 0))
+        self._consumer_stats = ConsumerStats(s.input_topic, stats_ms / 1000.0) if stats_ms > 0 else None
+        if self._consumer_stats is not None:
+            self.metrics.registry.register(self._consumer_stats)
+        self._producer_config = s.producer_config()
+        # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
+        self._admin_config = {**s.admin_config(), "error_cb": self._on_admin_error}
+        self._summary = WorkerSummary()
+        self._batcher: MicroBatcher[Records] = MicroBatcher(s.max_batch_size, s.max_wait_ms, clock, size=len)
+        self._tracker = OffsetTracker()
+        self._stalls = StallDetector(s.stall_timeout_s, clock)
+        self._pause = InputPause(self.metrics)
+        self._committer = Committer(self._tracker, self._stalls, self._summary, self.metrics,
+                                    exactly_once=s.exactly_once, clock=clock)
+        self._transactions = Transactions(
+            self.metrics, s.input_topic, int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0,
+            clock, interval_s=s.transaction_interval_ms / 1000.0)
+        max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
+        self._rebalancer = Rebalancer(
+            self._batcher, self._tracker, self._stalls, self._committer, self._pause, self.metrics,
+            revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
+            rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
+        self._stop = threading.Event()
+        self.close_abandoned = False  # the consumer's close did not return in time (`_close_consumer`)
+        self._failure: BaseException | None = None
+        self._failure_lock = threading.Lock()
+        # Made once the clients exist (`_connect`).
+        self._consumer: Consumer | None = None
+        self._intake: Intake | None = None
+        self._publisher: Publisher | None = None
+        self._stage: ProcessingStages | None = None
+        self._stall_check: StallCheck | None = None
+        self._end: StopAtEnd | None = None  # --stop-at-end
+        freeze_loaded()
+
+    # ---------------------------------------------------------------------------- public
+    def request_stop(self) -> None:
+        """Stop fetching, finish and publish what is in flight, commit, exit (safe from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: finishing in-flight work and stopping", signal.Signals(signum).name)
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(self) -> WorkerSummary:
+        with tuned(self.settings.gil_switch_interval_ms):
+            return self._run()
+
+    # ---------------------------------------------------------------------------- start and end
+    def _run(self) -> WorkerSummary:
+        s = self.settings
+        health = self.health
+        health.model_loaded = True  # by the constructor
+        health.unreachable = lambda: self._connection.unreachable
+        health.stalled = lambda: len(self._stalls.stalled())
+        # Probes answer from the start, while the worker still waits for the brokers.
+        http = serve_http(self.metrics.registry, health, s.metrics_port, s.metrics_host) \
+            if s.metrics_port is not None else None
+        try:
+            return self._run_clients()
+        finally:
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+
+    def _run_clients(self) -> WorkerSummary:
+        s = self.settings
+        if s.dlq_topic:
+            ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
+        check_access(s, self._admin_config, self._connection, self._stop)
+        publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
+                              native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
+        consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
+                             "error_cb": self._on_consumer_error, "logger": client_logger("consumer"),
+                             **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
+        self._connect(consumer, publisher)
+        assert self._stage is not None
+        self._stage.start()
+        try:
+            if s.exactly_once:
+                publisher.init_transactions(self._transactions.timeout_s)
+            if s.stop_at_end:
+                self._end = StopAtEnd(consumer, self._admin_config, s.input_topic, self._committer,
+                                      lambda: bool(self._tracker.in_flight() or len(self._batcher)), self._clock)
+            if not self._stop.is_set():  # else stopped during start-up: never join the group
+                r = self._rebalancer
+
+                def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+                    r.on_assign(c, partitions)
+                    self.health.joined = True
+
+                consumer.subscribe([s.input_topic], on_assign=on_assign, on_revoke=r.on_revoke, on_lost=r.on_lost)
+                log.info("worker consuming %s -> %s as group %s (max_batch_size=%d, max_wait_ms=%g)",
+                         s.input_topic, s.output_topic, s.group_id, s.max_batch_size, s.max_wait_ms)
+                self._poll_loop()
+        except BaseException as exc:  # keep going to the orderly shutdown below, then report
+            self._fail(exc)
+        self._shutdown()
+        if self._failure is not None:
+            self._summary.error = f"{type(self._failure).__name__}: {self._failure}"
+            self._summary.exit_code = 1
+        self._summary.transactions = self._transactions.committed
+        if self._stage is not None:
+            self._summary.stage_busy_s = self._stage.busy_seconds()
+        log.info("shutdown summary: %s", self._summary.line())
+        return self._summary
+
+    def _connect(self, consumer: Consumer, publisher: Publisher) -> None:
+        """Wire the parts that need the clients (the stages' threads are started by `_run`)."""
+        s = self.settings
+        self._consumer, self._publisher = consumer, publisher
+        self._committer.consumer = consumer
+        self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
+        policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
+                                  s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
+                                  event_time_field=self._event_time_field, reply_topics=s.reply_topic_set)
+        admin_config = self._admin_config
+        processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
+                                   self.metrics, stopping=self._stop.is_set,
+                                   reply_partitions=lambda topic: reply_partitions(admin_config, topic))
+        self._stage = ProcessingStages(
+            processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
+            prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,
+            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, metrics=self.metrics,
+            on_idle=self._intake.wake)
+        stage = self._stage
+        self.metrics.queued_batches.set_function(stage.queued)
+        self.metrics.open_batch.set_function(self._batcher.__len__)
+        self._stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
+                                       self._pause, self.metrics, self._consumer_config)
+
+    # ---------------------------------------------------------------------------- poll thread
+    def _poll_loop(self) -> None:
+        consumer, intake, stage, stall_check = self._consumer, self._intake, self._stage, self._stall_check
+        assert consumer is not None and intake is not None and stage is not None and stall_check is not None
+        batcher, pause, committer = self._batcher, self._pause, self._committer
+        commit_every_s = self.settings.commit_interval_ms / 1000.0
+        next_commit = self._clock() + commit_every_s
+        next_gauge = 0.0
+        idle = IdleReplica(self.settings.input_topic, clock=self._clock)
+        stalled_since: float | None = None
+        adaptive = self.settings.batch_policy == "adaptive"
+        close_early = False
+        health = self.health
+        health.polling = True
+        while not self._stop.is_set() and not self._failed():
+            health.tick()
+            records: Records | None = None
+            close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
+            close_early = False
+            ready = close_now or batcher.ready()
+            if not ready:
+                stalled_since = None
+                if pause.paused:  # nothing waits for the processor any more (see stream.pipeline.pausing)
+                    pause.set(consumer, False)
+            if ready:
+                if self._dispatch(wait_s=0.0 if pause.paused else _STALL_STEP_S):
+                    stalled_since = None
+                else:
+                    # Queue full. Pausing restarts fetching on resume, so only pause on a sustained stall;
+                    # until then the short blocking put keeps consume() calls (membership) frequent enough.
+                    now = self._clock()
+                    stalled_since = now if stalled_since is None else stalled_since
+                    if pause.paused:
+                        records = intake.take(1, _STALL_STEP_S)  # serves rebalances, heartbeats
+                    elif now - stalled_since >= PAUSE_AFTER_S:
+                        pause.set(consumer, True)
+            elif len(batcher) == 0:
+                # Empty batch: take one record as soon as it arrives, so its wait is timed from arrival.
+                records = intake.take(1, _IDLE_POLL_S)
+            elif adaptive and stage.idle():
+                # The model has nothing to do: waiting for more records only adds latency. Take what is
+                # already fetched; if that does not fill the batch, hand it over now. Under load the model is
+                # busy, so records pile up while it works and batches grow on their own.
+                room = batcher.room
+                records = intake.take(room, 0)
+                close_early = len(records) < room
+            else:
+                wait_s = batcher.time_left() or 0.0
+                if adaptive and not intake.wakeable:
+                    wait_s = min(wait_s, _IDLE_CHECK_S)  # look again soon: the model may be idle by then
+                # else the stage wakes this take as it goes idle: no polling, which took the GIL from a
+                # model-bound processor a thousand times a second
+                records = intake.take(max(batcher.room, 1), wait_s)
+            if records is not None and len(records):
+                self._connection.reachable()
+                faults.reach("after-poll")
+                self._accept(records)
+            if self._transactions.pending():
+                self._transactions.rewind(consumer, batcher, self._tracker)
+            now = self._clock()
+            if now >= next_commit and committer.async_due():
+                committer.commit(asynchronous=True)
+                next_commit = now + commit_every_s
+            if self._end is not None and self._end.reached():
+                break
+            if now >= next_gauge:
+                self.metrics.in_flight.set(self._tracker.in_flight())
+                idle.check(len(self._tracker.assigned()), health.joined)
+                next_gauge = now + _GAUGE_EVERY_S
+            if stall_check.due():
+                stall_check.run()
+
+    def _accept(self, records: Records) -> None:
+        topic = self.settings.input_topic
+        foreign = [p for p in np.unique(records.partitions).tolist() if not self._tracker.is_assigned((topic, p))]
+        if foreign:
+            # Taken as its partition was being revoked: the partition's next owner has it (nothing committed).
+            records = records.without_partitions(foreign)
+            log.info("dropped records of partitions no longer assigned: %s",
+                     fmt_partitions([(topic, p) for p in foreign]))
+        keep = self._tracker.admit(topic, records.partitions, records.offsets)
+        if keep is not None:
+            twice = records.select(np.flatnonzero(~keep))
+            records = records.select(np.flatnonzero(keep))
+            log.warning("dropped %d records taken a second time from the consumer (partitions %s, offsets %d..%d): "
+                        "already taken in this assignment", len(twice), sorted(set(twice.partitions.tolist())),
+                        int(twice.offsets.min()), int(twice.offsets.max()))
+        if not len(records):
+            return
+        if self._summary.first_consumed_at is None:
+            self._summary.first_consumed_at = time.time()
+        self._summary.consumed += len(records)
+        self.metrics.consumed.inc(len(records))
+        self._batcher.add([records])
+
+    def _dispatch(self, wait_s: float) -> bool:
+        """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""
+        assert self._stage is not None and self._consumer is not None
+        if not self._stage.offer(self._close_batch, wait_s):
+            return False
+        if self._pause.paused:
+            self._pause.set(self._consumer, False)
+        return True
+
+    def _close_batch(self) -> Dispatched:
+        """Take the open batch and register its per-partition spans with the offset tracker."""
+        records = Records.concat(self._batcher.take())
+        if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
+            records, rest = records.split(self._batcher.max_batch_size)
+            self._batcher.add([rest])
+        partitions, offsets = records.partitions, records.offsets
+        topic = self.settings.input_topic
+        assert self._publisher is not None
+        deliveries = {}
+        for p in np.unique(partitions).tolist():
+            rows = np.flatnonzero(partitions == p)
+            first, last = int(offsets[rows[0]]), int(offsets[rows[-1]])
+            self._committer.start_at((topic, p), first)
+            deliveries[p] = SpanDelivery(self._publisher, self._tracker.dispatch((topic, p), first, last, len(rows)))
+        self._summary.batches += 1
+        self._summary.batched_records += len(records)
+        self.metrics.batches.inc()
+        self.metrics.batch_size.observe(len(records))
+        metadata = self._consumer.consumer_group_metadata() if self.settings.exactly_once and self._consumer else None
+        return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata)
+
+    # ---------------------------------------------------------------------------- delivery, failure
+    def _on_span_done(self, delivery: SpanDelivery) -> None:
+        faults.reach("after-delivery")
+        n = delivery.span.count - delivery.dead
+        self._summary.predicted += n
+        self._summary.dead_lettered += delivery.dead
+        self.metrics.predicted.inc(n)
+        if delivery.ts_ms is not None and len(delivery.ts_ms):
+            now_ms = time.time() * 1000.0
+            self.metrics.e2e_latency_seconds.observe_many((now_ms - delivery.ts_ms) / 1000.0)
+
+    def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, KafkaClientError) and isinstance(exc.kafka_error, KafkaError):
+            # The brokers refused an operation: say which ACL is missing.
+            where = "consumer" if exc.operation in ("consume", "consumer") else "producer"
+            exc = denied(exc.kafka_error, self.settings, where) or exc
+        with self._failure_lock:
+            if self._failure is None:
+                self._failure = exc
+                self.health.failed = f"{type(exc).__name__}: {exc}"
+                log.error("worker failing: %s: %s", type(exc).__name__, exc)
+        self._stop.set()
+
+    def _failed(self) -> bool:
+        """The worker failed, or its publisher did (then the worker fails now)."""
+        if self._failure is None and self._publisher is not None:
+            failure = self._publisher.failure()
+            if failure is not None:
+                self._fail(failure)
+        return self._failure is not None
+
+    def _on_admin_error(self, err: KafkaError) -> None:
+        if not self._connection.error("admin", err):
+            log.warning("admin: %s", err)
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() in AUTHORIZATION_ERRORS:
+            self._fail(KafkaClientError("consumer", err))
+        elif not self._connection.error("consumer", err):
+            log.warning("consumer: %s", err)
+
+    # ---------------------------------------------------------------------------- shutdown
+    def _shutdown(self) -> None:
+        consumer, publisher, stage = self._consumer, self._publisher, self._stage
+        deadline = Deadline(self.settings.shutdown_timeout_s, self._clock)
+        # 1. Finish the open batch (never after a failure: nothing past it may be published).
+        while stage is not None and not self._failed() and len(self._batcher):
+            if not stage.offer(self._close_batch, deadline.left(0.01)):
+                self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
+                break
+        # 2. Let the stages finish their queues.
+        if stage is not None:
+            stage.finish(deadline)
+        # 3. Wait for every delivery report, then commit the acknowledged watermark.
+        if publisher is not None:
+            undelivered = publisher.close(deadline.left(0.01))
+            if undelivered:
+                log.error("%d predictions undelivered at shutdown; their offsets stay uncommitted", undelivered)
+            failure = publisher.failure()
+            if failure is not None:
+                self._fail(failure)
+        if consumer is not None:
+            try:
+                self._committer.commit_settled(deadline)
+            except KafkaClientError as exc:
+                self._fail(exc)
+            self._stop.set()
+            if self._intake is not None:
+                self._intake.close()  # before the consumer's close, which destroys the client it uses
+            self._close_consumer(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
+
+    def _close_consumer(self, consumer: Consumer, timeout_s: float) -> None:
+        """Leave the group (on_revoke finds nothing left to do), within ``timeout_s``: librdkafka's close has no
+        bound of its own, and was seen not to return when the group assigned the partitions during the close (a
+        --stop-at-end worker on an empty topic). Past the bound the worker goes on without it (its offsets were
+        committed above) and its process ends without running the client's destructor (``close_abandoned``)."""
+        errors: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                consumer.close()
+            except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
+                errors.append(exc)
+
+        closing = threading.Thread(target=close, name="consumer-close", daemon=True)
+        closing.start()
+        closing.join(timeout_s)
+        if closing.is_alive():
+            self.close_abandoned = True
+            log.warning("the consumer's close did not return within %.0f s; leaving the group to its session "
+                        "timeout (the offsets were committed before it)", timeout_s)
+        elif errors:
+            log.warning("consumer close: %s", errors[0])
+

@@ -1,0 +1,78 @@
+"""Taking input records through confluent-kafka's consume() (the C consumer is tested against a broker in
+tests/integration/test_native.py): error events are not records; which errors stop the worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError
+
+from stream.errors import KafkaClientError
+from stream.kafka.intake import Intake, consume_error
+from stream.kafka.records import Records
+
+
+class Msg:
+    def __init__(self, partition: int, offset: int, err: KafkaError | None = None,
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
+        self._p, self._o, self._err, self._headers = partition, offset, err, headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def error(self) -> KafkaError | None:
+        return self._err
+
+    def value(self) -> bytes:
+        return b"v%d" % self._o
+
+    def key(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+class Consumer:
+    def __init__(self, messages: list[Msg]) -> None:
+        self.messages = messages
+        self.asked: list[tuple[int, float]] = []
+
+    def consume(self, n: int, timeout: float) -> list[Msg]:
+        self.asked.append((n, timeout))
+        return self.messages
+
+
+def test_error_events_are_left_out_of_the_records() -> None:
+    consumer = Consumer([Msg(0, 5), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)), Msg(1, 7)])
+    records = Intake(consumer, None, lambda: 0.0).take(10, 0.5)  # type: ignore[arg-type]
+    assert records.partitions.tolist() == [0, 1] and records.offsets.tolist() == [5, 7]
+    assert consumer.asked == [(10, 0.5)]
+    assert len(Intake(Consumer([]), None, lambda: 0.0).take(1, 0.0)) == 0  # type: ignore[arg-type]
+
+
+def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split_and_concat() -> None:
+    consumer = Consumer([Msg(0, 5, headers=[("other", b"x")]), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)),
+                         Msg(1, 7, headers=[("stream.reply", b"old"), ("stream.reply", b"t:3:abc")]), Msg(1, 8)])
+    records = Intake(consumer, None, lambda: 0.0).take(10, 0.5)  # type: ignore[arg-type]
+    assert records.replies == {1: b"t:3:abc"}  # the last such header, at the row of its record
+    head, rest = records.split(2)
+    assert head.replies == {1: b"t:3:abc"} and rest.replies is None
+    head, rest = records.split(1)
+    assert head.replies is None and rest.replies == {0: b"t:3:abc"}
+    assert records.select(np.array([2, 1])).replies == {1: b"t:3:abc"}
+    assert records.select(np.array([0, 2])).replies is None
+    joined = Records.concat([records, records])
+    assert joined.replies == {1: b"t:3:abc", 4: b"t:3:abc"} and joined.offsets.tolist() == [5, 7, 8] * 2
+
+
+def test_end_of_partition_and_retriable_errors_go_on_others_stop_the_worker() -> None:
+    consume_error(KafkaError(KafkaError._PARTITION_EOF))
+    consume_error(KafkaError(KafkaError._TRANSPORT, retriable=True))
+    with pytest.raises(KafkaClientError):
+        consume_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaClientError):
+        consume_error(KafkaError(KafkaError._FATAL, fatal=True))

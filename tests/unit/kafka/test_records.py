@@ -1,0 +1,51 @@
+"""Consumed records as arrays (stream.kafka.records) and the batcher counting them in chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stream.kafka.records import Records
+from stream.pipeline.batching import MicroBatcher
+
+
+def chunk(partition: int, first: int, n: int) -> Records:
+    offsets = range(first, first + n)
+    values = [None if o % 5 == 0 else b"v%d-%d" % (partition, o) for o in offsets]
+    return Records.build(values, [b"k%d" % o for o in offsets], [partition] * n, offsets)
+
+
+def rows(records: Records) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    return [(int(p), int(o), records.value(i), records.keys[i])
+            for i, (p, o) in enumerate(zip(records.partitions, records.offsets, strict=True))]
+
+
+def test_concat_split_select_keep_each_record_with_its_value_key_and_position() -> None:
+    a, b, c = chunk(0, 0, 7), chunk(1, 10, 4), chunk(0, 7, 3)
+    joined = Records.concat([a, Records.empty(), b, c])
+    assert rows(joined) == rows(a) + rows(b) + rows(c)
+    assert joined.values() == [r[2] for r in rows(joined)]
+    assert joined.value(0) is None and joined.value(1) == b"v0-1"
+    head, tail = joined.split(5)
+    assert rows(head) + rows(tail) == rows(joined)
+    picked = joined.select(np.array([1, 8, 12]))
+    assert rows(picked) == [rows(joined)[i] for i in (1, 8, 12)]
+    assert rows(joined.without_partitions({0})) == rows(b)
+    assert joined.without_partitions({5}) is joined
+    assert len(Records.concat([])) == 0
+
+
+def test_batcher_counts_records_of_chunks_and_drops_revoked_partitions() -> None:
+    now = [0.0]
+    batcher: MicroBatcher[Records] = MicroBatcher(10, 5, clock=lambda: now[0], size=len)
+    batcher.add([chunk(0, 0, 4)])
+    assert len(batcher) == 4 and batcher.room == 6 and not batcher.ready()
+    batcher.add([chunk(1, 0, 3)])
+    assert len(batcher) == 7
+    assert batcher.discard(lambda r: r.without_partitions({1})) == 3
+    assert len(batcher) == 4 and batcher.deadline() == 0.005  # the first record's clock is kept
+    batcher.add([chunk(0, 4, 6)])
+    assert batcher.ready() and batcher.room == 0
+    assert rows(Records.concat(batcher.take())) == rows(chunk(0, 0, 10))
+    batcher.add([chunk(2, 0, 2)])
+    assert batcher.discard(lambda r: r.without_partitions({2})) == 2
+    assert len(batcher) == 0 and batcher.deadline() is None

@@ -1,0 +1,247 @@
+"""``--model minilm`` against sentence-transformers' own embeddings (tests/fixtures/minilm_reference.json, written
+by tests/fixtures/make_minilm_reference.py), and its length bucketing, truncation and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.texts import generate_texts
+from stream.errors import ConfigError, UnrecoverableModelError
+from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
+from stream.models.shapes import ShapeSet
+from stream.pipeline.inference import TextOptions, create_handler
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+REFERENCE = json.loads((FIXTURES / "minilm_reference.json").read_text())
+SENTENCES = json.loads((FIXTURES / "minilm_sentences.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def handler() -> MiniLMHandler:
+    h = MiniLMHandler()
+    h.load(torch.device("cpu"))
+    return h
+
+
+@pytest.fixture(scope="module")
+def embedded(handler: MiniLMHandler) -> np.ndarray:
+    return handler.embed(REFERENCE["texts"])
+
+
+def test_embeddings_equal_sentence_transformers_to_1e_4(embedded: np.ndarray) -> None:
+    want = np.asarray(REFERENCE["embeddings"], dtype=np.float64)
+    assert embedded.shape == want.shape == (len(REFERENCE["texts"]), 384)
+    assert embedded.dtype == np.float32
+    assert float(np.abs(embedded - want).max()) <= 1e-4
+    # the fixture holds a text that sentence-transformers cut to its max_seq_length: ours is cut the same way
+    assert REFERENCE["max_seq_length"] == 256 and max(REFERENCE["token_lengths"]) == 256
+
+
+def test_every_embedding_has_unit_norm(embedded: np.ndarray) -> None:
+    norms = np.linalg.norm(embedded.astype(np.float64), axis=1)
+    assert np.all(np.abs(norms - 1.0) <= 1e-3)
+
+
+def test_paraphrases_score_higher_than_every_unrelated_pair(embedded: np.ndarray) -> None:
+    n = len(SENTENCES["pairs"])
+    assert n >= 20
+    a, b = embedded[0:2 * n:2].astype(np.float64), embedded[1:2 * n:2].astype(np.float64)
+    cosine = a @ b.T  # unit vectors: [i, j] is the similarity of a_i and b_j
+    paraphrase = np.diag(cosine)
+    unrelated = cosine[~np.eye(n, dtype=bool)]
+    assert paraphrase.min() > unrelated.max(), (paraphrase.min(), unrelated.max())
+
+
+def test_bucketing_keeps_input_order_and_equals_plain_padding(handler: MiniLMHandler) -> None:
+    texts = generate_texts(96, seed=5).texts
+    texts[7] = "short"
+    bucketed = handler.embed(texts)
+    plain = handler.embed(texts, bucketing=False)
+    one_by_one = np.stack([handler.embed([t])[0] for t in texts[:12]])
+    assert float(np.abs(bucketed - plain).max()) < 1e-5
+    assert float(np.abs(bucketed[:12] - one_by_one).max()) < 1e-5
+    shuffled = np.random.default_rng(1).permutation(len(texts))
+    again = handler.embed([texts[i] for i in shuffled])
+    assert float(np.abs(again - bucketed[shuffled]).max()) < 1e-5
+
+
+def test_bucketing_pads_less_than_plain_padding(handler: MiniLMHandler) -> None:
+    ids = handler.tokenize(generate_texts(256, seed=6).texts)
+    bucketed, plain = handler.layout(ids), handler.layout(ids, bucketing=False)
+    real = sum(len(r) for r in ids)
+    assert len(plain["ids"]) == 256 * max(len(r) for r in ids)
+    assert real <= len(bucketed["ids"]) < len(plain["ids"]) / 2
+    assert len(bucketed["passes"]) > 1
+
+
+def test_texts_over_max_tokens_are_cut_and_counted() -> None:
+    h = MiniLMHandler(max_tokens=16)
+    h.load(torch.device("cpu"))
+    long_text = "the quick brown fox jumps over the lazy dog " * 20
+    ids = h.tokenize(["hello world", long_text, long_text * 500])  # the last is cut in characters first
+    assert [len(r) for r in ids[1:]] == [16, 16] and len(ids[0]) == 4
+    assert ids[1][0] == ids[0][0] and ids[1][-1] == ids[0][-1]  # still [CLS] ... [SEP]
+    assert h.truncated == 2
+    h.embed([long_text])
+    assert h.truncated == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 512), min_size=1, max_size=300), st.integers(0, 5000), st.integers(64, 20_000),
+       st.booleans())
+def test_plan_passes_covers_every_row_once_within_the_token_cap(lengths: list[int], overhead: int, cap: int,
+                                                                bucketing: bool) -> None:
+    sorted_lengths = np.sort(np.asarray(lengths))
+    passes = plan_passes(sorted_lengths, overhead, cap, bucketing)
+    assert passes[0].start == 0 and passes[-1].stop == len(lengths)
+    offset = 0
+    for before, after in itertools.pairwise(passes):
+        assert before.stop == after.start
+    for p in passes:
+        assert p.stop > p.start and p.offset == offset and p.rows == p.stop - p.start and p.row_offset == p.start
+        assert p.length >= sorted_lengths[p.stop - 1]  # every row fits
+        assert (p.stop - p.start) * p.length <= cap or p.stop - p.start == 1
+        offset += (p.stop - p.start) * p.length
+    if not bucketing:
+        assert {p.length for p in passes} == {int(sorted_lengths[-1])}
+    else:  # never costlier than plain padding, by the planner's own measure
+        plain = plan_passes(sorted_lengths, overhead, cap, False)
+        cost = sum((p.stop - p.start) * p.length + overhead for p in passes)
+        assert cost <= sum((p.stop - p.start) * p.length + overhead for p in plain)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 512), min_size=1, max_size=600), st.integers(0, 5000),
+       st.sampled_from([16_384, 262_144]))
+def test_a_fixed_shape_set_plans_passes_of_its_shapes_only(lengths: list[int], overhead: int, cap: int) -> None:
+    shapes = ShapeSet(max_rows=cap // 16)
+    sorted_lengths = np.sort(np.asarray(lengths))
+    passes = plan_passes(sorted_lengths, overhead, cap, True, shapes)
+    sizes = set(shapes.row_sizes.tolist())
+    assert passes[0].start == 0 and passes[-1].stop == len(lengths)
+    offset = row_offset = 0
+    for before, after in itertools.pairwise(passes):
+        assert before.stop == after.start
+    for p in passes:
+        assert p.length % 16 == 0 and p.length >= sorted_lengths[p.stop - 1] and p.length <= 512
+        assert p.rows in sizes and p.rows >= p.stop - p.start and p.rows * p.length <= cap
+        assert p.offset == offset and p.row_offset == row_offset
+        offset += p.rows * p.length
+        row_offset += p.rows
+    assert len({(p.rows, p.length) for p in passes}) <= len(passes)
+
+
+def test_row_sizes_are_few_and_pad_a_pass_by_at_most_a_third() -> None:
+    shapes = ShapeSet(max_rows=16_384)
+    sizes = shapes.row_sizes
+    assert sizes[0] == 8 and sizes[-1] == 16_384 and len(sizes) == 23
+    rows = np.arange(1, 16_385)
+    padded = shapes.rows(rows)
+    assert (padded >= rows).all() and np.isin(padded, sizes).all()
+    assert ((padded - rows)[rows >= 8] <= rows[rows >= 8] / 2).all()  # 8 -> 12 -> 16 -> 24: under 1.5x
+    assert shapes.fit(100) == 96 and shapes.fit(3) == 8 and list(shapes.lengths(np.array([1, 16, 17]))) == [16, 16, 32]
+
+
+def test_a_fixed_shape_set_embeds_as_each_batchs_own_shapes_do(handler: MiniLMHandler) -> None:
+    """Lengths rounded up and padding rows change what runs, not what comes out: the masks keep padding out."""
+    fixed = MiniLMHandler(fixed_shapes=True)
+    fixed.load(torch.device("cpu"))
+    texts = generate_texts(150, seed=8).texts
+    layout = fixed.layout(fixed.tokenize(texts))
+    assert {p.length % 16 for p in layout["passes"]} == {0}
+    assert sum(p.rows for p in layout["passes"]) > len(texts), "padding rows were added"
+    assert float(np.abs(fixed.embed(texts) - handler.embed(texts)).max()) < 1e-5
+
+
+def test_no_pass_may_use_cudnn_attention(handler: MiniLMHandler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's attention builds a graph per new input shape (bfloat16 ran 10x slower than float32 on a stream of
+    new shapes until that backend was left out): every forward pass runs with it disabled."""
+    import stream.models.bert as bert
+
+    seen: list[bool] = []
+    real = bert.F.scaled_dot_product_attention
+
+    def attention(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bert.F, "scaled_dot_product_attention", attention)
+    handler.embed(["one text", "and another, longer text"])
+    assert seen and not any(seen), "a pass ran with cuDNN attention enabled"
+    assert torch.backends.cuda.cudnn_sdp_enabled(), "the default is back once the batch is done"
+
+
+def test_model_files_from_a_folder_and_clear_errors(tmp_path: Path) -> None:
+    files = read_model_files(None)
+    folder = tmp_path / "minilm"
+    (folder / "1_Pooling").mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    h = MiniLMHandler(folder)
+    h.load(torch.device("cpu"))
+    assert h.version.startswith("sha256-") and h.outputs[0].size == 384
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(UnrecoverableModelError, match=r"lacks tokenizer\.json"):
+        MiniLMHandler(folder).load(torch.device("cpu"))
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (folder / "tokenizer.json").write_bytes(files["tokenizer.json"])
+    with pytest.raises(UnrecoverableModelError, match="not mean pooling"):
+        MiniLMHandler(folder).load(torch.device("cpu"))
+    with pytest.raises(UnrecoverableModelError, match="needs a CUDA device"):
+        MiniLMHandler(dtype="float16").load(torch.device("cpu"))
+    with pytest.raises(UnrecoverableModelError, match="--cuda-graphs needs a CUDA device"):
+        MiniLMHandler(cuda_graphs=True).load(torch.device("cpu"))
+
+
+def test_text_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="between 3 and"):
+        create_handler("minilm", None, TextOptions(max_tokens=600))
+    with pytest.raises(ConfigError, match="apply to --model minilm only"):
+        create_handler("demo", None, TextOptions(max_tokens=64))
+    with pytest.raises(ConfigError, match="--cuda-graphs apply to --model minilm only"):
+        create_handler("demo", None, TextOptions(cuda_graphs=True))
+    graphs = create_handler("minilm", None, TextOptions(cuda_graphs=True))
+    assert isinstance(graphs, MiniLMHandler) and graphs.cuda_graphs and graphs.shapes is not None
+    handler = create_handler("minilm", None, TextOptions(max_tokens=64, dtype="bfloat16"))
+    assert isinstance(handler, MiniLMHandler) and handler.max_tokens == 64 and handler.dtype == "bfloat16"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_engine_path_matches_the_cpu_and_half_precision_stays_close(embedded: np.ndarray) -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    texts = REFERENCE["texts"]
+    engine = InferenceEngine(MiniLMHandler(), torch.device("cuda"))  # pinned staging, copy and compute streams
+    ahead = [engine.submit({"text": texts[i:i + 8]}) for i in range(0, len(texts), 8)]  # several in flight
+    got = np.concatenate([engine.result(f).outputs["embedding"] for f in ahead])
+    assert float(np.abs(got - embedded).max()) <= 1e-4
+    half = InferenceEngine(MiniLMHandler(dtype="bfloat16"), torch.device("cuda")).run({"text": texts})
+    cosine = (half.outputs["embedding"].astype(np.float64) * embedded).sum(axis=1)
+    assert cosine.min() > 0.99
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_replay_what_the_eager_passes_compute_and_stay_bounded(embedded: np.ndarray) -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    texts = REFERENCE["texts"] + generate_texts(600, seed=9).texts
+    eager = InferenceEngine(MiniLMHandler(fixed_shapes=True), torch.device("cuda")).run({"text": texts})
+    handler = MiniLMHandler(cuda_graphs=True)
+    engine = InferenceEngine(handler, torch.device("cuda"))
+    assert handler._graphs is not None
+    handler._graphs._limit = 4  # evicts as it goes
+    for size in (7, 64, 300, len(texts)):  # new shapes, then shapes seen before
+        got = engine.run({"text": texts[:size]}).outputs["embedding"]
+        want = eager.outputs["embedding"][:size]
+        assert float(np.abs(got - want).max()) < 1e-4
+    assert float(np.abs(got[: len(REFERENCE["texts"])] - embedded).max()) <= 1e-4
+    assert len(handler._graphs) <= 4 and handler._graphs.captured > 4
+    assert engine.run({"text": texts}).outputs["embedding"].tobytes() == got.tobytes(), "replays are deterministic"

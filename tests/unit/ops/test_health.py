@@ -1,0 +1,80 @@
+"""The probes beside /metrics: liveness from the poll loop's turns and failure, readiness from the model, the
+group, the brokers and stalled partitions; served over HTTP with /metrics on one port."""
+
+from __future__ import annotations
+
+from stream.local.broker import free_port
+from stream.ops.health import LIVENESS_S, Health, serve
+from stream.ops.metrics import StreamMetrics
+from tests.probes import get
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ready_health(clock: Clock) -> Health:
+    health = Health(clock)
+    health.model_loaded = health.joined = True
+    return health
+
+
+def test_liveness_needs_the_poll_loop_to_keep_turning_once_it_runs_and_no_failure() -> None:
+    clock = Clock()
+    health = Health(clock)
+    clock.now += 10 * LIVENESS_S
+    assert health.live() == [], "before the loop runs (waiting for brokers at start-up) it is alive"
+    health.polling = True
+    assert health.live() == [f"poll loop has not gone round for {10 * LIVENESS_S:.0f}s"]
+    health.tick()
+    assert health.live() == []
+    clock.now += LIVENESS_S - 1
+    assert health.live() == []
+    health.failed = "PublishError: boom"
+    assert health.live() == ["failed: PublishError: boom"]
+
+
+def test_readiness_needs_the_model_the_group_reachable_brokers_and_no_stalled_partition() -> None:
+    clock = Clock()
+    health = Health(clock)
+    assert health.ready() == ["model not loaded", "not in the consumer group yet (no assignment)"]
+    health = ready_health(clock)
+    assert health.ready() == []
+    health.unreachable = lambda: True
+    assert health.ready() == ["Kafka brokers unreachable"]
+    health.unreachable = lambda: False
+    health.stalled = lambda: 2
+    assert health.ready() == ["2 partitions stalled"]
+    health.stalled = lambda: 0
+    health.polling = True
+    clock.now += LIVENESS_S + 1
+    assert health.ready() == [f"poll loop has not gone round for {LIVENESS_S + 1:.0f}s"], "not alive: not ready"
+
+
+def test_metrics_and_probes_are_served_on_one_port_and_stop() -> None:
+    metrics = StreamMetrics()
+    metrics.consumed.inc(3)
+    clock = Clock()
+    health = Health(clock)
+    port = free_port()
+    server = serve(metrics.registry, health, port, "127.0.0.1")
+    try:
+        status, body = get(port, "/metrics")
+        assert status == 200 and "stream_records_consumed_total 3.0" in body
+        assert get(port, "/healthz") == (200, "ok\n")
+        assert get(port, "/readyz") == (503, "model not loaded\nnot in the consumer group yet (no assignment)\n")
+        health.model_loaded = health.joined = True
+        assert get(port, "/readyz") == (200, "ok\n")
+        health.unreachable = lambda: True
+        assert get(port, "/readyz") == (503, "Kafka brokers unreachable\n")
+        assert get(port, "/healthz") == (200, "ok\n"), "waiting for brokers is not a reason to restart"
+        for typo in ("/", "/readz", "/heathz", "/metrics/", "/metricsx", "/healthz/extra"):
+            status, body = get(port, typo)
+            assert status == 404 and "serves /metrics, /healthz and /readyz" in body, typo
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,484 @@
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from producers.events import generate_events
+from stream.codec import (
+    DEFAULT_SCHEMAS_DIR,
+    InputSource,
+    SchemaRegistry,
+    decode,
+    encode,
+)
+from stream.codec import decoder as decoder_module
+from stream.config import load_settings
+from stream.errors import ModelError, StreamError, UnrecoverableModelError
+from stream.kafka.offsets import OffsetTracker
+from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
+from stream.kafka.records import Records
+from stream.models.demo import EVENT_SCHEMA
+from stream.ops.metrics import StreamMetrics
+from stream.ops.verify import input_source
+from stream.pipeline.inference import InferenceEngine
+from stream.pipeline.processing import (
+    DLQ_ERROR_MESSAGE,
+    DLQ_ERROR_REASON,
+    DLQ_MODEL,
+    DLQ_STAGE,
+    BatchProcessor,
+    DeadLetterBreaker,
+    Dispatched,
+    ProcessingPolicy,
+)
+from stream.pipeline.schemas import build_codecs
+from tests.handlers import POISON_MARK, PoisonHandler
+
+REGISTRY = SchemaRegistry.from_dir()
+EVENT = REGISTRY.by_name(EVENT_SCHEMA)
+
+
+class FakePublisher:
+    """Acknowledges every record at once, like a broker that never fails."""
+
+    transactional = False
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, dict[str, bytes]]] = []
+        self.done: list[SpanDelivery] = []
+        self.kicks: list[int] = []  # len(sent) at each send_now()
+        self.partitions: list[int] = []  # the partition each record was sent to (-1: the partitioner's)
+        self.topic_partitions: dict[str, int] = {"in.replies": 4}
+        self.held_topics: set[str] = set()  # records to these topics are acknowledged by release()
+        self.held: list[SpanDelivery] = []
+
+    def release(self) -> None:
+        for cb in self.held:
+            cb(None, None)  # type: ignore[arg-type]
+        self.held.clear()
+
+    def send_now(self, window_s: float = 0.0) -> None:
+        self.kicks.append(len(self.sent))
+
+    def serve(self) -> None:
+        pass
+
+    def failure(self) -> None:
+        return None
+
+    def produce_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None],
+                     headers: Sequence[Any], callbacks: Sequence[SpanDelivery],
+                     partitions: Sequence[int] | None = None) -> None:
+        for i, (v, k, h, cb) in enumerate(zip(values, keys, headers, callbacks, strict=True)):
+            self.sent.append((topic, v, k, dict(h or [])))
+            self.partitions.append(-1 if partitions is None else partitions[i])
+            if topic in self.held_topics:
+                self.held.append(cb)
+            else:
+                cb(None, None)  # type: ignore[arg-type]
+
+    def partition_count(self, topic: str) -> int | None:
+        return self.topic_partitions.get(topic)
+
+    def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
+                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
+        starts = [0, *ends[:-1].tolist()]
+        self.produce_many(topic, [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], keys,
+                          [None] * len(keys), [deliveries[p] for p in row_partitions.tolist()])
+
+    def span_done(self, delivery: SpanDelivery) -> None:
+        self.done.append(delivery)
+
+    def topics(self) -> list[str]:
+        return [t for t, *_ in self.sent]
+
+    def sources(self, topic: str = "out") -> list[tuple[str, int, int]]:
+        """The input record each record sent to ``topic`` names (predictions in their value, dead letters in
+        their headers)."""
+        return [input_source(decode(REGISTRY, v)[1] if t == "out" else {}, h)  # type: ignore[arg-type]
+                for t, v, _, h in self.sent if t == topic]
+
+
+def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retries: int = 1,
+         max_fraction: float = 0.9, provenance_headers: bool = False, reply_topics: frozenset[str] = frozenset(),
+         schemas_dir: Path | None = None, **given: Any) -> tuple[BatchProcessor, FakePublisher]:
+    """A processor wired as the worker wires it (its schemas from ``schemas_dir``, the repository's by default;
+    ``given``: more worker settings)."""
+    engine = InferenceEngine(handler or PoisonHandler(model_dir), torch.device("cpu"))
+    publisher = FakePublisher()
+    settings = load_settings({"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "x",
+                              "schemas_dir": schemas_dir, **given}, environ={})
+    decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
+    policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
+                              event_time_field=event_time, reply_topics=reply_topics)
+    processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),  # type: ignore[arg-type]
+                               sleep=lambda s: None, reply_partitions=publisher.partition_count)
+    return processor, publisher
+
+
+def batch_of(values: list[bytes | None], publisher: FakePublisher, replies: dict[int, bytes] | None = None
+             ) -> tuple[Dispatched, OffsetTracker]:
+    tracker = OffsetTracker()
+    tracker.assign([("in", 0)])
+    n = len(values)
+    records = Records.build(values, [b"k%d" % i for i in range(n)], [0] * n, range(n), replies)
+    span = tracker.dispatch(("in", 0), 0, n - 1, n)
+    delivery = SpanDelivery(publisher, span)  # type: ignore[arg-type]
+    return Dispatched(records, records.partitions, records.offsets, {0: delivery}), tracker
+
+
+def events(n: int, poison_rows: Sequence[int] = ()) -> list[bytes | None]:
+    block = generate_events(n, seed=9)
+    records = block.records()
+    for r in poison_rows:
+        records[r]["features"] = [POISON_MARK] + [0.0] * 31
+    return [encode(EVENT, r) for r in records]
+
+
+def test_clean_batch_publishes_one_prediction_per_event_and_completes_the_span(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(20), pub)
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 20
+    assert tracker.committable() == {("in", 0): 20}
+    assert pub.sources() == [("in", 0, i) for i in range(20)], "each prediction names its input record"
+    assert all(h == {} for *_, h in pub.sent), "no provenance headers by default"
+    assert pub.kicks == [20], "the batch's records are sent at once, after the last is queued"
+
+
+def test_provenance_headers_when_asked_for_or_when_the_schema_has_no_input_fields(
+        model_dir: Path, tmp_path: Path) -> None:
+    processor, pub = make(model_dir, provenance_headers=True)
+    processor.process(batch_of(events(5), pub)[0])
+    assert pub.sources() == [("in", 0, i) for i in range(5)]
+    headers = [(h[HEADER_TOPIC], h[HEADER_PARTITION], h[HEADER_OFFSET]) for *_, h in pub.sent]
+    assert headers == [(b"in", b"0", b"%d" % i) for i in range(5)], "the headers agree with the value"
+    # A registry whose prediction schema predates the input_* fields (version 1 only): headers, always.
+    listing = {"1": "fraud_event.avsc", "2": "fraud_prediction.avsc"}
+    (tmp_path / "registry.json").write_text(json.dumps({"schemas": listing}))
+    for name in listing.values():
+        shutil.copy(DEFAULT_SCHEMAS_DIR / name, tmp_path / name)
+    old = SchemaRegistry.from_dir(tmp_path)
+    processor, pub = make(model_dir, schemas_dir=tmp_path)
+    processor.process(batch_of(events(3), pub)[0])
+    assert all("input_offset" not in decode(old, v)[1] for _, v, _, _ in pub.sent)
+    assert [h[HEADER_OFFSET] for *_, h in pub.sent] == [b"0", b"1", b"2"]
+    assert pub.sources() == [("in", 0, 0), ("in", 0, 1), ("in", 0, 2)]
+
+
+def test_a_reply_addressed_record_gets_a_copy_at_its_address_and_commits_only_once_the_copy_is_delivered(
+        model_dir: Path) -> None:
+    processor, pub = make(model_dir, reply_topics=frozenset({"in.replies"}))
+    pub.held_topics.add("in.replies")
+    replies = {3: b"in.replies:2:poisoned", 5: b"in.replies:1:five", 7: b"in.replies:2:seven",
+               9: b"elsewhere:0:refused", 11: b"no address", 13: b"in.replies:4:no-such-partition"}
+    batch, tracker = batch_of(events(20, poison_rows=[3]), pub, replies)
+    processor.process(batch)
+    out = {offset: v for (_, _, offset), v in zip(pub.sources(), [v for t, v, *_ in pub.sent if t == "out"],
+                                                   strict=True)}
+    copies = [(p, v, k, h) for (t, v, k, h), p in zip(pub.sent, pub.partitions, strict=True) if t == "in.replies"]
+    assert [(p, h["stream.reply"], k) for p, _, k, h in copies] == [
+        (1, b"in.replies:1:five", b"k5"), (2, b"in.replies:2:seven", b"k7"), (2, b"in.replies:2:poisoned", b"k3")]
+    assert copies[0][1] == out[5] and copies[1][1] == out[7], "the prediction itself, byte for byte"
+    assert [h[HEADER_OFFSET] for *_, h in copies] == [b"5", b"7", b"3"]
+    assert copies[2][3][DLQ_STAGE] == b"model", "a dead-lettered record's copy carries the dead letter's headers"
+    assert tracker.committable() == {}, "the span waits for its copies"
+    pub.release()
+    assert tracker.committable() == {("in", 0): 20}
+    metrics = processor._metrics.replies
+    assert metrics.labels("sent")._value.get() == 3 and metrics.labels("refused")._value.get() == 3
+
+
+def test_without_reply_topics_no_address_is_answered(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(4), pub, {1: b"in.replies:0:x"})
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 4 and tracker.committable() == {("in", 0): 4}
+
+
+@pytest.mark.parametrize("poison", [[0], [7], [19], [3, 4, 15], list(range(20))])
+def test_poison_records_are_isolated_and_the_rest_published(model_dir: Path, poison: list[int]) -> None:
+    processor, pub = make(model_dir)
+    batch, tracker = batch_of(events(20, poison), pub)
+    processor.process(batch)
+    dead = [(int(h[HEADER_OFFSET]), h) for t, _, _, h in pub.sent if t == "dlq"]
+    assert sorted(o for o, _ in dead) == poison
+    assert all(h[DLQ_STAGE] == b"model" and h[DLQ_MODEL].startswith(b"demo-fraud-mlp") for _, h in dead)
+    preds = [decode(REGISTRY, v)[1]["event_id"] for t, v, _, _ in pub.sent if t == "out" and v]
+    expected = [e for i, e in enumerate(generate_events(20, seed=9).event_ids) if i not in poison]
+    assert preds == expected  # order kept
+    assert tracker.committable() == {("in", 0): 20}, "dead letters acknowledge their records too"
+    assert batch.deliveries[0].dead == len(poison)
+    assert pub.kicks == [20], "predictions and dead letters go out together"
+
+
+def test_bad_bytes_go_to_the_dlq_with_key_value_and_headers(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    good = events(3)
+    values: list[bytes | None] = [good[0], b"\x07garbage", None, good[1], b"\x00" * 20_000, good[2]]
+    batch, tracker = batch_of(values, pub)
+    processor.process(batch)
+    dlq = {int(h[HEADER_OFFSET]): (v, k, h) for t, v, k, h in pub.sent if t == "dlq"}
+    assert {o: h[DLQ_ERROR_REASON] for o, (_, _, h) in dlq.items()} == {
+        1: b"bad-magic", 2: b"null-value", 4: b"oversized"}
+    assert dlq[1][0] == b"\x07garbage" and dlq[1][1] == b"k1"
+    assert dlq[4][0] is None and dlq[4][2]["stream.dlq.value.bytes"] == b"20000"
+    assert pub.topics().count("out") == 3
+    assert tracker.committable() == {("in", 0): 6}
+
+
+def test_without_dlq_a_bad_record_stops_and_acknowledges_nothing(model_dir: Path) -> None:
+    processor, pub = make(model_dir, dlq=None)
+    batch, tracker = batch_of([events(1)[0], b"\x01bad"], pub)
+    with pytest.raises(StreamError, match=r"no --dlq-topic.*in\[0\]@1"):
+        processor.process(batch)
+    assert tracker.committable() == {}
+
+
+class FlakyHandler(PoisonHandler):
+    def __init__(self, model_dir: Path, failures: int) -> None:
+        super().__init__(model_dir)
+        self.failures = failures
+        self.calls = 0
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError("transient")
+        return super().predict(inputs)
+
+
+def test_transient_errors_are_retried_before_splitting(model_dir: Path) -> None:
+    handler = FlakyHandler(model_dir, failures=2)
+    processor, pub = make(model_dir, handler=handler, retries=2)
+    batch, _ = batch_of(events(8), pub)
+    processor.process(batch)
+    assert handler.calls == 3 and pub.topics() == ["out"] * 8
+
+
+class DeadDevice(PoisonHandler):
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        raise UnrecoverableModelError("device lost")
+
+
+def test_systemic_error_stops_without_acknowledging(model_dir: Path) -> None:
+    processor, pub = make(model_dir, handler=DeadDevice(model_dir))
+    batch, tracker = batch_of(events(4), pub)
+    with pytest.raises(UnrecoverableModelError):
+        processor.process(batch)
+    assert pub.sent == [] and tracker.committable() == {}
+
+
+def test_circuit_breaker_trips_on_a_mostly_bad_stream(model_dir: Path) -> None:
+    processor, pub = make(model_dir, max_fraction=0.2)
+    for _ in range(3):
+        batch, _ = batch_of(events(50), pub)
+        processor.process(batch)
+    with pytest.raises(StreamError, match="circuit breaker"):
+        for _ in range(5):
+            batch, _ = batch_of([b"\x01x"] * 50, pub)
+            processor.process(batch)
+
+
+def test_breaker_window_forgets_old_batches() -> None:
+    breaker = DeadLetterBreaker(0.5, window=100)
+    for _ in range(10):
+        breaker.record(100, 0)
+    breaker.record(100, 40)  # 40 % of the window: fine
+    with pytest.raises(StreamError):
+        breaker.record(100, 60)
+
+
+def test_model_error_type_is_preserved_for_single_bad_rows(model_dir: Path) -> None:
+    engine = InferenceEngine(PoisonHandler(model_dir), torch.device("cpu"))
+    with pytest.raises(ModelError, match="poison"):
+        engine.run(np.full((1, 32), POISON_MARK, dtype=np.float32))
+
+
+def test_dead_letters_keep_input_order_across_stages(model_dir: Path) -> None:
+    processor, pub = make(model_dir)
+    values = events(6, poison_rows=[1])  # row 1: model error (found after decoding)
+    values[4] = b"\x09bad"  # row 4: decode error (found first)
+    batch, _ = batch_of(values, pub)
+    processor.process(batch)
+    assert [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "dlq"] == [1, 4]
+
+
+def test_an_unreachable_registry_is_waited_out_and_a_stop_abandons_the_batch(model_dir: Path) -> None:
+    from stream.codec.registry import RegistryUnavailable
+    from stream.pipeline.processing import Abandoned
+
+    processor, pub = make(model_dir)
+    real = processor._decoder
+    failures = [2]
+
+    class Flaky:
+        def decode_batch(self, values: Any, max_bytes: int | None = None) -> Any:
+            if failures[0]:
+                failures[0] -= 1
+                raise RegistryUnavailable("schema registry http://r: schema id 1: ConnectError")
+            return real.decode_batch(values, max_bytes)
+
+    processor._decoder = Flaky()  # type: ignore[assignment]
+    batch, tracker = batch_of(events(5), pub)
+    processor.process(batch)
+    assert len(pub.sent) == 5 and failures == [0], "published once the registry answered"
+    assert processor._metrics.registry_retries._value.get() == 2
+
+    failures[0] = 1
+    stopping = [True]
+    processor._stopping = lambda: stopping[0]
+    batch, tracker = batch_of(events(3), pub)
+    with pytest.raises(Abandoned):
+        processor.process(batch)
+    assert len(pub.sent) == 5, "nothing of the abandoned batch published"
+    assert tracker.committable() == {}, "nor acknowledged"
+
+
+class OutOfMemoryOver(PoisonHandler):
+    """Runs out of device memory on any batch of more than ``rows`` rows (a CUDA allocator's error, on the CPU)."""
+
+    def __init__(self, model_dir: Path, rows: int) -> None:
+        super().__init__(model_dir)
+        self.rows = rows
+        self.sizes: list[int] = []
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(len(inputs))
+        if len(inputs) > self.rows:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().predict(inputs)
+
+
+def test_out_of_device_memory_splits_the_batch_without_retrying_it_or_losing_a_row(model_dir: Path) -> None:
+    handler = OutOfMemoryOver(model_dir, rows=4)
+    processor, pub = make(model_dir, handler=handler, retries=3)
+    batch, tracker = batch_of(events(16), pub)
+    processor.process(batch)
+    assert pub.topics() == ["out"] * 16 and tracker.committable() == {("in", 0): 16}
+    assert handler.sizes == [16, 8, 4, 4, 8, 4, 4], "split at once, never the same size twice"
+    assert processor._metrics.oom_splits._value.get() == 3
+    assert processor._metrics.model_retries._value.get() == 0
+    # a single row that does not fit is dead-lettered as such, the rest published
+    handler = OutOfMemoryOver(model_dir, rows=0)
+    processor, pub = make(model_dir, handler=handler, retries=3)
+    batch, tracker = batch_of(events(2), pub)
+    processor.process(batch)
+    assert [h[DLQ_ERROR_REASON] for t, _, _, h in pub.sent] == [b"out-of-memory"] * 2
+    assert tracker.committable() == {("in", 0): 2}
+
+
+def test_text_model_dead_letters_null_empty_and_non_utf8_texts_and_counts_cut_ones(model_dir: Path) -> None:
+    from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+    from stream.models.minilm import MiniLMHandler
+
+    text_event = REGISTRY.by_name(TEXT_EVENT_SCHEMA)
+    texts: list[str | None] = ["A normal sentence.", None, "", "   \t\n", "XXXX", "word " * 1500, "Another one."]
+    values = [encode(text_event, {"event_id": f"e{i}", "key": "k", "ts_ms": i, "text": t})
+              for i, t in enumerate(texts)]
+    values[4] = values[4].replace(b"XXXX", b"\xff\xfe\xc3\x28")  # not UTF-8
+    handler = MiniLMHandler()
+    processor, pub = make(model_dir, handler=handler, input_schema=TEXT_EVENT_SCHEMA,
+                          output_schema=TEXT_EMBEDDING_SCHEMA, copy_fields=TEXT_COPY_FIELDS)
+    batch, tracker = batch_of(values, pub)
+    processor.process(batch)
+    dead = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_REASON] for t, _, _, h in pub.sent if t == "dlq"}
+    assert dead == {1: b"null-input", 2: b"empty-input", 3: b"empty-input", 4: b"corrupt-avro"}
+    messages = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_MESSAGE] for t, _, _, h in pub.sent if t == "dlq"}
+    assert b"not UTF-8" in messages[4] and b"input text" in messages[2]
+    assert tracker.committable() == {("in", 0): 7}
+    out = [t for t, *_ in pub.sent].count("out")
+    assert out == 3
+    predictions = [decode(REGISTRY, v)[1] for t, v, _, _ in pub.sent if t == "out"]
+    assert [p["event_id"] for p in predictions] == ["e0", "e5", "e6"]
+    want = handler.embed(["A normal sentence.", "word " * 1500, "Another one."])
+    got = np.asarray([p["embedding"] for p in predictions], dtype=np.float32)
+    assert float(np.abs(got - want).max()) == 0.0 and got.shape == (3, 384)
+    assert processor._metrics.inputs_truncated._value.get() == 1  # counted once, not again by embed() above
+
+
+def other_thread_ran_during(call: Any) -> bool:
+    """Whether another Python thread ran while ``call`` was in C: with a switch interval of a second the calling
+    thread is never made to give the GIL up between reading the other thread's counter and entering the call, so
+    the counter can only move meanwhile if the call released the GIL itself."""
+    import sys
+    import threading
+
+    counter = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    thread = threading.Thread(target=spin, daemon=True)
+    try:
+        thread.start()
+        while counter[0] == 0:
+            pass  # the spinning thread is running
+        before = counter[0]
+        call()
+        after = counter[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(previous)
+        thread.join()
+    return after > before
+
+
+class GilProbe:
+    """Stands in for the C codec module: runs ``run_plan`` and ``encode_rows`` under `other_thread_ran_during`."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.ran: list[tuple[str, bool]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.module, name)
+        if name not in ("run_plan", "encode_rows"):
+            return real
+
+        def probed(*args: Any) -> Any:
+            # A call that releases the GIL lets the spinning thread in only if the OS schedules it before the call
+            # ends (a few milliseconds; on a loaded machine it may not be): up to five tries. A call that holds the
+            # GIL can never let it in (each try is far shorter than the one-second switch interval), so five tries
+            # still say False.
+            out: list[Any] = []
+            ran = False
+            for _ in range(5):
+                out.clear()
+                ran = other_thread_ran_during(lambda: out.append(real(*args)))
+                if ran:
+                    break
+            self.ran.append((name, ran))
+            return out[0]
+        return probed
+
+
+@pytest.mark.skipif(decoder_module._nativecodec is None, reason="the C codec is not built")
+def test_the_c_codec_decodes_and_encodes_a_batch_without_holding_the_gil(model_dir: Path) -> None:
+    """So that the prepare pool scales: a batch's decode (the worker's joined records) and its predictions'
+    encode run in C while the other stages' threads run Python."""
+    processor, pub = make(model_dir)
+    probe = GilProbe(decoder_module._nativecodec)
+    processor._decoder._native = probe
+    processor._encoder._native = probe
+    batch, _ = batch_of(events(20_000), pub)
+    decoded, errors = processor._decoder.decode_batch(batch.records)
+    assert errors == [] and len(decoded) == 20_000
+    processor._decoder.decode_batch(batch.records.values())
+    assert probe.ran == [("run_plan", True), ("run_plan", False)], \
+        "the joined records are decoded without the GIL, a list of bytes objects with it (the probe tells apart)"
+    outputs = processor.engine.run({"features": np.zeros((20_000, 32), dtype=np.float32)}).outputs
+    processor._encoder.encode_joined(decoded, outputs, model_name="m", model_version="1", predicted_ts_ms=0,
+                                     batch_size=20_000, source=InputSource("in", batch.partitions, batch.offsets))
+    assert probe.ran[2:] == [("encode_rows", True)]

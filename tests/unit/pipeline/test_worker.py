@@ -1,0 +1,116 @@
+"""The worker as a whole, without a broker: what it says about itself at start-up, and how the poll thread
+turns taken records into dispatched batches (the poll loop's pausing is in test_pausing.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from stream.config import WorkerSettings
+from stream.kafka.records import Records
+from stream.pipeline.worker import Worker
+from tests.handlers import PoisonHandler
+
+
+class NoConsumer:
+    """Nothing is consumed here; the worker only needs the object."""
+
+    def assignment(self) -> list[Any]:
+        return []
+
+
+class NoPublisher:
+    def failure(self) -> None:
+        return None
+
+
+@pytest.fixture
+def worker(model_dir: Path) -> Worker:
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out",
+                              group_id="g", model_dir=model_dir, max_batch_size=4, native_consumer=False)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    return w
+
+
+def records(partitions: list[int], offsets: list[int]) -> Records:
+    return Records.build([b"v"] * len(partitions), [None] * len(partitions), partitions, offsets)
+
+
+def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worker) -> None:
+    text = generate_latest(worker.metrics.registry).decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("stream_model_info{"))
+    for part in ('name="demo-fraud-mlp"', 'device="cpu"', 'input_schema="stream.demo.FraudEvent:1"',
+                 'output_schema="stream.demo.FraudPrediction:3"', 'shadow="false"'):
+        assert part in line, line
+
+
+def test_records_of_partitions_no_longer_assigned_are_dropped_when_taken(worker: Worker) -> None:
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0, 1, 0], [5, 9, 6]))
+    assert worker._summary.consumed == 2 and len(worker._batcher) == 2
+
+
+def test_a_closed_batch_is_one_span_per_partition_and_sets_the_commit_base(worker: Worker) -> None:
+    worker._tracker.assign([("in", 0), ("in", 1)])
+    worker._accept(records([0, 1, 0], [5, 9, 6]))
+    batch = worker._close_batch()
+    spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
+    assert spans == {0: (5, 6, 2), 1: (9, 9, 1)} and worker._tracker.in_flight() == 3
+    assert worker._committer.position(("in", 0)) == 5 and worker._committer.position(("in", 1)) == 9
+    assert len(worker._batcher) == 0 and worker._summary.batches == 1
+
+
+def test_a_batch_over_its_size_is_cut_and_the_rest_stays_open(worker: Worker) -> None:
+    """Records taken while paused can overfill the open batch: only max_batch_size of them go."""
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0] * 6, list(range(6))))
+    assert len(worker._close_batch().records) == 4 and len(worker._batcher) == 2
+
+
+def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
+        worker: Worker, caplog: pytest.LogCaptureFixture) -> None:
+    """Seen in a long exactly-once chaos run right after a rewind's seek: one batch held offsets 240935..240952
+    of a partition twice, and the span check stopped the worker. The second copy is dropped when taken."""
+    worker._tracker.assign([("in", 0), ("in", 1)])
+    worker._accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
+    batch = worker._close_batch()
+    assert batch.offsets.tolist() == [10, 11, 3, 12]
+    spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
+    assert spans == {0: (10, 12, 3), 1: (3, 3, 1)}
+    worker._accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
+    assert worker._close_batch().offsets.tolist() == [13]
+    assert worker._summary.consumed == 5
+    assert "dropped 3 records taken a second time from the consumer (partitions [0, 1], offsets 3..11)" in caplog.text
+    worker._tracker.forget([("in", 0)])  # a rewind (or a new assignment) starts the partition over
+    worker._tracker.assign([("in", 0)])
+    worker._accept(records([0, 0], [10, 11]))
+    assert worker._close_batch().offsets.tolist() == [10, 11]
+
+
+def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(worker: Worker,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Stuck:
+        def close(self) -> None:
+            release.wait(30)
+
+    class Failing:
+        def close(self) -> None:
+            raise RuntimeError("broker gone")
+
+    started = time.monotonic()
+    worker._close_consumer(Stuck(), 0.3)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2.0 and worker.close_abandoned
+    assert "the consumer's close did not return within" in caplog.text
+    release.set()
+    worker.close_abandoned = False
+    worker._close_consumer(Failing(), 5.0)  # type: ignore[arg-type]
+    assert not worker.close_abandoned and "consumer close: broker gone" in caplog.text
