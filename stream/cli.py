@@ -1,5 +1,6 @@
-"""``python -m stream``: worker, broker, broker-node, registry, topics, train-model, demo. Thin: parse, set up
-logging, call one function."""
+"""``python -m stream``: worker, broker, broker-node, registry, topics, train-model, demo, gateway, compare, top,
+and the benchmarks (their flags and runners in `stream.bench.cli`). Thin: parse, set up logging, call one
+function."""
 
 from __future__ import annotations
 
@@ -295,171 +296,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 bootstrap=args.bootstrap_servers, model=args.model)
 
 
-def run_bench_command(args: argparse.Namespace) -> int:
-    _setup_logging("WARNING")
-    from rich.console import Console
-    from rich.table import Table
-
-    from stream.bench.report import (
-        format_before,
-        format_broker_alone,
-        format_latency,
-        format_methods,
-        format_table,
-    )
-    from stream.bench.runner import BenchConfig, run_bench
-    from stream.bench.text import quick_text_config
-
-    cfg = BenchConfig(events=args.events)
-    if args.quick:
-        cfg = BenchConfig(events=min(args.events, 20_000), naive_events=300, faust_events=3_000,
-                          latency_seconds=2.0, warmup_seconds=1.0, generic_events=20_000, before_rounds=1,
-                          text=quick_text_config(), end_to_end_records=500)
-    if not args.text:
-        cfg.text = None
-    cfg.before = None if args.before.lower() == "none" else args.before
-    if args.before_rounds is not None:
-        cfg.before_rounds = args.before_rounds
-    if args.results is not None:
-        cfg.results = args.results
-    console = Console(width=None if sys.stdout.isatty() else 200)  # logs keep whole table rows
-    report = run_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
-    for title, rows in (("drain throughput", format_table(report)),
-                        (f"worker end-to-end latency under load (% of {report['capacity']:,.0f} events/s: the smaller "
-                         "of the default drain and the live rate)", format_latency(report))):
-        table = Table(title=title)
-        for col in rows[0]:
-            table.add_column(col, justify="right")
-        for row in rows[1:]:
-            table.add_row(*row)
-        console.print(table)
-    if "text" in report:
-        _print_text_section(console, report["text"])
-    console.print("how each drain was measured:\n  " + "\n  ".join(format_methods(report)))
-    for line in (format_before(report), format_broker_alone(report)):
-        if line:
-            console.print(line)
-    v = report["versions"]
-    console.print(f"{v['cpu_cores']} cores, Python {v['python']}, torch {v['torch']}, librdkafka {v['librdkafka']}, "
-                  f"broker {v['broker']}; results in {cfg.results}")
-    return 0
-
-
-def _print_text_section(console: Any, section: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from stream.bench.text import format_text_table
-
-    rows = format_text_table(section)
-    table = Table(title="model-bound: --model minilm (all-MiniLM-L6-v2) against the model alone, same texts and "
-                        "batch size")
-    for col in rows[0]:
-        table.add_column(col, justify="right")
-    for row in rows[1:]:
-        table.add_row(*row)
-    console.print(table)
-    for entry in section["devices"]:
-        t = entry["tokens"]
-        console.print(f"{entry['device']}: {entry['texts']:,} texts, tokens median {t['median']:.0f}, p90 "
-                      f"{t['p90']:.0f}, p99 {t['p99']:.0f}, max {t['max']} ({t['truncated']} cut), "
-                      f"{entry['torch_threads']} torch threads")
-        for b in entry["batches"]:
-            if "worker_mmap_128k" in b:
-                console.print(f"{entry['device']}, batch {b['batch']}: worker with --malloc-mmap-threshold-kib 128 "
-                              f"{b['worker_mmap_128k']['rate']:,.1f} texts/s (with the model's 32 MiB: "
-                              f"{b['worker']['rate']:,.1f})")
-    console.print(f"CUDA: {section['cuda']}")
-    stages = section.get("stages")
-    if stages is not None:
-        from stream.bench.stages import format_stages_table
-
-        rows = format_stages_table(stages)
-        table = Table(title=f"the stages against a simulated device: MiniLM's host path, batch "
-                            f"{stages['config']['batch']}, {stages['config']['texts']:,} texts a drain")
-        for col in rows[0]:
-            table.add_column(col, justify="right")
-        for row in rows[1:]:
-            table.add_row(*row)
-        console.print(table)
-        console.print(f"tokenizing alone: {stages['tokenize_alone']:,.0f} texts/s "
-                      f"({stages['tokenize_alone_one_thread']:,.0f} on one thread); "
-                      f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
-
-
-def _dtype_list(value: str) -> tuple[str, ...]:
-    dtypes = tuple(d.strip() for d in value.split(","))
-    unknown = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
-    if unknown or not dtypes:
-        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or value!r}: precisions are float32, bfloat16, "
-                                         "float16")
-    return dtypes
-
-
-def run_bench_text_command(args: argparse.Namespace) -> int:
-    _setup_logging("WARNING")
-    from rich.console import Console
-
-    from stream.bench.runner import run_text_only
-    from stream.bench.text import TextBenchConfig, quick_text_config
-
-    cfg = quick_text_config() if args.quick else TextBenchConfig()
-    if args.texts is not None:
-        cfg.texts = args.texts
-    if args.batches is not None:
-        cfg.batches = tuple(int(b) for b in args.batches.split(","))
-    if args.torch_threads is not None:
-        cfg.torch_threads = tuple(int(t) for t in args.torch_threads.split(","))
-    if args.cuda_texts is not None:
-        cfg.cuda_texts = args.cuda_texts
-    if args.cuda_dtypes is not None:
-        cfg.cuda_dtypes = args.cuda_dtypes
-    cfg.cuda_graphs = cfg.cuda_graphs and not args.no_cuda_graphs
-    cfg.reference = cfg.reference and not args.no_reference
-    if args.stages_rounds == 0:
-        cfg.stages = None
-    elif cfg.stages is not None:
-        cfg.stages.rounds = args.stages_rounds or cfg.stages.rounds
-        cfg.stages.texts = args.stages_texts or cfg.stages.texts
-    results = args.results or Path("results") / time.strftime("bench-text-%Y%m%d-%H%M%S")
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    report = run_text_only(cfg, results, args.broker, args.bootstrap_servers, console_print=console.print)
-    _print_text_section(console, report["text"])
-    console.print(f"results in {results}")
-    return 0
-
-
-def run_bench_gpu_command(args: argparse.Namespace) -> int:
-    _setup_logging("WARNING")
-    from rich.console import Console
-    from rich.table import Table
-
-    from stream.bench.gpu import GpuBenchConfig, format_gpu_table, run_gpu_bench
-
-    cfg = GpuBenchConfig(width=args.width, depth=args.depth, batch=args.batch, events=args.events)
-    if args.results is not None:
-        cfg.results = args.results
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    report = run_gpu_bench(cfg, args.broker, args.bootstrap_servers, console_print=console.print)
-    rows = format_gpu_table(report)
-    table = Table(title=f"model-bound: {cfg.width}x{cfg.depth} MLP, batches of {cfg.batch}")
-    for col in rows[0]:
-        table.add_column(col, justify="right")
-    for row in rows[1:]:
-        table.add_row(*row)
-    console.print(table)
-    s, v = report["standalone"], report["versions"]
-    overlap = s["h2d_overlap"]["overlapped_fraction"]
-    console.print(f"per batch: model {s['model_ms_per_batch']:.2f} ms, host-to-device copy "
-                  f"{s['h2d_ms_per_batch']:.3f} ms, "
-                  + (f"{overlap:.0%} of copy time under a running kernel" if overlap is not None else "no copy seen")
-                  + f"; max |error| vs float64 {s['max_abs_error_vs_float64']:.1e}")
-    console.print(f"{v['gpu']}, CUDA {v['cuda']}, torch {v['torch']}, {v['cpu_cores']} cores, broker "
-                  f"{v['broker']}; results in {cfg.results}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from stream.bench import BEFORE_FIELD_PLANS
+    from stream.bench import cli as bench_cli
 
     # Nothing here imports torch: `python -m stream --help` and the broker commands start without it.
     parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
@@ -511,44 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="minilm: seeded synthetic texts to sentence embeddings (needs the text extra)")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--partitions", type=int, default=8)
-    bench = sub.add_parser("bench", help="benchmark the worker against its limit and its peers")
-    bench.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
-    bench.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
-    bench.add_argument("--events", type=int, default=1_000_000, help="pre-produced events for the drain runs")
-    bench.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
-    bench.add_argument("--results", type=Path, default=None, help="default: results/bench-<time>")
-    bench.add_argument("--before", default=BEFORE_FIELD_PLANS, metavar="REV",
-                       help=f"compare the demo layout's drain with this git revision's worker, interleaved (default "
-                            f"{BEFORE_FIELD_PLANS}, the last before the field plans; 'none': no comparison)")
-    bench.add_argument("--before-rounds", type=int, default=None, help="drains of each in that comparison (3)")
-    bench.add_argument("--text", action=argparse.BooleanOptionalAction, default=True,
-                       help="the model-bound section (--model minilm against the model alone; needs the text extra)")
-    text = sub.add_parser("bench-text", help="the benchmark's model-bound section alone: --model minilm against the "
-                                             "model alone, CPU (and CUDA when present)")
-    text.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
-    text.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
-    text.add_argument("--texts", type=int, default=None, help="texts per CPU drain (3,000)")
-    text.add_argument("--batches", default=None, help="CPU batch sizes, comma-separated (32,128)")
-    text.add_argument("--torch-threads", default=None,
-                      help="intra-op thread counts, comma-separated, each for the model alone and the worker (1,2)")
-    text.add_argument("--stages-rounds", type=int, default=None,
-                      help="rounds of the stages against a simulated device (3; 0: none)")
-    text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (100,000)")
-    text.add_argument("--cuda-texts", type=int, default=None, help="texts per CUDA drain (51,200)")
-    text.add_argument("--cuda-dtypes", default=None, type=_dtype_list,
-                      help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")
-    text.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, leave the --cuda-graphs runs out")
-    text.add_argument("--no-reference", action="store_true", help="leave sentence-transformers' encode out")
-    text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
-    text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")
-    gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")
-    gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
-    gpu.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
-    gpu.add_argument("--width", type=int, default=8192, help="hidden layer width of the benchmark MLP")
-    gpu.add_argument("--depth", type=int, default=8, help="hidden layers of the benchmark MLP")
-    gpu.add_argument("--batch", type=int, default=1024, help="--max-batch-size of the worker, batch of the model")
-    gpu.add_argument("--events", type=int, default=500_000, help="pre-produced events for each worker drain")
-    gpu.add_argument("--results", type=Path, default=None, help="default: results/bench-gpu-<time>")
+    bench_cli.add_parsers(sub)
     from stream import gateway
     from stream.ops import compare
 
@@ -592,9 +393,11 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "broker-node": run_broker_node,
                "registry": run_registry, "topics": run_topics, "train-model": run_train, "demo": run_demo,
-               "bench": run_bench_command, "bench-text": run_bench_text_command,
-               "bench-gpu": run_bench_gpu_command, "top": run_top, "gateway": run_gateway,
-               "compare": run_compare}
+               "top": run_top, "gateway": run_gateway, "compare": run_compare}
+    if args.command.startswith("bench"):
+        from stream.bench.cli import RUNNERS
+
+        runners.update(RUNNERS)
     try:
         return runners[args.command](args)
     except StreamError as exc:

@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from stream.errors import BrokerError
-from stream.local.broker import LocalProcess, cache_dir, free_port
+from stream.local.broker import LocalProcess, free_port
 from stream.local.children import die_with_parent
+from stream.local.maven import cache_dir
 
 PACKAGE = "prometheus"
 

@@ -15,24 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from stream.errors import BrokerError
-from stream.local.broker import KAFKA_VERSION, SLF4J_VERSION, cache_dir
+from stream.local.broker import KAFKA_VERSION, SLF4J_VERSION
+from stream.local.maven import cache_dir, copy_dependencies, pom
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "jvm"
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>local.stream</groupId><artifactId>kafka-bench-runtime</artifactId><version>1</version>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-streams</artifactId>
-      <version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId>
-      <version>{kafka}</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-nop</artifactId><version>{slf4j}</version></dependency>
-  </dependencies>
-</project>
-"""
-
-
 def bench_libs_dir() -> Path:
     return cache_dir() / f"kafka-{KAFKA_VERSION}" / "bench-libs"
 
@@ -40,23 +27,11 @@ def bench_libs_dir() -> Path:
 def ensure_bench_jars() -> Path:
     """kafka-streams and kafka-tools (with their dependencies) from Maven Central, once; returns the folder."""
     libs = bench_libs_dir()
-    if (libs / ".complete").is_file():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None or shutil.which("java") is None:
-        raise BrokerError("the JVM contenders need `java` (17+) and `mvn` on PATH")
-    home = libs.parent / "bench-pom"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION))
-    log.info("resolving kafka-streams and kafka-tools %s with Maven into %s", KAFKA_VERSION, libs)
-    proc = subprocess.run(
-        [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
-        cwd=home, capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0:
-        raise BrokerError(f"maven could not resolve the benchmark's Kafka jars:\n{proc.stdout[-2000:]}"
-                          f"{proc.stderr[-2000:]}")
-    (libs / ".complete").write_text(KAFKA_VERSION + "\n")
-    return libs
+    deps = [("org.apache.kafka", "kafka-streams", KAFKA_VERSION), ("org.apache.kafka", "kafka-tools", KAFKA_VERSION),
+            ("org.slf4j", "slf4j-nop", SLF4J_VERSION)]
+    return copy_dependencies(libs, libs.parent / "bench-pom", pom("kafka-bench-runtime", deps),
+                             what=f"kafka-streams and kafka-tools {KAFKA_VERSION}", needs="the JVM contenders need",
+                             marker=KAFKA_VERSION)
 
 
 def ensure_compiled() -> Path:

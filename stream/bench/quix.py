@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def quix_venv() -> Path:
-    from stream.local.broker import cache_dir
+    from stream.local.maven import cache_dir
 
     return cache_dir() / f"quixstreams-{QUIX_VERSION}" / "venv"
 

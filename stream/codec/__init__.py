@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from stream.errors import ConfigError, DecodeError
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 HEADER_SIZE = _HEADER.size
-DEFAULT_SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+# The repository's schemas/ folder; an installed package (the image) has none beside it: STREAM_SCHEMAS_DIR names it.
+DEFAULT_SCHEMAS_DIR = Path(os.environ.get("STREAM_SCHEMAS_DIR") or Path(__file__).resolve().parents[2] / "schemas")
 
 
 def strip_logical_types(schema: Any) -> Any:

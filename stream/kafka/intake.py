@@ -4,6 +4,7 @@ that takes them from a librdkafka queue the assigned partitions' fetch queues ar
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message
@@ -106,3 +107,29 @@ def consume_error(err: KafkaError) -> None:
     if err.fatal() or not err.retriable():
         raise KafkaClientError("consume", err)
     log.warning("consume: %s", err)
+
+
+def close_within(consumer: Consumer, timeout_s: float) -> bool:
+    """Leave the group (a revoke callback then finds nothing left to do) within ``timeout_s``; False when the close
+    did not return by then. librdkafka's close has no bound of its own, and was seen not to return when the group
+    assigned the partitions during the close (a --stop-at-end worker on an empty topic); past the bound the caller
+    goes on without it, and its process must end without running the client's destructor, which would wait for
+    that close."""
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
+            errors.append(exc)
+
+    closing = threading.Thread(target=close, name="consumer-close", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
+    if closing.is_alive():
+        log.warning("the consumer's close did not return within %.0f s; leaving the group to its session timeout",
+                    timeout_s)
+        return False
+    if errors:
+        log.warning("consumer close: %s", errors[0])
+    return True

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +27,9 @@ from stream.errors import PublishError, StreamError, TransactionError
 from stream.kafka import native
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.deadline import Deadline
+from stream.kafka.delivery import SpanDelivery
+from stream.kafka.guarded import GuardedCalls
 from stream.kafka.native import NativeProducer
-from stream.kafka.offsets import Span
 
 log = logging.getLogger(__name__)
 SEND_OFFSETS_TIMEOUT_S = 20.0  # longest a transaction's send_offsets_to_transaction is given ...
@@ -80,95 +80,6 @@ def native_topic(settings: WorkerSettings, carries_source: bool) -> str | None:
     else:
         log.info("predictions published through the native producer (stream.kafka._nativeproduce)")
     return settings.output_topic
-
-
-class SpanDelivery:
-    """The delivery state of one span, and its only writer: the delivery callback for its predictions (and dead
-    letters), counting them down; the publisher's ``on_span_done`` is called once all are acknowledged."""
-
-    __slots__ = ("_publisher", "dead", "span", "ts_ms")
-
-    def __init__(self, publisher: Publisher, span: Span) -> None:
-        self._publisher = publisher
-        self.span = span
-        self.ts_ms: np.ndarray | None = None  # event times of its predictions, for end-to-end latency
-        self.dead = 0  # how many of the span's records went to the dead-letter topic
-
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        if self._publisher.transactional:
-            # The transaction commit acknowledges the span; a failed record fails the commit instead.
-            if err is not None:
-                log.debug("delivery in a transaction failed: %s", err)
-            return
-        if err is not None:
-            self._publisher.record_failure(PublishError("deliver prediction", err), msg)
-            return
-        self.acknowledge(1)
-
-    def acknowledge(self, n: int) -> None:
-        """``n`` of the span's records are durably delivered (acknowledging more than it holds raises)."""
-        span = self.span
-        span.ack(n)
-        if span.done:
-            self._publisher.span_done(self)
-
-    def acknowledge_all(self) -> None:
-        """Exactly-once: the batch's transaction committed, delivering every record of the span at once."""
-        if not self.span.done:
-            self.acknowledge(self.span.outstanding)
-
-    def expect(self, n: int) -> None:
-        """``n`` reply copies of the span's records go out too: the span is done once they are delivered as well
-        (before any of its records is produced)."""
-        self.span.expect(n)
-
-    def dead_letter(self) -> None:
-        """One of the span's records goes to the dead-letter topic instead of becoming a prediction."""
-        self.dead += 1
-
-
-_Job = tuple[Callable[[], None], threading.Event, list[BaseException]] | None  # None: the thread ends
-
-
-class GuardedCalls:
-    """Runs calls on a thread of its own for a caller that waits a bounded time; a thread whose call does not
-    return in time is abandoned (it stays blocked in the call) and the next call gets a new one."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job] | None = None
-        self._thread: threading.Thread | None = None
-
-    def run(self, call: Callable[[], None], timeout_s: float) -> bool:
-        """Run ``call``; re-raise what it raised. False when it has not returned within ``timeout_s``."""
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="txn-guard", daemon=True)
-            self._thread.start()
-        done, raised = threading.Event(), list[BaseException]()
-        self._jobs.put((call, done, raised))
-        if not done.wait(timeout_s):
-            return False
-        if raised:
-            raise raised[0]
-        return True
-
-    def abandon(self) -> threading.Thread:
-        """Give up on the thread whose call is stuck; returns it (alive until its call returns, then it ends)."""
-        thread, jobs = self._thread, self._jobs
-        assert thread is not None and jobs is not None
-        self._thread = self._jobs = None
-        jobs.put(None)  # ends it once its call returns
-        return thread
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
-        while (job := jobs.get()) is not None:
-            call, done, raised = job
-            try:
-                call()
-            except BaseException as exc:  # handed to the waiting caller
-                raised.append(exc)
-            done.set()
 
 
 def _failed_transaction() -> TransactionError:

@@ -20,6 +20,7 @@ from stream.errors import BrokerError
 from stream.local.children import die_with_parent
 from stream.local.kafka_node import KafkaHeap, kraft_cluster_id, server_properties
 from stream.local.kafka_security import LocalSecurity, make_security
+from stream.local.maven import cache_dir, copy_dependencies, pom, resolved
 
 log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"
@@ -29,20 +30,6 @@ SLF4J_VERSION = "2.0.17"
 BrokerKind = Literal["kafka", "tansu"]
 GC_LOG = "gc.log"  # in a local Kafka broker's work folder; rotated to gc.log.0, gc.log.1 at 10 MB
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>local.stream</groupId><artifactId>kafka-broker-runtime</artifactId><version>1</version>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId>
-      <version>{kafka}</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
-      <version>{log4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
-      <version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
 _LOG4J2 = """status = warn
 appender.file.type = File
 appender.file.name = FILE
@@ -60,14 +47,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("STREAM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stream")
-    return Path(base)
-
-
 def kafka_available() -> bool:
     return shutil.which("java") is not None and (
-        shutil.which("mvn") is not None or (kafka_libs_dir() / ".complete").is_file())
+        shutil.which("mvn") is not None or resolved(kafka_libs_dir()))
 
 
 def kafka_libs_dir() -> Path:
@@ -77,23 +59,11 @@ def kafka_libs_dir() -> Path:
 def ensure_kafka_jars() -> Path:
     """Resolve Apache Kafka's broker jars from Maven Central into the cache (once); returns the folder."""
     libs = kafka_libs_dir()
-    if (libs / ".complete").is_file():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None or shutil.which("java") is None:
-        raise BrokerError("Apache Kafka needs `java` (17+) and `mvn` on PATH; use --kind tansu instead")
-    home = libs.parent
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION,
-                                              log4j=LOG4J_VERSION))
-    log.info("resolving Apache Kafka %s jars with Maven into %s", KAFKA_VERSION, libs)
-    proc = subprocess.run(
-        [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
-        cwd=home, capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0:
-        raise BrokerError(f"maven could not resolve Kafka {KAFKA_VERSION}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    (libs / ".complete").write_text(KAFKA_VERSION + "\n")
-    return libs
+    deps = [("org.apache.kafka", f"kafka_{SCALA_VERSION}", KAFKA_VERSION), ("org.slf4j", "slf4j-api", SLF4J_VERSION),
+            ("org.apache.logging.log4j", "log4j-slf4j2-impl", LOG4J_VERSION),
+            ("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION)]
+    return copy_dependencies(libs, libs.parent, pom("kafka-broker-runtime", deps), what=f"Apache Kafka {KAFKA_VERSION}",
+                             needs="Apache Kafka needs (or use --kind tansu)", marker=KAFKA_VERSION)
 
 
 def listening(port: int, timeout_s: float = 0.2) -> bool:

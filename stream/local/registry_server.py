@@ -14,8 +14,9 @@ import urllib.request
 from pathlib import Path
 
 from stream.errors import BrokerError
-from stream.local.broker import LocalProcess, cache_dir, free_port
+from stream.local.broker import LocalProcess, free_port
 from stream.local.children import die_with_parent
+from stream.local.maven import COMPLETE, cache_dir, copy_artifact, resolved
 
 log = logging.getLogger(__name__)
 REGISTRY_VERSION = "2.6.13.Final"  # Apicurio Registry, Apache-2.0; its 2.x runner needs Java 11+
@@ -31,29 +32,20 @@ def ensure_registry_jar() -> Path:
     Central into the cache and unpack it (once); returns the runner jar."""
     home = registry_home()
     jar = home / f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
-    if (home / ".complete").is_file():
+    if resolved(home):
         return jar
-    mvn = shutil.which("mvn")
-    if mvn is None or shutil.which("java") is None:
-        raise BrokerError("the local schema registry needs `java` (17+) and `mvn` on PATH")
     download = home / "download"
-    download.mkdir(parents=True, exist_ok=True)
-    log.info("fetching Apicurio Registry %s with Maven into %s", REGISTRY_VERSION, home)
-    proc = subprocess.run(
-        [mvn, "-q", "-B", "dependency:copy",
-         f"-Dartifact=io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all",
-         f"-DoutputDirectory={download}"],
-        cwd=download, capture_output=True, text=True, timeout=900, check=False)
+    copy_artifact(f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all", download,
+                  what=f"Apicurio Registry {REGISTRY_VERSION}", needs="the local schema registry needs")
     archive = download / f"apicurio-registry-app-{REGISTRY_VERSION}-all.tar.gz"
-    if proc.returncode != 0 or not archive.is_file():
-        raise BrokerError(f"maven could not fetch Apicurio Registry {REGISTRY_VERSION}:\n"
-                          f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    if not archive.is_file():
+        raise BrokerError(f"maven fetched no {archive.name}")
     with tarfile.open(archive) as tar:
         tar.extractall(home, filter="data")
     archive.unlink()
     if not jar.is_file():
         raise BrokerError(f"{archive.name} holds no {jar.name}")
-    (home / ".complete").write_text(REGISTRY_VERSION + "\n")
+    (home / COMPLETE).write_text(REGISTRY_VERSION + "\n")
     return jar
 
 

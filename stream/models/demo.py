@@ -6,6 +6,7 @@ Weights are stored as safetensors plus a small JSON config and loaded without pi
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from torch import nn
 from stream.errors import UnrecoverableModelError
 from stream.models.spec import InputSpec, OutputSpec
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "demo-fraud"
+# The repository's artifacts/ folder (`make model`); an installed package (the image) has none: STREAM_MODEL_DIR.
+DEFAULT_MODEL_DIR = Path(os.environ.get("STREAM_MODEL_DIR") or Path(__file__).resolve().parents[2] / "artifacts"
+                         / "demo-fraud")
 EVENT_SCHEMA = "stream.demo.FraudEvent"  # the demo's schemas, in the repository's schemas/ folder
 PREDICTION_SCHEMA = "stream.demo.FraudPrediction"
 # the text demo's (--model minilm) input and output, in the schemas folder too

@@ -1,6 +1,7 @@
 """The worker: input in micro-batches through the model to predictions, commits after acknowledgement.
 
-`worker` (the process: threads, signals, shutdown), `batching` (closing batches by count or time), `stage` (the
+`worker` (the process: threads, signals, shutdown), `failure` (its first failure), `batching` (closing batches
+by count or time), `spans` (records into the open batch, a closed batch into spans, spans acknowledged), `stage` (the
 prepare, device and finish stages), `processing` (one batch: decode, bind, predict, encode, publish, dead-letter),
 `inference` (handlers and devices), `inputs` (decoded columns into model inputs), `schemas` (the reader and output
 schemas a handler needs), `committer`, `rebalance` and `transactions` (the commit policy at-least-once and

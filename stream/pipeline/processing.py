@@ -25,6 +25,7 @@ from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder
 from stream.codec.registry import RegistryUnavailable
 from stream.errors import DecodeError, DeviceMemoryError, ModelError, StreamError, UnrecoverableModelError
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.publish import (
     DLQ_ERROR_CLASS,
     DLQ_ERROR_MESSAGE,
@@ -37,7 +38,6 @@ from stream.kafka.publish import (
     HEADER_TOPIC,
     Headers,
     Publisher,
-    SpanDelivery,
 )
 from stream.kafka.records import Records
 from stream.kafka.replies import REPLY_HEADER, ReplyAddress, ReplyRouter

@@ -37,8 +37,9 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stream.errors import StreamError, TransactionError, coordinator_away
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker, fmt_partitions
-from stream.kafka.publish import Publisher, SpanDelivery
+from stream.kafka.publish import Publisher
 from stream.kafka.records import Records
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline import faults

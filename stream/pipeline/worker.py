@@ -1,13 +1,14 @@
 """The orchestrator, and the table of contents of the pipeline.
 
     poll thread (this module):  take records (`intake`) -> `MicroBatcher` -> close a batch: its spans in the
-        `OffsetTracker` -> the first stage's bounded queue; input paused while a closed batch waits for it
+        `OffsetTracker` (`spans`) -> the first stage's bounded queue; input paused while a closed batch waits for it
         (`pausing`); commits (`committer`); rebalances (`rebalance`); stuck partitions (`stall_check`);
         exactly-once rewinds (`transactions`); stop-at-end; shutdown.
     the stages (`stage`, threads of their own, bounded queues between them): prepare (a pool: decode, the
         model's host-side prepare) -> device (submit; on the CPU the forward pass) -> finish (outputs, encode,
         produce, and the delivery reports that acknowledge spans and so advance the commit positions;
         exactly-once: transactions of one or more batches, `transactions`); `processing` is a batch's work.
+    any thread: the first failure stops the worker (`failure`).
 """
 
 from __future__ import annotations
@@ -19,18 +20,17 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-import numpy as np
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
-from stream.kafka.access import AUTHORIZATION_ERRORS, check_access, denied, ensure_dlq_topic, reply_partitions
+from stream.kafka.access import check_access, ensure_dlq_topic, reply_partitions
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.client_stats import ConsumerStats
 from stream.kafka.deadline import Deadline
-from stream.kafka.intake import Intake
-from stream.kafka.offsets import OffsetTracker, fmt_partitions
-from stream.kafka.publish import Publisher, SpanDelivery, native_topic
+from stream.kafka.intake import Intake, close_within
+from stream.kafka.offsets import OffsetTracker
+from stream.kafka.publish import Publisher, native_topic
 from stream.kafka.records import Records
 from stream.ops.health import Health
 from stream.ops.health import serve as serve_http
@@ -40,12 +40,14 @@ from stream.ops.summary import WorkerSummary
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher
 from stream.pipeline.committer import Committer
+from stream.pipeline.failure import Failure
 from stream.pipeline.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
 from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
-from stream.pipeline.processing import BatchProcessor, Dispatched, ProcessingPolicy
+from stream.pipeline.processing import BatchProcessor, ProcessingPolicy
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
 from stream.pipeline.runtime import freeze_loaded, set_torch_threads, tuned
 from stream.pipeline.schemas import build_codecs
+from stream.pipeline.spans import Spans
 from stream.pipeline.stage import ProcessingStages
 from stream.pipeline.stall_check import StallCheck
 from stream.pipeline.stop_at_end import StopAtEnd
@@ -89,7 +91,10 @@ class Worker:
             self.metrics.registry.register(self._consumer_stats)
         self._producer_config = s.producer_config()
         # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
-        self._admin_config = {**s.admin_config(), "error_cb": self._on_admin_error}
+        self._stop = threading.Event()
+        self._failure = Failure(s, self.health, self._connection, self._stop)
+        self._fail, self._failed = self._failure.fail, self._failure.failed
+        self._admin_config = {**s.admin_config(), "error_cb": self._failure.on_admin_error}
         self._summary = WorkerSummary()
         self._batcher: MicroBatcher[Records] = MicroBatcher(s.max_batch_size, s.max_wait_ms, clock, size=len)
         self._tracker = OffsetTracker()
@@ -105,10 +110,9 @@ class Worker:
             self._batcher, self._tracker, self._stalls, self._committer, self._pause, self.metrics,
             revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
             rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
-        self._stop = threading.Event()
-        self.close_abandoned = False  # the consumer's close did not return in time (`_close_consumer`)
-        self._failure: BaseException | None = None
-        self._failure_lock = threading.Lock()
+        self._spans = Spans(s.input_topic, self._batcher, self._tracker, self._committer, self._transactions,
+                            self._summary, self.metrics, exactly_once=s.exactly_once)
+        self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
         self._consumer: Consumer | None = None
         self._intake: Intake | None = None
@@ -157,10 +161,10 @@ class Worker:
         if s.dlq_topic:
             ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
         check_access(s, self._admin_config, self._connection, self._stop)
-        publisher = Publisher(self._producer_config, on_span_done=self._on_span_done,
+        publisher = Publisher(self._producer_config, on_span_done=self._spans.done,
                               native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
         consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
-                             "error_cb": self._on_consumer_error, "logger": client_logger("consumer"),
+                             "error_cb": self._failure.on_consumer_error, "logger": client_logger("consumer"),
                              **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
         self._connect(consumer, publisher)
         assert self._stage is not None
@@ -185,8 +189,8 @@ class Worker:
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
         self._shutdown()
-        if self._failure is not None:
-            self._summary.error = f"{type(self._failure).__name__}: {self._failure}"
+        if self._failure.error is not None:
+            self._summary.error = f"{type(self._failure.error).__name__}: {self._failure.error}"
             self._summary.exit_code = 1
         self._summary.transactions = self._transactions.committed
         if self._stage is not None:
@@ -198,6 +202,8 @@ class Worker:
         """Wire the parts that need the clients (the stages' threads are started by `_run`)."""
         s = self.settings
         self._consumer, self._publisher = consumer, publisher
+        self._spans.consumer, self._spans.publisher = consumer, publisher
+        self._failure.publisher_failure = publisher.failure
         self._committer.consumer = consumer
         self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
@@ -274,7 +280,7 @@ class Worker:
             if records is not None and len(records):
                 self._connection.reachable()
                 faults.reach("after-poll")
-                self._accept(records)
+                self._spans.accept(records)
             if self._transactions.pending():
                 self._transactions.rewind(consumer, batcher, self._tracker)
             now = self._clock()
@@ -290,100 +296,14 @@ class Worker:
             if stall_check.due():
                 stall_check.run()
 
-    def _accept(self, records: Records) -> None:
-        topic = self.settings.input_topic
-        foreign = [p for p in np.unique(records.partitions).tolist() if not self._tracker.is_assigned((topic, p))]
-        if foreign:
-            # Taken as its partition was being revoked: the partition's next owner has it (nothing committed).
-            records = records.without_partitions(foreign)
-            log.info("dropped records of partitions no longer assigned: %s",
-                     fmt_partitions([(topic, p) for p in foreign]))
-        keep = self._tracker.admit(topic, records.partitions, records.offsets)
-        if keep is not None:
-            twice = records.select(np.flatnonzero(~keep))
-            records = records.select(np.flatnonzero(keep))
-            log.warning("dropped %d records taken a second time from the consumer (partitions %s, offsets %d..%d): "
-                        "already taken in this assignment", len(twice), sorted(set(twice.partitions.tolist())),
-                        int(twice.offsets.min()), int(twice.offsets.max()))
-        if not len(records):
-            return
-        if self._summary.first_consumed_at is None:
-            self._summary.first_consumed_at = time.time()
-        self._summary.consumed += len(records)
-        self.metrics.consumed.inc(len(records))
-        self._batcher.add([records])
-
     def _dispatch(self, wait_s: float) -> bool:
         """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""
         assert self._stage is not None and self._consumer is not None
-        if not self._stage.offer(self._close_batch, wait_s):
+        if not self._stage.offer(self._spans.close_batch, wait_s):
             return False
         if self._pause.paused:
             self._pause.set(self._consumer, False)
         return True
-
-    def _close_batch(self) -> Dispatched:
-        """Take the open batch and register its per-partition spans with the offset tracker."""
-        records = Records.concat(self._batcher.take())
-        if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
-            records, rest = records.split(self._batcher.max_batch_size)
-            self._batcher.add([rest])
-        partitions, offsets = records.partitions, records.offsets
-        topic = self.settings.input_topic
-        assert self._publisher is not None
-        deliveries = {}
-        for p in np.unique(partitions).tolist():
-            rows = np.flatnonzero(partitions == p)
-            first, last = int(offsets[rows[0]]), int(offsets[rows[-1]])
-            self._committer.start_at((topic, p), first)
-            deliveries[p] = SpanDelivery(self._publisher, self._tracker.dispatch((topic, p), first, last, len(rows)))
-        self._summary.batches += 1
-        self._summary.batched_records += len(records)
-        self.metrics.batches.inc()
-        self.metrics.batch_size.observe(len(records))
-        metadata = self._consumer.consumer_group_metadata() if self.settings.exactly_once and self._consumer else None
-        return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata)
-
-    # ---------------------------------------------------------------------------- delivery, failure
-    def _on_span_done(self, delivery: SpanDelivery) -> None:
-        faults.reach("after-delivery")
-        n = delivery.span.count - delivery.dead
-        self._summary.predicted += n
-        self._summary.dead_lettered += delivery.dead
-        self.metrics.predicted.inc(n)
-        if delivery.ts_ms is not None and len(delivery.ts_ms):
-            now_ms = time.time() * 1000.0
-            self.metrics.e2e_latency_seconds.observe_many((now_ms - delivery.ts_ms) / 1000.0)
-
-    def _fail(self, exc: BaseException) -> None:
-        if isinstance(exc, KafkaClientError) and isinstance(exc.kafka_error, KafkaError):
-            # The brokers refused an operation: say which ACL is missing.
-            where = "consumer" if exc.operation in ("consume", "consumer") else "producer"
-            exc = denied(exc.kafka_error, self.settings, where) or exc
-        with self._failure_lock:
-            if self._failure is None:
-                self._failure = exc
-                self.health.failed = f"{type(exc).__name__}: {exc}"
-                log.error("worker failing: %s: %s", type(exc).__name__, exc)
-        self._stop.set()
-
-    def _failed(self) -> bool:
-        """The worker failed, or its publisher did (then the worker fails now)."""
-        if self._failure is None and self._publisher is not None:
-            failure = self._publisher.failure()
-            if failure is not None:
-                self._fail(failure)
-        return self._failure is not None
-
-    def _on_admin_error(self, err: KafkaError) -> None:
-        if not self._connection.error("admin", err):
-            log.warning("admin: %s", err)
-
-    def _on_consumer_error(self, err: KafkaError) -> None:
-        if err.fatal() or err.code() in AUTHORIZATION_ERRORS:
-            self._fail(KafkaClientError("consumer", err))
-        elif not self._connection.error("consumer", err):
-            log.warning("consumer: %s", err)
 
     # ---------------------------------------------------------------------------- shutdown
     def _shutdown(self) -> None:
@@ -391,7 +311,7 @@ class Worker:
         deadline = Deadline(self.settings.shutdown_timeout_s, self._clock)
         # 1. Finish the open batch (never after a failure: nothing past it may be published).
         while stage is not None and not self._failed() and len(self._batcher):
-            if not stage.offer(self._close_batch, deadline.left(0.01)):
+            if not stage.offer(self._spans.close_batch, deadline.left(0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
         # 2. Let the stages finish their queues.
@@ -413,28 +333,4 @@ class Worker:
             self._stop.set()
             if self._intake is not None:
                 self._intake.close()  # before the consumer's close, which destroys the client it uses
-            self._close_consumer(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
-
-    def _close_consumer(self, consumer: Consumer, timeout_s: float) -> None:
-        """Leave the group (on_revoke finds nothing left to do), within ``timeout_s``: librdkafka's close has no
-        bound of its own, and was seen not to return when the group assigned the partitions during the close (a
-        --stop-at-end worker on an empty topic). Past the bound the worker goes on without it (its offsets were
-        committed above) and its process ends without running the client's destructor (``close_abandoned``)."""
-        errors: list[BaseException] = []
-
-        def close() -> None:
-            try:
-                consumer.close()
-            except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
-                errors.append(exc)
-
-        closing = threading.Thread(target=close, name="consumer-close", daemon=True)
-        closing.start()
-        closing.join(timeout_s)
-        if closing.is_alive():
-            self.close_abandoned = True
-            log.warning("the consumer's close did not return within %.0f s; leaving the group to its session "
-                        "timeout (the offsets were committed before it)", timeout_s)
-        elif errors:
-            log.warning("consumer close: %s", errors[0])
-
+            self.close_abandoned = not close_within(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))

@@ -12,8 +12,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from stream.errors import TransactionError
 from stream.kafka import native
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
-from stream.kafka.publish import Publisher, SpanDelivery
+from stream.kafka.publish import Publisher
 from stream.kafka.topics import create_topics
 from tests.conftest import BrokerInfo
 

@@ -76,3 +76,30 @@ def test_end_of_partition_and_retriable_errors_go_on_others_stop_the_worker() ->
         consume_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     with pytest.raises(KafkaClientError):
         consume_error(KafkaError(KafkaError._FATAL, fatal=True))
+
+
+def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's shutdown leaves the group through `close_within`: a close that hangs costs the bound, not the
+    process (the worker then ends without the client's destructor), and a close that raises is logged."""
+    import threading
+    import time
+
+    from stream.kafka.intake import close_within
+
+    release = threading.Event()
+
+    class Stuck:
+        def close(self) -> None:
+            release.wait(30)
+
+    class Failing:
+        def close(self) -> None:
+            raise RuntimeError("broker gone")
+
+    started = time.monotonic()
+    assert close_within(Stuck(), 0.3) is False  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2.0
+    assert "the consumer's close did not return within" in caplog.text
+    release.set()
+    assert close_within(Failing(), 5.0) is True  # type: ignore[arg-type]
+    assert "consumer close: broker gone" in caplog.text

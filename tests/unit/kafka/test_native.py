@@ -13,9 +13,10 @@ import pytest
 
 from stream.errors import PublishError
 from stream.kafka import native
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.native import NativeProducer
 from stream.kafka.offsets import OffsetTracker
-from stream.kafka.publish import Publisher, SpanDelivery
+from stream.kafka.publish import Publisher
 
 needs_native = pytest.mark.skipif(native.unavailable() is not None, reason=f"native producer: {native.unavailable()}")
 

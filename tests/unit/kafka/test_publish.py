@@ -12,8 +12,10 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream.errors import PublishError, StreamError, TransactionError
 from stream.kafka import publish
+from stream.kafka.delivery import SpanDelivery
+from stream.kafka.guarded import GuardedCalls
 from stream.kafka.offsets import OffsetTracker
-from stream.kafka.publish import GuardedCalls, Publisher, SpanDelivery
+from stream.kafka.publish import Publisher
 
 UNREACHABLE = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200, "log_level": 0,
                "queue.buffering.max.messages": 4}

@@ -21,8 +21,9 @@ from stream.codec import (
 from stream.codec import decoder as decoder_module
 from stream.config import load_settings
 from stream.errors import ModelError, StreamError, UnrecoverableModelError
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
-from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC, SpanDelivery
+from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.kafka.records import Records
 from stream.models.demo import EVENT_SCHEMA
 from stream.ops.metrics import StreamMetrics

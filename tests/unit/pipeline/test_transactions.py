@@ -12,8 +12,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stream.errors import TransactionError
 from stream.kafka.deadline import Deadline
+from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
-from stream.kafka.publish import SpanDelivery
 from stream.kafka.records import Records
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline.batching import MicroBatcher

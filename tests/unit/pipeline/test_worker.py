@@ -50,14 +50,14 @@ def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worke
 
 def test_records_of_partitions_no_longer_assigned_are_dropped_when_taken(worker: Worker) -> None:
     worker._tracker.assign([("in", 0)])
-    worker._accept(records([0, 1, 0], [5, 9, 6]))
+    worker._spans.accept(records([0, 1, 0], [5, 9, 6]))
     assert worker._summary.consumed == 2 and len(worker._batcher) == 2
 
 
 def test_a_closed_batch_is_one_span_per_partition_and_sets_the_commit_base(worker: Worker) -> None:
     worker._tracker.assign([("in", 0), ("in", 1)])
-    worker._accept(records([0, 1, 0], [5, 9, 6]))
-    batch = worker._close_batch()
+    worker._spans.accept(records([0, 1, 0], [5, 9, 6]))
+    batch = worker._spans.close_batch()
     spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
     assert spans == {0: (5, 6, 2), 1: (9, 9, 1)} and worker._tracker.in_flight() == 3
     assert worker._committer.position(("in", 0)) == 5 and worker._committer.position(("in", 1)) == 9
@@ -67,8 +67,8 @@ def test_a_closed_batch_is_one_span_per_partition_and_sets_the_commit_base(worke
 def test_a_batch_over_its_size_is_cut_and_the_rest_stays_open(worker: Worker) -> None:
     """Records taken while paused can overfill the open batch: only max_batch_size of them go."""
     worker._tracker.assign([("in", 0)])
-    worker._accept(records([0] * 6, list(range(6))))
-    assert len(worker._close_batch().records) == 4 and len(worker._batcher) == 2
+    worker._spans.accept(records([0] * 6, list(range(6))))
+    assert len(worker._spans.close_batch().records) == 4 and len(worker._batcher) == 2
 
 
 def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
@@ -76,41 +76,16 @@ def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
     """Seen in a long exactly-once chaos run right after a rewind's seek: one batch held offsets 240935..240952
     of a partition twice, and the span check stopped the worker. The second copy is dropped when taken."""
     worker._tracker.assign([("in", 0), ("in", 1)])
-    worker._accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
-    batch = worker._close_batch()
+    worker._spans.accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
+    batch = worker._spans.close_batch()
     assert batch.offsets.tolist() == [10, 11, 3, 12]
     spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
     assert spans == {0: (10, 12, 3), 1: (3, 3, 1)}
-    worker._accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
-    assert worker._close_batch().offsets.tolist() == [13]
+    worker._spans.accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
+    assert worker._spans.close_batch().offsets.tolist() == [13]
     assert worker._summary.consumed == 5
     assert "dropped 3 records taken a second time from the consumer (partitions [0, 1], offsets 3..11)" in caplog.text
     worker._tracker.forget([("in", 0)])  # a rewind (or a new assignment) starts the partition over
     worker._tracker.assign([("in", 0)])
-    worker._accept(records([0, 0], [10, 11]))
-    assert worker._close_batch().offsets.tolist() == [10, 11]
-
-
-def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(worker: Worker,
-                                                                             caplog: pytest.LogCaptureFixture) -> None:
-    import threading
-    import time
-
-    release = threading.Event()
-
-    class Stuck:
-        def close(self) -> None:
-            release.wait(30)
-
-    class Failing:
-        def close(self) -> None:
-            raise RuntimeError("broker gone")
-
-    started = time.monotonic()
-    worker._close_consumer(Stuck(), 0.3)  # type: ignore[arg-type]
-    assert time.monotonic() - started < 2.0 and worker.close_abandoned
-    assert "the consumer's close did not return within" in caplog.text
-    release.set()
-    worker.close_abandoned = False
-    worker._close_consumer(Failing(), 5.0)  # type: ignore[arg-type]
-    assert not worker.close_abandoned and "consumer close: broker gone" in caplog.text
+    worker._spans.accept(records([0, 0], [10, 11]))
+    assert worker._spans.close_batch().offsets.tolist() == [10, 11]

@@ -1,0 +1,75 @@
+"""Jars from Maven Central into this project's cache (``STREAM_CACHE_DIR``, default ``~/.cache/stream``), once: the
+local Kafka broker's, the benchmark's JVM contenders' and Apicurio Registry's runner. One way of asking Maven for
+them (a throwaway pom and ``dependency:copy-dependencies``, or ``dependency:copy`` of one artifact), one
+``.complete`` marker written last so that an interrupted download is done again, one error naming what failed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from stream.errors import BrokerError
+
+log = logging.getLogger(__name__)
+COMPLETE = ".complete"
+_TIMEOUT_S = 900
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("STREAM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stream")
+    return Path(base)
+
+
+def resolved(folder: Path) -> bool:
+    return (folder / COMPLETE).is_file()
+
+
+def pom(artifact_id: str, dependencies: Sequence[tuple[str, str, str]]) -> str:
+    """A pom of no code whose runtime dependencies are ``(group, artifact, version)``."""
+    deps = "\n".join(f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>"
+                     "</dependency>" for g, a, v in dependencies)
+    return (f'<project xmlns="http://maven.apache.org/POM/4.0.0">\n  <modelVersion>4.0.0</modelVersion>\n'
+            f"  <groupId>local.stream</groupId><artifactId>{artifact_id}</artifactId><version>1</version>\n"
+            f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n")
+
+
+def _mvn(needs: str) -> str:
+    mvn = shutil.which("mvn")
+    if mvn is None or shutil.which("java") is None:
+        raise BrokerError(f"{needs} `java` (17+) and `mvn` on PATH")
+    return mvn
+
+
+def _run(args: list[str], cwd: Path, what: str) -> None:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"maven could not resolve {what}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+
+
+def copy_dependencies(libs: Path, pom_dir: Path, pom_xml: str, *, what: str, needs: str, marker: str) -> Path:
+    """The runtime dependencies of ``pom_xml`` (with theirs) as jars in ``libs``, resolved once (``marker`` is
+    written into the completion file); returns ``libs``. ``needs`` begins the error when Maven or Java is missing
+    ("Apache Kafka needs")."""
+    if resolved(libs):
+        return libs
+    mvn = _mvn(needs)
+    pom_dir.mkdir(parents=True, exist_ok=True)
+    (pom_dir / "pom.xml").write_text(pom_xml)
+    log.info("resolving %s with Maven into %s", what, libs)
+    _run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+         pom_dir, what)
+    (libs / COMPLETE).write_text(marker + "\n")
+    return libs
+
+
+def copy_artifact(coordinates: str, into: Path, *, what: str, needs: str) -> None:
+    """One artifact (``group:artifact:version[:type[:classifier]]``) into ``into``; the caller unpacks it and
+    marks its folder complete."""
+    mvn = _mvn(needs)
+    into.mkdir(parents=True, exist_ok=True)
+    log.info("fetching %s with Maven into %s", what, into)
+    _run([mvn, "-q", "-B", "dependency:copy", f"-Dartifact={coordinates}", f"-DoutputDirectory={into}"], into, what)

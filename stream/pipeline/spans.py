@@ -1,0 +1,99 @@
+"""The poll thread's and the delivery reports' side of a batch: records taken become the open batch, the open batch
+becomes one span per partition handed to the stages, and a span whose records were all acknowledged is counted.
+
+- `Spans.accept`: drops records of partitions no longer assigned (taken as their partition was being revoked:
+  the next owner has them) and records taken a second time in one assignment (the consumer can hand a range over
+  twice after a seek), then adds the rest to the open batch;
+- `Spans.close_batch`: takes the open batch (at most ``max_batch_size`` records; the rest stays open), registers
+  its per-partition spans with the offset tracker and the committer, and returns the `Dispatched` batch;
+- `Spans.done`: a span's delivery report (every prediction or dead letter of it acknowledged), into the summary
+  and the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from stream.kafka.delivery import SpanDelivery
+from stream.kafka.offsets import OffsetTracker, fmt_partitions
+from stream.kafka.publish import Publisher
+from stream.kafka.records import Records
+from stream.ops.metrics import StreamMetrics
+from stream.ops.summary import WorkerSummary
+from stream.pipeline import faults
+from stream.pipeline.batching import MicroBatcher
+from stream.pipeline.committer import Committer
+from stream.pipeline.processing import Dispatched
+from stream.pipeline.transactions import Transactions
+
+log = logging.getLogger(__name__)
+
+
+class Spans:
+    def __init__(self, topic: str, batcher: MicroBatcher[Records], tracker: OffsetTracker, committer: Committer,
+                 transactions: Transactions, summary: WorkerSummary, metrics: StreamMetrics, *,
+                 exactly_once: bool) -> None:
+        self.topic = topic
+        self._batcher, self._tracker, self._committer = batcher, tracker, committer
+        self._transactions, self._summary, self._metrics = transactions, summary, metrics
+        self._exactly_once = exactly_once
+        # Once the clients exist (`Worker._connect`).
+        self.publisher: Publisher | None = None
+        self.consumer: Any = None
+
+    def accept(self, records: Records) -> None:
+        topic = self.topic
+        foreign = [p for p in np.unique(records.partitions).tolist() if not self._tracker.is_assigned((topic, p))]
+        if foreign:
+            records = records.without_partitions(foreign)
+            log.info("dropped records of partitions no longer assigned: %s",
+                     fmt_partitions([(topic, p) for p in foreign]))
+        keep = self._tracker.admit(topic, records.partitions, records.offsets)
+        if keep is not None:
+            twice = records.select(np.flatnonzero(~keep))
+            records = records.select(np.flatnonzero(keep))
+            log.warning("dropped %d records taken a second time from the consumer (partitions %s, offsets %d..%d): "
+                        "already taken in this assignment", len(twice), sorted(set(twice.partitions.tolist())),
+                        int(twice.offsets.min()), int(twice.offsets.max()))
+        if not len(records):
+            return
+        if self._summary.first_consumed_at is None:
+            self._summary.first_consumed_at = time.time()
+        self._summary.consumed += len(records)
+        self._metrics.consumed.inc(len(records))
+        self._batcher.add([records])
+
+    def close_batch(self) -> Dispatched:
+        records = Records.concat(self._batcher.take())
+        if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
+            records, rest = records.split(self._batcher.max_batch_size)
+            self._batcher.add([rest])
+        partitions, offsets = records.partitions, records.offsets
+        assert self.publisher is not None
+        deliveries = {}
+        for p in np.unique(partitions).tolist():
+            rows = np.flatnonzero(partitions == p)
+            first, last = int(offsets[rows[0]]), int(offsets[rows[-1]])
+            self._committer.start_at((self.topic, p), first)
+            deliveries[p] = SpanDelivery(self.publisher, self._tracker.dispatch((self.topic, p), first, last,
+                                                                                len(rows)))
+        self._summary.batches += 1
+        self._summary.batched_records += len(records)
+        self._metrics.batches.inc()
+        self._metrics.batch_size.observe(len(records))
+        metadata = self.consumer.consumer_group_metadata() if self._exactly_once and self.consumer else None
+        return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata)
+
+    def done(self, delivery: SpanDelivery) -> None:
+        faults.reach("after-delivery")
+        n = delivery.span.count - delivery.dead
+        self._summary.predicted += n
+        self._summary.dead_lettered += delivery.dead
+        self._metrics.predicted.inc(n)
+        if delivery.ts_ms is not None and len(delivery.ts_ms):
+            now_ms = time.time() * 1000.0
+            self._metrics.e2e_latency_seconds.observe_many((now_ms - delivery.ts_ms) / 1000.0)
