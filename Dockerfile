@@ -20,25 +20,25 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
 # In a container /metrics must be reachable from outside it (a worker elsewhere listens on 127.0.0.1 only); the
-# schema folder and the demo model live in /app, not beside the installed package.
+# schema folder and the demo model live in /app, not beside the installed package; /app is not writable by the
+# worker's user, so any library's cache goes to /tmp.
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 STREAM_METRICS_HOST=0.0.0.0 \
-    STREAM_SCHEMAS_DIR=/app/schemas STREAM_MODEL_DIR=/app/artifacts/demo-fraud
+    STREAM_SCHEMAS_DIR=/app/schemas STREAM_MODEL_DIR=/app/artifacts/demo-fraud XDG_CACHE_HOME=/tmp/cache
 RUN groupadd --system --gid 10001 stream && useradd --system --uid 10001 --gid stream --home-dir /app stream
 WORKDIR /app
 COPY schemas ./schemas
 COPY deploy/image/install.sh /opt/stream/install.sh
 COPY --from=builder /wheels /opt/stream/wheels
+ENTRYPOINT ["python", "-m"]
+CMD ["stream", "worker"]
 
+# Each target installs the wheel (deploy/image/install.sh), trains the demo model into /app and drops to the user.
 FROM runtime AS cuda
 RUN sh /opt/stream/install.sh cuda /opt/stream/wheels \
     && python -m stream train-model --out /app/artifacts/demo-fraud && rm -rf /opt/stream
 USER 10001:10001
-ENTRYPOINT ["python", "-m"]
-CMD ["stream", "worker"]
 
 FROM runtime AS cpu
 RUN sh /opt/stream/install.sh cpu /opt/stream/wheels \
     && python -m stream train-model --out /app/artifacts/demo-fraud && rm -rf /opt/stream
 USER 10001:10001
-ENTRYPOINT ["python", "-m"]
-CMD ["stream", "worker"]
