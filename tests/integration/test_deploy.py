@@ -116,7 +116,12 @@ def test_compose_names_agree_images_ports_volumes_topics() -> None:
     prom_config = load_yaml(mounts["/etc/prometheus/prometheus.yml"])
     [job] = prom_config["scrape_configs"]
     [sd] = job["dns_sd_configs"]
-    assert job["job_name"] == "stream" and sd["names"] == ["worker"] and str(sd["port"]) == port
+    # Every worker service (the CPU replicas and the gpu profile's) is scraped, on the same metrics port.
+    workers = [name for name, service in services.items() if service.get("command", [])[:2] == ["stream", "worker"]]
+    assert workers == ["worker", "worker-gpu"]
+    for name in workers:
+        assert services[name]["command"] == worker["command"] and services[name]["expose"] == [port], name
+    assert job["job_name"] == "stream" and sd["names"] == workers and str(sd["port"]) == port
     # Prometheus's rule file is the repository's alerts; Grafana's datasource is this Prometheus, its dashboards
     # folder the repository's.
     assert prom_config["rule_files"] == ["/etc/prometheus/alerts.yml"]
