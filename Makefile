@@ -61,7 +61,7 @@ integration: $(STAMP)
 	$(PY) -m pytest tests/integration
 
 test: lint typecheck
-	$(PY) -m pytest --durations=30 -m "not long and not image" tests
+	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image" tests
 
 image-check: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_image.py
