@@ -187,10 +187,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for port in ports:  # warm-up
                     asyncio.run(call_at_rate("127.0.0.1", port, demo_events(200, seed=1), rate=100.0))
                 seed = 10
+                gateways = list(zip(ports, args.loops, strict=True))
                 for r in range(args.rounds):
+                    # Each round starts with the other loop, so neither always follows the same one.
+                    order = gateways[::-1] if r % 2 else gateways
                     for rate in args.rates:
-                        # Each round starts with the other loop, so neither always follows the same one.
-                        order = list(zip(ports, args.loops, strict=True))[::(-1) ** r]
                         for port, loop in order:
                             seed += 1
                             events = demo_events(int(rate * args.seconds), seed=seed)

@@ -28,6 +28,11 @@ def resolved(folder: Path) -> bool:
     return (folder / COMPLETE).is_file()
 
 
+def mark_resolved(folder: Path, marker: str) -> None:
+    """Written last, once everything the folder needs is in it: `resolved` from then on."""
+    (folder / COMPLETE).write_text(marker + "\n")
+
+
 def pom(artifact_id: str, dependencies: Sequence[tuple[str, str, str]]) -> str:
     """A pom of no code whose runtime dependencies are ``(group, artifact, version)``."""
     deps = "\n".join(f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>"
@@ -62,13 +67,13 @@ def copy_dependencies(libs: Path, pom_dir: Path, pom_xml: str, *, what: str, nee
     log.info("resolving %s with Maven into %s", what, libs)
     _run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
          pom_dir, what)
-    (libs / COMPLETE).write_text(marker + "\n")
+    mark_resolved(libs, marker)
     return libs
 
 
 def copy_artifact(coordinates: str, into: Path, *, what: str, needs: str) -> None:
     """One artifact (``group:artifact:version[:type[:classifier]]``) into ``into``; the caller unpacks it and
-    marks its folder complete."""
+    marks its folder (`mark_resolved`)."""
     mvn = _mvn(needs)
     into.mkdir(parents=True, exist_ok=True)
     log.info("fetching %s with Maven into %s", what, into)

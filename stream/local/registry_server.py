@@ -16,7 +16,7 @@ from pathlib import Path
 from stream.errors import BrokerError
 from stream.local.broker import LocalProcess, free_port
 from stream.local.children import die_with_parent
-from stream.local.maven import COMPLETE, cache_dir, copy_artifact, resolved
+from stream.local.maven import cache_dir, copy_artifact, mark_resolved, resolved
 
 log = logging.getLogger(__name__)
 REGISTRY_VERSION = "2.6.13.Final"  # Apicurio Registry, Apache-2.0; its 2.x runner needs Java 11+
@@ -45,7 +45,7 @@ def ensure_registry_jar() -> Path:
     archive.unlink()
     if not jar.is_file():
         raise BrokerError(f"{archive.name} holds no {jar.name}")
-    (home / COMPLETE).write_text(REGISTRY_VERSION + "\n")
+    mark_resolved(home, REGISTRY_VERSION)
     return jar
 
 
