@@ -1,0 +1,36 @@
+"""The gateway benchmark's per-cell figures (`stream.bench.gateway.steady_figures`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream.bench.callers import Answer
+from stream.bench.gateway import steady_figures
+
+
+def _answer(i: int, sent_ms: float, http_ms: float, status: int = 200) -> Answer:
+    return Answer({"event_id": str(i)}, status, {"batch_size": 4}, http_ms / 1000.0, sent_ms)
+
+
+def test_costs_per_request_and_p99_over_p99_and_the_second_reader() -> None:
+    # 100 requests: HTTP 20 ms each; the reader had each prediction after 19 ms, except one after 10 ms (that
+    # request's own cost is 10 ms). The second reader read each 1 ms after the first, one 7 ms after.
+    answers = [_answer(i, 1000.0 * i, 20.0) for i in range(100)] + [_answer(100, 0.0, 1.0, status=503)]
+    arrived = {str(i): 1000.0 * i + (10.0 if i == 7 else 19.0) for i in range(100)}
+    second = {k: v + (7.0 if k == "3" else 1.0) for k, v in arrived.items()}
+    second.pop("5")
+    f = steady_figures(answers, arrived, 100.0, second)
+    assert f["statuses"] == {"200": 100, "503": 1}
+    assert f["gateway_cost_ms"]["p50"] == pytest.approx(1.0)
+    assert f["gateway_cost_ms"]["p99"] == pytest.approx(1.0 + 0.01 * 9.0)  # numpy's linear interpolation
+    assert f["gateway_cost_ms"]["p99_over_p99"] == pytest.approx(20.0 - 19.0)
+    assert f["second_reader_ms"]["timed"] == 99
+    assert f["second_reader_ms"]["p50"] == pytest.approx(1.0)
+    assert f["second_reader_ms"]["p99"] > 1.0
+    assert f["mean_batch_size"] == 4
+
+
+def test_without_a_second_reader_its_figures_are_empty() -> None:
+    f = steady_figures([_answer(0, 0.0, 20.0)], {"0": 19.0}, 100.0)
+    assert f["second_reader_ms"] == {"p50": None, "p99": None, "timed": 0}
+    assert f["gateway_cost_ms"]["p99_over_p99"] == pytest.approx(1.0)
