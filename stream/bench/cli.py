@@ -136,7 +136,7 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
     console.print(f"CUDA: {section['cuda']}")
     stages = section.get("stages")
     if stages is not None:
-        from stream.bench.stages import format_stages_table
+        from stream.bench.stages import format_host_cpu, format_stages_table
 
         rows = format_stages_table(stages)
         table = Table(title=f"the stages against a simulated device: MiniLM's host path, batch "
@@ -149,6 +149,8 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
         console.print(f"tokenizing alone: {stages['tokenize_alone']:,.0f} texts/s "
                       f"({stages['tokenize_alone_one_thread']:,.0f} on one thread); "
                       f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
+        if (cpu := format_host_cpu(stages)) is not None:
+            console.print(cpu)
 
 
 def _dtype_list(value: str) -> tuple[str, ...]:

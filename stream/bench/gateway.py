@@ -16,6 +16,8 @@ output topic (``read_committed``) times when each prediction becomes readable th
   minus when the first reader did. Its p99 is what the per-request cost would show for a gateway that added
   nothing: one more reader of records produced at the same moment, on the same busy cores;
 * the mean batch size of the predictions (their ``batch_size`` field).
+* the garbage collector's pauses during the cell, in the gateway (from its ``/metrics``) and in the callers'
+  process.
 
 Then a **burst** beyond capacity, against a worker whose (simulated) device takes a set time a record, so that the
 worker is the bound as a real model's would be: the statuses (503 once ``--max-pending`` are waiting), and the
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -40,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from producers.events import generate_events
 from stream.bench.callers import Answer, call_at_rate
@@ -49,6 +53,7 @@ from stream.local.broker import free_port, start_broker
 from stream.local.children import WorkerProcess
 from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
 from stream.models.train_demo import ensure_trained
+from stream.ops.gc_pauses import GcPauses, pauses_between, snapshot_from_samples
 
 PARTITIONS = 4
 
@@ -128,6 +133,15 @@ class SecondReader:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+
+
+def gateway_gc(port: int) -> dict[str, dict[str, Any]]:
+    """A gateway's collector pauses so far, from its ``/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = [(x.name, x.labels, x.value) for family in text_string_to_metric_families(text)
+               for x in family.samples]
+    return snapshot_from_samples(samples, "stream_gateway_gc_pause_seconds")
 
 
 def _pct(values: list[float] | np.ndarray, q: float) -> float | None:
@@ -237,6 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # 100 ms, holding back every answer and arrival it overlapped).
             gc.collect()
             gc.freeze()
+            callers_gc = GcPauses("bench")
             try:
                 # Warm-up: each gateway at each rate for a few seconds. With 2 s at 100/s only, the first cell at
                 # each rate (always the first loop's, in round 1) had the per-request cost's worst p99 in every
@@ -256,12 +271,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             events = demo_events(int(rate * args.seconds), seed=seed)
                             print(f"bench-gateway: round {r + 1}, {len(events)} callers at {rate:,.0f}/s, "
                                   f"gateway on {loop} ...", flush=True)
+                            gc_before = gateway_gc(port), callers_gc.snapshot()
                             answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
+                            gc_after = gateway_gc(port), callers_gc.snapshot()
                             ok = [a.event["event_id"] for a in answers if a.status == 200]
                             clock.wait_for(set(ok), 30.0)
-                            report["steady"].append({"round": r + 1, "loop": loop, **steady_figures(
-                                answers, clock.arrived, rate, second.arrivals(ok))})
+                            report["steady"].append({
+                                "round": r + 1, "loop": loop, **steady_figures(answers, clock.arrived, rate,
+                                                                              second.arrivals(ok)),
+                                "gc_pauses": {"gateway": pauses_between(gc_before[0], gc_after[0]),
+                                              "callers": pauses_between(gc_before[1], gc_after[1])}})
             finally:
+                callers_gc.close()
                 second.close()
                 clock.close()
         # The burst: a worker on a slower (simulated) device, so that it, not the gateway, is the bound.
@@ -300,6 +321,14 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{ms(s['gateway_cost_ms']['p50'])} / {ms(s['gateway_cost_ms']['p99'])} | "
                      f"{ms(s.get('second_reader_ms', {}).get('p50'))} / "
                      f"{ms(s.get('second_reader_ms', {}).get('p99'))} |")
+    cells = [s["gc_pauses"] for s in report["steady"] if "gc_pauses" in s]
+    if cells:
+        def gc_line(who: str) -> str:
+            count = sum(g["count"] for c in cells for g in c[who].values())
+            total = sum(g["ms"] for c in cells for g in c[who].values())
+            over = sum(g["over"].get("5", 0) for c in cells for g in c[who].values())
+            return f"{who} {count:,} collections, {total:.1f} ms in all, {over} over 5 ms"
+        lines.append(f"\ncollector pauses during the cells: {gc_line('gateway')}; {gc_line('callers')}")
     b = report.get("burst")
     if b:
         lines.append(f"\nburst: {b['requests']:,} callers at {b['rate']:,.0f}/s: {b['statuses']}; answered p99 "

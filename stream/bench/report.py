@@ -22,6 +22,7 @@ class Drain:
     mean_batch_size: float | None = None  # the worker's, from its summaries
     transactions: int | None = None  # the worker's under exactly-once, from its summaries
     stage_busy_s: dict[str, float] | None = None  # the workers' stages' working seconds, from their summaries
+    cpu_cores: dict[str, float] | None = None  # mean cores of the workers (together) and the local broker, drain window
 
     @property
     def rate(self) -> float:

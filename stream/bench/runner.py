@@ -188,15 +188,19 @@ class Bench:
         peak = 0.0
         samples: list[tuple[float, float]] = []  # (consumed by replica 0, its RSS MiB)
         next_sample = time.monotonic()
-        while any(p.proc.poll() is None for p, _ in procs):
-            for p, _ in procs:
-                peak = max(peak, rss_mib(p.pid, "VmHWM") or 0.0)
-            if time.monotonic() >= next_sample:
-                next_sample += 0.5
-                consumed, rss = scrape(port, "stream_records_consumed_total"), rss_mib(procs[0][0].pid)
-                if consumed and rss:
-                    samples.append((consumed, rss))
-            time.sleep(0.1)
+        with CpuSampler(every_s=0.1) as sampler:
+            for i, (p, _) in enumerate(procs):
+                sampler.watch(f"worker-{i}", p.pid)
+            sampler.watch("broker", self.broker_pid)
+            while any(p.proc.poll() is None for p, _ in procs):
+                for p, _ in procs:
+                    peak = max(peak, rss_mib(p.pid, "VmHWM") or 0.0)
+                if time.monotonic() >= next_sample:
+                    next_sample += 0.5
+                    consumed, rss = scrape(port, "stream_records_consumed_total"), rss_mib(procs[0][0].pid)
+                    if consumed and rss:
+                        samples.append((consumed, rss))
+                time.sleep(0.05)
         summaries = []
         for p, path in procs:
             if p.proc.returncode != 0:
@@ -208,9 +212,14 @@ class Bench:
         batches = sum(s["batches"] for s in summaries)
         busy = {stage: sum(s.get("stage_busy_s", {}).get(stage, 0.0) for s in summaries)
                 for stage in summaries[0].get("stage_busy_s", {})}
+        # The cores over the drain's own window (first record consumed to last offset committed): a process
+        # sampled fewer than twice in it (a drain of well under a second) is left out.
+        cores = sampler.cores(first, last)
+        cpu = {"workers": sum(v for k, v in cores.items() if k.startswith("worker-")),
+               **({"broker": cores["broker"]} if "broker" in cores else {})} if cores else None
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
                      sum(s["batched_records"] for s in summaries) / batches if batches else None,
-                     sum(s.get("transactions", 0) for s in summaries) or None, busy or None)
+                     sum(s.get("transactions", 0) for s in summaries) or None, busy or None, cpu)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:

@@ -128,7 +128,8 @@ def _drain(bench: Any, name: str, ns_per_token: float, topic: str, batch: int) -
 
 def _figures(drain: Any) -> dict[str, Any]:
     return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
-            "mean_batch_size": drain.mean_batch_size, "stage_busy_s": drain.stage_busy_s}
+            "mean_batch_size": drain.mean_batch_size, "stage_busy_s": drain.stage_busy_s,
+            "cpu_cores": drain.cpu_cores}
 
 
 def summarize_stages(report: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +137,43 @@ def summarize_stages(report: dict[str, Any]) -> dict[str, Any]:
     ratios = {"half": [r["half"]["over_device"] for r in report["rounds"]],
               "full": [r["full"]["over_host"] for r in report["rounds"]],
               "host": [r["host_over_tokenize"] for r in report["rounds"]]}
-    return {name: {"median": statistics.median(values), "min": min(values), "max": max(values),
-                   "target": TARGETS[name], "met": statistics.median(values) >= TARGETS[name]}
-            for name, values in ratios.items()}
+    out: dict[str, Any] = {
+        name: {"median": statistics.median(values), "min": min(values), "max": max(values),
+               "target": TARGETS[name], "met": statistics.median(values) >= TARGETS[name]}
+        for name, values in ratios.items()}
+    out["host_cpu"] = host_cpu(report)
+    return out
+
+
+def host_cpu(report: dict[str, Any]) -> dict[str, float] | None:
+    """Where the host ceiling's CPU goes, medians over the rounds' free-model drains: the cores the worker and
+    the broker used, and their CPU microseconds a text beside tokenizing's own (``tokenize_alone_one_thread``:
+    one core's worth)."""
+    drains = [r["host"] for r in report["rounds"] if (r["host"].get("cpu_cores") or {}).get("workers")]
+    if not drains:
+        return None
+    worker = statistics.median(d["cpu_cores"]["workers"] for d in drains)
+    broker = [d["cpu_cores"]["broker"] for d in drains if "broker" in d["cpu_cores"]]
+    rate = statistics.median(d["rate"] for d in drains)
+    out = {"worker_cores": worker, "worker_us_per_text": statistics.median(
+               d["cpu_cores"]["workers"] / d["rate"] * 1e6 for d in drains),
+           "tokenize_us_per_text": 1e6 / report["tokenize_alone_one_thread"], "rate": rate}
+    if broker:
+        out["broker_cores"] = statistics.median(broker)
+        out["broker_us_per_text"] = statistics.median(
+            d["cpu_cores"]["broker"] / d["rate"] * 1e6 for d in drains if "broker" in d["cpu_cores"])
+    return out
+
+
+def format_host_cpu(section: dict[str, Any]) -> str | None:
+    cpu = section.get("summary", {}).get("host_cpu")
+    if not cpu:
+        return None
+    broker = (f"; the broker {cpu['broker_cores']:.2f} cores, {cpu['broker_us_per_text']:.0f} µs a text"
+              if "broker_cores" in cpu else "")
+    return (f"host ceiling drains (medians): the worker {cpu['worker_cores']:.2f} cores, "
+            f"{cpu['worker_us_per_text']:.0f} µs of CPU a text (tokenizing alone: {cpu['tokenize_us_per_text']:.0f} "
+            f"µs a text on one thread){broker}")
 
 
 def format_stages_table(section: dict[str, Any]) -> list[list[str]]:

@@ -40,6 +40,7 @@ from stream.gateway.client import (
     Refused,
     RequestTimeout,
 )
+from stream.ops.gc_pauses import GcPauses
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -62,6 +63,9 @@ class GatewayMetrics:
                              "Replies read that answer no pending request of this gateway's (expired ones, or "
                              "another gateway's on the same reply partition).", registry=r)
         self.foreign.set_function(lambda: client.foreign_replies)
+        # The collector's pauses hold back every request waiting through them (docs/gateway.md).
+        self.gc_pauses = GcPauses("stream_gateway")
+        r.register(self.gc_pauses)
 
 
 def _respond(status: int, body: dict[str, Any]) -> JSONResponse:

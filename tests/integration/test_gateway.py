@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +66,9 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
             assert dead.status_code == 422, dead.text
             assert dead.json()["stage"] == "decode" and dead.json()["input_offset"] is not None
         assert http_status_counts(first) == {"200": len(sent) + 1, "413": 1, "422": 2, "400": 1}
+        # Its collector's pauses are exported (thousands of requests: young collections happened).
+        text = httpx.get(f"{first.url}/metrics", timeout=5).text
+        assert re.search(r'^stream_gateway_gc_pause_seconds_count\{generation="0"\} [1-9]', text, re.M), text
         assert first.stop() == 0 and second.stop() == 0
         assert worker.terminate() == 0
     finally:

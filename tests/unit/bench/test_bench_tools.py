@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,26 @@ def test_a_readers_receipts_are_joined_to_predictions_by_output_partition_and_of
         visible_latencies(rows, receipts[1:])
     with pytest.raises(RuntimeError, match="did not receive 3 of 3"):
         visible_latencies(rows, np.empty((0, 3)))
+
+
+def test_the_host_ceilings_cpu_is_split_per_text_between_worker_and_broker() -> None:
+    from stream.bench.stages import format_host_cpu, host_cpu
+
+    def rnd(rate: float, worker: float, broker: float | None) -> dict[str, Any]:
+        cores = {"workers": worker, **({"broker": broker} if broker is not None else {})}
+        return {"host": {"rate": rate, "cpu_cores": cores}}
+
+    report = {"tokenize_alone_one_thread": 25_000.0,
+              "rounds": [rnd(20_000.0, 1.2, 0.6), rnd(25_000.0, 1.25, 0.5), rnd(10_000.0, 1.0, None),
+                         {"host": {"rate": 1.0, "cpu_cores": None}}]}
+    cpu = host_cpu(report)
+    assert cpu is not None
+    assert cpu["worker_cores"] == 1.2  # the median of 1.2, 1.25 and 1.0; the drain without samples is left out
+    assert cpu["worker_us_per_text"] == pytest.approx(60.0)  # 1.2/20,000, 1.25/25,000, 1.0/10,000 s
+    assert cpu["tokenize_us_per_text"] == pytest.approx(40.0)
+    assert cpu["broker_cores"] == pytest.approx(0.55)
+    assert cpu["broker_us_per_text"] == pytest.approx(25.0)  # 30 and 20
+    line = format_host_cpu({"summary": {"host_cpu": cpu}})
+    assert line is not None and "60 µs of CPU a text" in line and "broker 0.55 cores" in line
+    assert host_cpu({"tokenize_alone_one_thread": 1.0, "rounds": [{"host": {"rate": 1.0}}]}) is None
+    assert format_host_cpu({"summary": {"host_cpu": None}}) is None
