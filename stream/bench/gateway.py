@@ -15,7 +15,7 @@ output topic (``read_committed``) times when each prediction becomes readable th
 * **two readers**: a second reader of the output topic in a process of its own; per prediction, when it read it
   minus when the first reader did. Its p99 is what the per-request cost would show for a gateway that added
   nothing: one more reader of records produced at the same moment, on the same busy cores;
-* the mean batch size of the predictions (their ``batch_size`` field).
+* the mean batch size of the predictions (their ``batch_size`` field);
 * the garbage collector's pauses during the cell, in the gateway (from its ``/metrics``) and in the callers'
   process.
 
