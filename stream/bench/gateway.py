@@ -247,15 +247,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       loops=tuple(args.loops)) as (ports, output):
             clock = ArrivalClock(broker.bootstrap, output)
             second = SecondReader(broker.bootstrap, output)
-            # The callers' and the reader's process: a full collection here walked torch's objects (about
-            # 100 ms, holding back every answer and arrival it overlapped).
+            # The callers' and the reader's process: a full collection here walked torch's objects, holding back
+            # every answer and arrival it overlapped.
             gc.collect()
             gc.freeze()
             callers_gc = GcPauses("bench")
             try:
                 # Warm-up: each gateway at each rate for a few seconds. With 2 s at 100/s only, the first cell at
                 # each rate (always the first loop's, in round 1) had the per-request cost's worst p99 in every
-                # run (5.1-7.0 ms at 400/s against 2.4-3.0 ms for the same gateway in round 2).
+                # run (docs/gateway.md).
                 for rate in args.rates:
                     for port in ports:
                         asyncio.run(call_at_rate("127.0.0.1", port, demo_events(int(rate * args.warmup_seconds),

@@ -584,7 +584,7 @@ def run_text_only(cfg: TextBenchConfig, results: Path, broker_kind: BrokerKind =
     broker = None if bootstrap else start_broker(broker_kind)
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
     broker_name = "given cluster" if bootstrap else broker_kind
-    bench = Bench(servers, BenchConfig(events=0), DEFAULT_MODEL_DIR)
+    bench = Bench(servers, BenchConfig(events=0), DEFAULT_MODEL_DIR, broker.pid if broker is not None else None)
     try:
         report = {"broker": broker_name, "versions": versions(broker_name),
                   "text": run_text_bench(bench, cfg, console_print)}

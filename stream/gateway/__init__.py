@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     # What is loaded now lives as long as the process: out of the collector's reach, so that a full collection
-    # walks only what requests allocate (it walked the imports too: about 20 ms, every request waiting behind it).
+    # walks only what requests allocate (it walked the imports too, every request waiting behind it).
     gc.collect()
     gc.freeze()
     try:
