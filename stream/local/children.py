@@ -24,6 +24,32 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def catches(pid: int, signum: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``signum`` (its ``SigCgt`` mask in ``/proc``); None where that
+    cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        return None
+    return None
+
+
+def wait_until_catching(proc: subprocess.Popen[bytes], signum: int, deadline: float) -> None:
+    """Until ``proc`` catches ``signum``, has exited, or ``deadline`` (monotonic) passes; where ``/proc`` cannot
+    tell, half a second from now."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        caught = catches(proc.pid, signum)
+        if caught is None:
+            time.sleep(0.5)
+            return
+        if caught:
+            return
+        time.sleep(0.02)
+
+
 class WorkerProcess:
     """A ``python -m stream worker`` child process, logging to a file; stopped by PID."""
 
@@ -48,8 +74,9 @@ class WorkerProcess:
     def terminate(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit within the bound. Returns the exit code."""
         if self.proc.poll() is None:
-            # Before the interpreter runs its first line no handler can exist; give it that moment.
-            time.sleep(max(0.0, self.started + 0.5 - time.monotonic()))
+            # Before the interpreter runs its first line no handler can exist: wait until the process catches
+            # SIGTERM (a loaded machine took over half a second to get there), up to 10 s from its start.
+            wait_until_catching(self.proc, signal.SIGTERM, self.started + 10.0)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
