@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -43,7 +42,6 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from producers.events import generate_events
 from stream.bench.callers import Answer, call_at_rate
@@ -54,6 +52,7 @@ from stream.local.children import WorkerProcess
 from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
 from stream.models.train_demo import ensure_trained
 from stream.ops.gc_pauses import GcPauses, pauses_between, snapshot_from_samples
+from stream.ops.top import scrape
 
 PARTITIONS = 4
 
@@ -137,11 +136,10 @@ class SecondReader:
 
 def gateway_gc(port: int) -> dict[str, dict[str, Any]]:
     """A gateway's collector pauses so far, from its ``/metrics``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = [(x.name, x.labels, x.value) for family in text_string_to_metric_families(text)
-               for x in family.samples]
-    return snapshot_from_samples(samples, "stream_gateway_gc_pause_seconds")
+    got = scrape(f"http://127.0.0.1:{port}")
+    if got.error is not None:
+        raise RuntimeError(f"the gateway on port {port}: {got.error}")
+    return snapshot_from_samples(got.samples, "stream_gateway_gc_pause_seconds")
 
 
 def _pct(values: list[float] | np.ndarray, q: float) -> float | None:

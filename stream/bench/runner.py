@@ -200,7 +200,7 @@ class Bench:
                     consumed, rss = scrape(port, "stream_records_consumed_total"), rss_mib(procs[0][0].pid)
                     if consumed and rss:
                         samples.append((consumed, rss))
-                time.sleep(0.05)
+                time.sleep(0.1)
         summaries = []
         for p, path in procs:
             if p.proc.returncode != 0:

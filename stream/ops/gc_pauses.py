@@ -27,10 +27,9 @@ class GcPauses(Collector):
 
     def __init__(self, prefix: str = "stream") -> None:
         self.name = f"{prefix}_gc_pause_seconds"
-        # Per generation: the count of pauses at or under each bucket's bound (the last: over the largest), the
-        # count and the sum of seconds.
+        # Per generation: the count of pauses at or under each bucket's bound (the last: over the largest), and
+        # the sum of seconds.
         self._buckets = {g: [0] * (len(BUCKETS) + 1) for g in GENERATIONS}
-        self._count = dict.fromkeys(GENERATIONS, 0)
         self._sum = dict.fromkeys(GENERATIONS, 0.0)
         self._started = 0.0
         gc.callbacks.append(self._callback)
@@ -42,7 +41,6 @@ class GcPauses(Collector):
         seconds = time.perf_counter() - self._started
         generation = min(int(info.get("generation", 2)), 2)
         self._buckets[generation][bisect.bisect_left(BUCKETS, seconds)] += 1
-        self._count[generation] += 1
         self._sum[generation] += seconds
 
     def close(self) -> None:
@@ -55,7 +53,7 @@ class GcPauses(Collector):
         for g in GENERATIONS:
             counts = list(self._buckets[g])
             over = {f"{b * 1000:g}": sum(counts[i + 1:]) for i, b in enumerate(BUCKETS)}
-            out[str(g)] = {"count": self._count[g], "seconds": self._sum[g], "over": over}
+            out[str(g)] = {"count": sum(counts), "seconds": self._sum[g], "over": over}
         return out
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
@@ -81,20 +79,23 @@ def pauses_between(before: dict[str, dict[str, Any]], after: dict[str, dict[str,
     return out
 
 
-def snapshot_from_samples(samples: list[tuple[str, dict[str, str], float]], name: str) -> dict[str, dict[str, Any]]:
-    """A `GcPauses.snapshot` from a Prometheus scrape's samples (name, labels, value) of the histogram ``name``."""
+def snapshot_from_samples(samples: dict[str, list[tuple[dict[str, str], float]]],
+                          name: str) -> dict[str, dict[str, Any]]:
+    """A `GcPauses.snapshot` from a scrape's samples (as `stream.ops.top.Scrape` holds them: sample name ->
+    (labels, value) rows) of the histogram ``name``."""
     out: dict[str, dict[str, Any]] = {}
-    for sample, labels, value in samples:
-        g = labels.get("generation")
-        if g is None:
-            continue
-        entry = out.setdefault(g, {"count": 0, "seconds": 0.0, "over": {}})
-        if sample == f"{name}_count":
-            entry["count"] = int(value)
-        elif sample == f"{name}_sum":
-            entry["seconds"] = value
-        elif sample == f"{name}_bucket":
-            entry.setdefault("_le", {})[labels["le"]] = int(value)
+    for suffix in ("_count", "_sum", "_bucket"):
+        for labels, value in samples.get(f"{name}{suffix}", []):
+            g = labels.get("generation")
+            if g is None:
+                continue
+            entry = out.setdefault(g, {"count": 0, "seconds": 0.0, "over": {}})
+            if suffix == "_count":
+                entry["count"] = int(value)
+            elif suffix == "_sum":
+                entry["seconds"] = value
+            else:
+                entry.setdefault("_le", {})[labels["le"]] = int(value)
     for entry in out.values():
         cumulative = entry.pop("_le", {})
         total = cumulative.get("+Inf", entry["count"])

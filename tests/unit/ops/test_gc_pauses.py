@@ -61,7 +61,10 @@ def test_pauses_fall_in_their_buckets_and_read_back_from_a_scrape(pauses: GcPaus
     assert between["2"]["over"]["20"] == 1
     assert between["2"]["over"]["500"] == 1
     assert 'test_gc_pause_seconds_bucket{generation="2",le="0.01"}' in text
-    samples = [(x.name, x.labels, x.value) for f in text_string_to_metric_families(text) for x in f.samples]
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for x in family.samples:
+            samples.setdefault(x.name, []).append((dict(x.labels), float(x.value)))
     assert snapshot_from_samples(samples, "test_gc_pause_seconds") == snap
 
 
