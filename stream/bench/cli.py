@@ -147,7 +147,9 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
             table.add_row(*row)
         console.print(table)
         console.print(f"tokenizing alone: {stages['tokenize_alone']:,.0f} texts/s "
-                      f"({stages['tokenize_alone_one_thread']:,.0f} on one thread); "
+                      f"({stages['tokenize_alone_one_thread']:,.0f} on one thread); the tokenizers library's "
+                      f"{stages['library_tokenize_alone']:,.0f} "
+                      f"({stages['library_tokenize_alone_one_thread']:,.0f} on one thread); "
                       f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
         if (cpu := format_host_cpu(stages)) is not None:
             console.print(cpu)

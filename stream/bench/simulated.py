@@ -6,6 +6,8 @@ arithmetic: it sleeps ``ns_per_token`` for every padded token of the batch's pas
 kernel the host waits for would, and returns zeros. ``ns_per_token`` 0 is the *free model*: what the host path
 alone can drain (the host ceiling). The setting comes from ``--model-dir``, a JSON file (``{"ns_per_token": N}``);
 the tokenizer and the embedding size come from the installed all-MiniLM-L6-v2 weights, as ``--model minilm``'s do.
+``{"ns_per_token": N, "tokenizer": "library"}`` tokenizes every text with the tokenizers library instead of the C
+WordPiece (the benchmark's figure for what that saves).
 
     python -m stream worker ... --model stream.bench.simulated:SimulatedDevice --model-dir sim.json
 """
@@ -25,9 +27,10 @@ from stream.models.demo import DemoFraudHandler
 from stream.models.minilm import MiniLMHandler
 
 
-def write_spec(path: Path, ns_per_token: float) -> Path:
-    """The ``--model-dir`` file of a simulated device taking ``ns_per_token`` a padded token (0: free)."""
-    path.write_text(json.dumps({"ns_per_token": ns_per_token}))
+def write_spec(path: Path, ns_per_token: float, tokenizer: str = "native") -> Path:
+    """The ``--model-dir`` file of a simulated device taking ``ns_per_token`` a padded token (0: free);
+    ``tokenizer`` "library": the tokenizers library for every text."""
+    path.write_text(json.dumps({"ns_per_token": ns_per_token, "tokenizer": tokenizer}))
     return path
 
 
@@ -36,14 +39,19 @@ class SimulatedDevice(MiniLMHandler):
     zeros."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
-        super().__init__(None)
-        self.ns_per_token = 0.0
+        spec: dict[str, Any] = {"ns_per_token": 0.0}
         if model_dir is not None:
             try:
-                self.ns_per_token = float(json.loads(Path(model_dir).read_text())["ns_per_token"])
+                spec = json.loads(Path(model_dir).read_text())
+                float(spec["ns_per_token"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise UnrecoverableModelError(f"simulated device: {model_dir} is not a JSON file with "
                                               f"ns_per_token: {exc}") from exc
+            if spec.get("tokenizer", "native") not in ("native", "library"):
+                raise UnrecoverableModelError(f"simulated device: {model_dir}: tokenizer is native or library, "
+                                              f"not {spec['tokenizer']!r}")
+        super().__init__(None, native_tokenizer=spec.get("tokenizer", "native") == "native")
+        self.ns_per_token = float(spec["ns_per_token"])
         self.name = "simulated-device" if self.ns_per_token > 0 else "free-model"
 
     def load(self, device: torch.device) -> None:

