@@ -260,8 +260,8 @@ static PyObject *wp_encode(WordPiece *self, PyObject *args) {
     PyObject *seq;
     Py_ssize_t max_tokens, max_chars;
     if (!PyArg_ParseTuple(args, "Onn", &seq, &max_tokens, &max_chars)) return NULL;
-    if (max_tokens < 2 || max_chars < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_tokens must be at least 2 and max_chars not negative");
+    if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
         return NULL;
     }
     PyObject *fast = PySequence_Fast(seq, "texts must be a sequence of str");

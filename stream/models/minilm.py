@@ -349,7 +349,7 @@ def splice(tokens: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
     return out, lengths
 
 
-def native_wordpiece(tokenizer_json: bytes) -> Any:
+def native_wordpiece(tokenizer_json: bytes) -> _wordpiece.WordPiece | None:
     """The C WordPiece (stream/models/_wordpiece.c) for this tokenizer.json, or None where the extension is not
     compiled or the tokenizer is not one it reproduces: BertNormalizer lowercasing with clean_text,
     BertPreTokenizer, WordPiece with the "##" prefix, [CLS] text [SEP], and special tokens only in brackets."""
@@ -372,9 +372,11 @@ def native_wordpiece(tokenizer_json: bytes) -> Any:
             or any(vocab.get(t) is None for t in ("[CLS]", "[SEP]", model.get("unk_token")))):
         return None
     special = post.get("special_tokens") or {}
-    ids = {t: (special[t].get("ids") or [None])[0] if t in special else vocab[t] for t in ("[CLS]", "[SEP]")}
-    return _wordpiece.WordPiece(vocab, vocab[model["unk_token"]], ids["[CLS]"], ids["[SEP]"],
-                     model.get("max_input_chars_per_word", 100))
+    cls, sep = ((special[t].get("ids") or [None]) if t in special else [vocab[t]] for t in ("[CLS]", "[SEP]"))
+    if len(cls) != 1 or len(sep) != 1 or not isinstance(cls[0], int) or not isinstance(sep[0], int):
+        return None
+    return _wordpiece.WordPiece(vocab, vocab[model["unk_token"]], cls[0], sep[0],
+                                model.get("max_input_chars_per_word", 100))
 
 
 # Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new

@@ -133,6 +133,11 @@ def test_the_handler_batches_equal_the_librarys_with_texts_left_to_it_spliced_in
         assert a["passes"] == b["passes"] and a["truncated"] == b["truncated"]
         assert native.tokenize(batch) == library.tokenize(batch)
     assert np.array_equal(native.embed(texts[:48]), library.embed(texts[:48]))
+    for batch in (["café", "[SEP] x", "naïve"], ["ü"], ["plain"], []):  # all, one or none left to the library
+        a_tokens, a_lengths, a_cut = native.tokenize_flat(batch)
+        b_tokens, b_lengths, b_cut = library.tokenize_flat(batch)
+        assert np.array_equal(a_tokens, b_tokens) and np.array_equal(a_lengths, b_lengths) and a_cut == b_cut
+        assert native.tokenize(batch) == library.tokenize(batch)
 
 
 def test_threads_share_one_encoder(native: MiniLMHandler) -> None:
@@ -156,8 +161,9 @@ def test_threads_share_one_encoder(native: MiniLMHandler) -> None:
 def test_bad_arguments_are_clear_errors(native: MiniLMHandler) -> None:
     with pytest.raises(TypeError, match=r"texts\[1\] is int"):
         encoder(native).encode(["ok", 3], 16, 100)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="max_tokens"):
-        encoder(native).encode(["ok"], 1, 100)
+    for bad in (1, 65537):
+        with pytest.raises(ValueError, match="max_tokens"):
+            encoder(native).encode(["ok"], bad, 100)
     with pytest.raises(ValueError, match="max_word_chars"):
         WordPiece({"a": 1}, 0, 1, 2, 513)
 
