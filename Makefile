@@ -26,7 +26,7 @@ help:
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 	@echo "make image-check  the Dockerfile's targets without a container engine: stages, names, each install in a venv"
 
-$(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_wordpiece.c
+$(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

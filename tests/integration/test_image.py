@@ -46,7 +46,7 @@ def test_the_wheel_holds_the_c_extensions_and_no_tests(wheel_dir: Path) -> None:
     (wheel,) = wheel_dir.glob("kafka_microbatch_inference-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for ext in ("stream/kafka/_nativeconsume", "stream/kafka/_nativeproduce", "stream/codec/_nativecodec",
-                "stream/models/_wordpiece"):
+                "stream/models/_textprep"):
         assert any(n.startswith(ext) and n.endswith(".so") for n in names), ext
     assert "stream/pipeline/worker.py" in names and "producers/load.py" in names
     assert not any(n.startswith("tests/") for n in names)

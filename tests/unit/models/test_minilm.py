@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from producers.texts import generate_texts
 from stream.errors import ConfigError, UnrecoverableModelError
+from stream.models import minilm
 from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
 from stream.models.shapes import ShapeSet
 from stream.pipeline.inference import TextOptions, create_handler
@@ -137,6 +138,21 @@ def test_a_fixed_shape_set_plans_passes_of_its_shapes_only(lengths: list[int], o
         offset += p.rows * p.length
         row_offset += p.rows
     assert len({(p.rows, p.length) for p in passes}) <= len(passes)
+
+
+@pytest.mark.skipif(minilm._textprep is None, reason="stream.models._textprep not compiled")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 512), min_size=1, max_size=400), st.integers(0, 5000), st.integers(1, 40_000),
+       st.booleans())
+def test_the_c_planner_chooses_what_the_numpy_one_does(lengths: list[int], overhead: int, cap: int,
+                                                      fixed: bool) -> None:
+    cap = max(cap, 8 * 512) if fixed else cap  # a shape set's smallest pass: 8 rows of the longest length
+    shapes = ShapeSet(max_rows=cap // 16) if fixed else None
+    planned = shapes.lengths(np.sort(np.asarray(lengths))) if shapes is not None else np.sort(np.asarray(lengths))
+    values, counts = np.unique(planned, return_counts=True)
+    ends = np.concatenate([[0], np.cumsum(counts)])
+    assert np.array_equal(minilm.plan_groups(values, ends, cap, overhead, shapes),
+                          minilm.plan_groups(values, ends, cap, overhead, shapes, native=False))
 
 
 def test_row_sizes_are_few_and_pad_a_pass_by_at_most_a_third() -> None:

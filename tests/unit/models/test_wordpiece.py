@@ -1,4 +1,4 @@
-"""The C WordPiece (stream/models/_wordpiece.c) against the tokenizers library it stands in for: the same ids for
+"""The C WordPiece (stream/models/_textprep.c) against the tokenizers library it stands in for: the same ids for
 every text it takes, the texts it leaves to the library listed, and `MiniLMHandler`'s batches equal either way."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from producers.texts import generate_texts
 from stream.models.minilm import CHARS_PER_TOKEN, MiniLMHandler, native_wordpiece, read_model_files
 
 try:
-    from stream.models._wordpiece import WordPiece
+    from stream.models._textprep import WordPiece
 except ImportError:  # not compiled (optional extension)
     WordPiece = None  # type: ignore[assignment,misc]
 
@@ -27,10 +27,10 @@ except ImportError:  # not compiled (optional extension)
 def test_the_extension_is_compiled_where_ci_requires_it() -> None:
     """CI sets STREAM_REQUIRE_NATIVE=1: a lost compiler must fail the run, not skip the C half of the tests."""
     if os.environ.get("STREAM_REQUIRE_NATIVE") == "1":
-        assert WordPiece is not None, "stream.models._wordpiece was not compiled"
+        assert WordPiece is not None, "stream.models._textprep was not compiled"
 
 
-pytestmark = pytest.mark.skipif(WordPiece is None, reason="stream.models._wordpiece not compiled")
+pytestmark = pytest.mark.skipif(WordPiece is None, reason="stream.models._textprep not compiled")
 
 
 @pytest.fixture(scope="module")

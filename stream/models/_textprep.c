@@ -1,6 +1,7 @@
-/* BERT's WordPiece tokenizing of ASCII texts in C, for `stream.models.minilm` (and any BERT-uncased handler).
+/* The text model's host path in C, for `stream.models.minilm`: BERT's WordPiece tokenizing of ASCII texts
+ * (`WordPiece`, most of this file) and the pass planner's dynamic programme (`plan_groups`, at the end).
  *
- * It gives exactly the ids the Rust `tokenizers` library gives for a tokenizer.json of BertNormalizer
+ * WordPiece gives exactly the ids the Rust `tokenizers` library gives for a tokenizer.json of BertNormalizer
  * (clean_text, lowercase; its Chinese-character and accent handling touch no ASCII character), BertPreTokenizer
  * and a WordPiece model, with [CLS] ... [SEP] around, for the texts it accepts: pure ASCII (Python's own flag on
  * the str, read in O(1)) without a '[' (where a special token such as "[SEP]" written in the text would be
@@ -323,14 +324,109 @@ done:
     return result;
 }
 
+/* A contiguous read-only buffer of int64 of at least `count` items. */
+static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL || (strcmp(view->format, "q") && strcmp(view->format, "l")) ||
+        view->len < 8 * count) {
+        PyErr_Format(PyExc_ValueError, "%s: need %zd int64 items", name, count);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* plan_groups(values, ends, per_pass, overhead, padded_rows) -> bytes of int64, G + 1 of them.
+ *
+ * `stream.models.minilm.plan_passes`' dynamic programme over G groups of equal (planned) length, lengths
+ * ascending: values[g] a group's length, ends[g + 1] the rows before the end of group g (ends[0] = 0),
+ * per_pass[g] the most rows a pass of that length holds. choice[j + 1] is where the cheapest split of groups
+ * 0..j starts its last bucket: the first i minimising best[i] + padded(rows) * values[j] + passes(rows) * overhead,
+ * rows = ends[j + 1] - ends[i], padded(rows) = rows or, with a table of padded row counts (a fixed shape set),
+ * (rows / per) * per + padded_rows[rows % per]. In doubles, as the numpy version it replaces computes. */
+static PyObject *plan_groups(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *values_obj, *ends_obj, *per_obj, *table_obj;
+    long long overhead;
+    if (!PyArg_ParseTuple(args, "OOOLO", &values_obj, &ends_obj, &per_obj, &overhead, &table_obj)) return NULL;
+    Py_buffer v = {0}, e = {0}, p = {0}, t = {0};
+    int have_table = table_obj != Py_None;
+    PyObject *result = NULL;
+    Py_ssize_t groups;
+    if (PyObject_GetBuffer(values_obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    groups = v.itemsize ? v.len / v.itemsize : 0;
+    PyBuffer_Release(&v);
+    if (int64_buf(values_obj, &v, groups, "values") < 0) return NULL;
+    if (int64_buf(ends_obj, &e, groups + 1, "ends") < 0) goto fail_v;
+    if (int64_buf(per_obj, &p, groups, "per_pass") < 0) goto fail_e;
+    if (have_table && int64_buf(table_obj, &t, 1, "padded_rows") < 0) goto fail_p;
+    {
+        const int64_t *values = v.buf, *ends = e.buf, *per_pass = p.buf, *table = have_table ? t.buf : NULL;
+        const Py_ssize_t table_len = have_table ? t.len / 8 : 0;
+        for (Py_ssize_t g = 0; g < groups; g++) {
+            if (per_pass[g] < 1 || (have_table && per_pass[g] > table_len)) {
+                PyErr_Format(PyExc_ValueError, "per_pass[%zd] = %lld: at least 1%s", g, (long long)per_pass[g],
+                             have_table ? " and within padded_rows" : "");
+                goto fail_t;
+            }
+        }
+        double *best = PyMem_Malloc((size_t)(groups + 1) * sizeof(double));
+        result = PyBytes_FromStringAndSize(NULL, (groups + 1) * 8);
+        if (best == NULL || result == NULL) {
+            PyMem_Free(best);
+            Py_XDECREF(result);
+            result = NULL;
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            goto fail_t;
+        }
+        int64_t *choice = (int64_t *)PyBytes_AS_STRING(result);
+        best[0] = 0.0;
+        choice[0] = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < groups; j++) {
+            const int64_t length = values[j], per = per_pass[j], end = ends[j + 1];
+            double low = 0.0;
+            int64_t at = 0;
+            for (Py_ssize_t i = 0; i <= j; i++) {
+                const int64_t rows = end - ends[i];
+                const int64_t padded = table ? (rows / per) * per + table[rows % per] : rows;
+                double cost = best[i] + (double)(padded * length);
+                cost += (double)(((rows + per - 1) / per) * overhead);
+                if (i == 0 || cost < low) {
+                    low = cost;
+                    at = i;
+                }
+            }
+            best[j + 1] = low;
+            choice[j + 1] = at;
+        }
+        Py_END_ALLOW_THREADS
+        PyMem_Free(best);
+    }
+fail_t:
+    if (have_table) PyBuffer_Release(&t);
+fail_p:
+    PyBuffer_Release(&p);
+fail_e:
+    PyBuffer_Release(&e);
+fail_v:
+    PyBuffer_Release(&v);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"plan_groups", plan_groups, METH_VARARGS,
+     "plan_groups(values, ends, per_pass, overhead, padded_rows) -> bytes: see stream/models/_textprep.c"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef wp_methods[] = {
     {"encode", (PyCFunction)wp_encode, METH_VARARGS,
-     "encode(texts, max_tokens, max_chars) -> (ids, lengths, others, cut): see stream/models/_wordpiece.c"},
+     "encode(texts, max_tokens, max_chars) -> (ids, lengths, others, cut): see stream/models/_textprep.c"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject WordPieceType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stream.models._wordpiece.WordPiece",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stream.models._textprep.WordPiece",
     .tp_basicsize = sizeof(WordPiece),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "WordPiece(vocab, unk_id, cls_id, sep_id, max_word_chars, prefix='##'): BERT tokenizing of ASCII texts",
@@ -340,10 +436,11 @@ static PyTypeObject WordPieceType = {
     .tp_methods = wp_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wordpiece",
-                                    "BERT WordPiece tokenizing of ASCII texts (see _wordpiece.c)", -1, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_textprep",
+                                    "the text model's host path in C: WordPiece tokenizing, pass planning (see _textprep.c)", -1,
+                                    module_methods};
 
-PyMODINIT_FUNC PyInit__wordpiece(void) {
+PyMODINIT_FUNC PyInit__textprep(void) {
     if (PyType_Ready(&WordPieceType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
