@@ -1,7 +1,8 @@
 """The optional C extensions (stream/kafka/_nativeproduce.c, stream/kafka/_nativeconsume.c, sharing
-stream/kafka/_rdkafka.h; stream/codec/_nativecodec.c; stream/models/_textprep.c, BERT tokenizing of ASCII texts); everything else is configured in pyproject.toml. Where they cannot be compiled (no C
-compiler), the install still succeeds: the worker then takes input and publishes through confluent-kafka and decodes
-and encodes with numpy, and --model minilm tokenizes every text with the tokenizers library."""
+stream/kafka/_rdkafka.h; stream/codec/_nativecodec.c; stream/models/_textprep.c, the text model's tokenizing of
+ASCII texts and pass planning); everything else is configured in pyproject.toml. Where they cannot be compiled (no
+C compiler), the install still succeeds: the worker then takes input and publishes through confluent-kafka and
+decodes and encodes with numpy, and --model minilm tokenizes every text with the tokenizers library."""
 
 from setuptools import Extension, setup
 

@@ -42,7 +42,7 @@ def add_parsers(sub: Any) -> None:
                       help="intra-op thread counts, comma-separated, each for the model alone and the worker (1,2)")
     text.add_argument("--stages-rounds", type=int, default=None,
                       help="rounds of the stages against a simulated device (3; 0: none)")
-    text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (100,000)")
+    text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (300,000)")
     text.add_argument("--cuda-texts", type=int, default=None, help="texts per CUDA drain (51,200)")
     text.add_argument("--cuda-dtypes", default=None, type=_dtype_list,
                       help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")

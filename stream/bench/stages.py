@@ -39,7 +39,10 @@ TARGETS: dict[str, float | None] = {"half": 0.9, "full": 0.75, "host": 0.8, "lib
 
 @dataclass
 class StagesBenchConfig:
-    texts: int = 100_000  # pre-produced once, drained by every worker of every round
+    # pre-produced once, drained by every worker of every round; enough that a drain lasts several seconds at the
+    # host ceiling (since the tokenizer in C a drain of 100,000 took 1.4-1.7 s, and the up to one commit interval
+    # (1 s) between the last prediction and the commit that ends a drain's window weighed up to 40 % of it)
+    texts: int = 300_000
     batch: int = 128
     rounds: int = 3
     tokenize_texts: int = 20_480  # tokenizing alone runs over the first this many
