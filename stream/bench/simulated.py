@@ -39,11 +39,12 @@ class SimulatedDevice(MiniLMHandler):
     zeros."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
-        spec: dict[str, Any] = {"ns_per_token": 0.0}
+        spec: dict[str, Any] = {}
+        ns_per_token = 0.0
         if model_dir is not None:
             try:
                 spec = json.loads(Path(model_dir).read_text())
-                float(spec["ns_per_token"])
+                ns_per_token = float(spec["ns_per_token"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise UnrecoverableModelError(f"simulated device: {model_dir} is not a JSON file with "
                                               f"ns_per_token: {exc}") from exc
@@ -51,7 +52,7 @@ class SimulatedDevice(MiniLMHandler):
                 raise UnrecoverableModelError(f"simulated device: {model_dir}: tokenizer is native or library, "
                                               f"not {spec['tokenizer']!r}")
         super().__init__(None, native_tokenizer=spec.get("tokenizer", "native") == "native")
-        self.ns_per_token = float(spec["ns_per_token"])
+        self.ns_per_token = ns_per_token
         self.name = "simulated-device" if self.ns_per_token > 0 else "free-model"
 
     def load(self, device: torch.device) -> None:

@@ -324,7 +324,7 @@ done:
     return result;
 }
 
-/* A contiguous read-only buffer of int64 of at least `count` items. */
+/* A contiguous read-only buffer of int64 of at least `count` items (its own count: view->len / 8). */
 static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const char *name) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (view->itemsize != 8 || view->format == NULL || (strcmp(view->format, "q") && strcmp(view->format, "l")) ||
@@ -351,11 +351,8 @@ static PyObject *plan_groups(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_buffer v = {0}, e = {0}, p = {0}, t = {0};
     int have_table = table_obj != Py_None;
     PyObject *result = NULL;
-    Py_ssize_t groups;
-    if (PyObject_GetBuffer(values_obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    groups = v.itemsize ? v.len / v.itemsize : 0;
-    PyBuffer_Release(&v);
-    if (int64_buf(values_obj, &v, groups, "values") < 0) return NULL;
+    if (int64_buf(values_obj, &v, 0, "values") < 0) return NULL;
+    const Py_ssize_t groups = v.len / 8;
     if (int64_buf(ends_obj, &e, groups + 1, "ends") < 0) goto fail_v;
     if (int64_buf(per_obj, &p, groups, "per_pass") < 0) goto fail_e;
     if (have_table && int64_buf(table_obj, &t, 1, "padded_rows") < 0) goto fail_p;

@@ -99,7 +99,7 @@ def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: i
         per_pass = _rows_per_pass(length, pass_tokens, shapes)
         for a in range(start, stop, per_pass):
             b = min(a + per_pass, stop)
-            rows = b - a if shapes is None else int(shapes.rows(np.array([b - a]))[0])
+            rows = b - a if shapes is None else int(shapes.padded_rows[b - a])
             passes.append(Pass(a, b, length, offset, rows, row_offset))
             offset += rows * length
             row_offset += rows
@@ -117,9 +117,8 @@ def plan_groups(values: np.ndarray, ends: np.ndarray, pass_tokens: int, overhead
                   np.fromiter((_rows_per_pass(int(v), pass_tokens, shapes) for v in values), dtype=np.int64,
                               count=len(values)))
     if native and _textprep is not None:
-        table = None if shapes is None else shapes.rows(np.arange(int(per_passes.max(initial=1)), dtype=np.int64))
         return np.frombuffer(_textprep.plan_groups(values, ends, per_passes, overhead_tokens,
-                                                   None if table is None else table.astype(np.int64)), np.int64)
+                                                   None if shapes is None else shapes.padded_rows), np.int64)
     groups = len(values)
     best = np.zeros(groups + 1)
     choice = np.zeros(groups + 1, dtype=np.int64)

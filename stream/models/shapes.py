@@ -11,6 +11,7 @@ replaces hundreds of kernel launches per pass by one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -52,6 +53,11 @@ class ShapeSet:
         sizes = self.row_sizes
         padded = sizes[np.minimum(np.searchsorted(sizes, rows), len(sizes) - 1)]
         return np.where(rows > 0, padded, 0)
+
+    @functools.cached_property
+    def padded_rows(self) -> np.ndarray:
+        """`rows` of every row count from 0 to ``max_rows``, as a table (int64) indexed by the count."""
+        return self.rows(np.arange(self.max_rows + 1, dtype=np.int64)).astype(np.int64)
 
     def fit(self, rows: int) -> int:
         """The largest row size not over ``rows`` (at least the smallest)."""
