@@ -43,8 +43,11 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
     b_dir = model_version(model_dir, tmp_path / "model-b", "B")
     stop = threading.Event()
     produced: list[int] = []
+    # The load runs until stopped (its count is a ceiling it never reaches): on a slow machine the steps below take
+    # more than a fixed count's 40 s, and a load that had ended before the old replicas left gave the new version
+    # nothing to answer on some partition.
     load = threading.Thread(target=lambda: produced.append(produce_events(
-        pipeline.bootstrap, pipeline.input, 60_000, seed=71, rate=1500.0, stop=stop).delivered), daemon=True)
+        pipeline.bootstrap, pipeline.input, 1_000_000, seed=71, rate=1500.0, stop=stop).delivered), daemon=True)
     ports: dict[WorkerProcess, int] = {}
 
     def worker(version_dir: Path) -> WorkerProcess:
@@ -83,7 +86,8 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
     assert [w.wait(60) for w in olds] == [0, 0, 0]
     for w in olds:
         w.terminate()  # closes its log; the process has exited
-    time.sleep(3)
+    time.sleep(3)  # the new version alone answers the load for a while
+    assert load.is_alive(), "the load ended before the switch was over"
     stop.set()
     load.join(120)
     reader = OutputReader(pipeline.bootstrap, pipeline.output)
