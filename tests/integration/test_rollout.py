@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file, save_file
 
 from producers.load import produce_events
@@ -38,10 +39,11 @@ def model_version(source: Path, target: Path, version: str, shift: float = 0.0) 
 
 
 def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back(
-        pipeline: Pipeline, model_dir: Path, tmp_path: Path) -> None:
+        pipeline: Pipeline, model_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     a_dir = model_version(model_dir, tmp_path / "model-a", "A")
     b_dir = model_version(model_dir, tmp_path / "model-b", "B")
     stop = threading.Event()
+    request.addfinalizer(stop.set)  # a failed step does not leave the load running against a stopped broker
     produced: list[int] = []
     # The load runs until stopped (its count is a ceiling it never reaches): on a slow machine the steps below take
     # more than a fixed count's 40 s, and a load that had ended before the old replicas left gave the new version
