@@ -12,11 +12,15 @@ benchmark's broker, all at one batch size, in rounds:
 * **simulated device D**: the same handler whose ``predict`` sleeps a set time per padded token without holding the
   GIL, as a kernel the host waits for would; D is its model-alone rate (its passes over batches laid out before),
   set to about H/2 and to about H from that round's H. A worker whose stages overlap reaches about min(D, H); one
-  whose single thread did everything in turn would reach 1 / (1/D + 1/H): 0.67 D at D = H/2, 0.5 H at D = H.
+  whose single thread did everything in turn would reach 1 / (1/D + 1/H): 0.67 D at D = H/2, 0.5 H at D = H;
+* **broker pass-through**: ``stream.bench.contenders passthrough`` over the same texts, producing a value as big
+  as the worker's (384 floats and the copied fields) per text and committing: what a bare consume-produce loop
+  gets through this broker, to read H against (no target; the text section's broker ceiling, per round here).
 
 The targets (issue 46): at D = H/2 the worker >= 0.9 D; at D = H, >= 0.75 H; and H >= 0.8x tokenizing alone
 (set when tokenizing was the library's; both are reported: H against the handler's tokenizing, and the library
-host ceiling against the library's tokenizing).
+host ceiling against the library's tokenizing). H against the pass-through has no target: it shows how much of
+what the broker lets through the worker's own path leaves.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import torch
 from stream.bench.simulated import SimulatedDevice, write_spec
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
 
-TARGETS: dict[str, float | None] = {"half": 0.9, "full": 0.75, "host": 0.8, "library_host": 0.8, "gain": None}
+TARGETS: dict[str, float | None] = {"half": 0.9, "full": 0.75, "host": 0.8, "library_host": 0.8, "gain": None,
+                                    "broker": None}
 
 
 @dataclass
@@ -93,6 +98,7 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
         texts = generate_texts(cfg.texts, seed=2027).texts
         sample = texts[: cfg.tokenize_texts]
         ids = handler.tokenize(sample)
+        value_bytes = 4 * handler.outputs[0].size + 64  # as the text section's broker ceiling
         per_text = padded_tokens_per_text(handler, ids, cfg.batch)
         report: dict[str, Any] = {
             "config": asdict(cfg), "padded_tokens_per_text": per_text, "targets": TARGETS,
@@ -110,7 +116,11 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
             free = _drain(bench, f"stages-free-{r}", 0.0, topic, cfg.batch)
             console_print(f"bench: stages, round {r + 1}: the free model with the tokenizers library ...")
             slow = _drain(bench, f"stages-free-library-{r}", 0.0, topic, cfg.batch, tokenizer="library")
-            entry: dict[str, Any] = {"host": _figures(free), "host_library": _figures(slow)}
+            console_print(f"bench: stages, round {r + 1}: broker pass-through, {value_bytes} B values ...")
+            ceiling = bench.contender("passthrough", cfg.texts, input_topic=topic, tag=f"-stages-{r}",
+                                      extra=("--value-bytes", str(value_bytes)))
+            entry: dict[str, Any] = {"host": _figures(free), "host_library": _figures(slow), "broker_ceiling": {
+                "events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate, "value_bytes": value_bytes}}
             host = free.rate
             for name, fraction in (("half", 0.5), ("full", 1.0)):
                 ns = 1e9 / (host * fraction * per_text)
@@ -125,6 +135,7 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
             entry["host_over_tokenize"] = host / report["tokenize_alone"]
             entry["library_host_over_tokenize"] = slow.rate / report["library_tokenize_alone"]
             entry["host_over_library_host"] = host / slow.rate
+            entry["host_over_broker"] = host / ceiling.rate
             report["rounds"].append(entry)
         report["summary"] = summarize_stages(report)
         return report
@@ -149,12 +160,14 @@ def _figures(drain: Any) -> dict[str, Any]:
 
 def summarize_stages(report: dict[str, Any]) -> dict[str, Any]:
     """Per ratio: the median over the rounds, the lowest and highest, and whether the median meets its target
-    (None where it has none: ``gain``, the host ceiling over the library tokenizer's)."""
+    (None where it has none: ``gain``, the host ceiling over the library tokenizer's; ``broker``, over the broker
+    pass-through)."""
     ratios = {"half": [r["half"]["over_device"] for r in report["rounds"]],
               "full": [r["full"]["over_host"] for r in report["rounds"]],
               "host": [r["host_over_tokenize"] for r in report["rounds"]],
               "library_host": [r["library_host_over_tokenize"] for r in report["rounds"]],
-              "gain": [r["host_over_library_host"] for r in report["rounds"]]}
+              "gain": [r["host_over_library_host"] for r in report["rounds"]],
+              "broker": [r["host_over_broker"] for r in report["rounds"]]}
     out: dict[str, Any] = {}
     for name, values in ratios.items():
         target = TARGETS[name]
@@ -206,14 +219,15 @@ def format_stages_table(section: dict[str, Any]) -> list[list[str]]:
     """Rows: one per figure and round, the median and spread last."""
     rows = [["round", "host ceiling H (texts/s)", "D = H/2: device alone", "worker", "worker / D",
              "D = H: device alone", "worker", "worker / H", "H / tokenizing alone", "H, library tokenizer",
-             "that / library tokenizing alone", "H / that"]]
+             "that / library tokenizing alone", "H / that", "broker pass-through", "H / that"]]
     for i, r in enumerate(section["rounds"]):
         rows.append([str(i + 1), f"{r['host']['rate']:,.0f}", f"{r['half']['device_alone']:,.0f}",
                      f"{r['half']['worker']['rate']:,.0f}", f"{r['half']['over_device']:.2f}",
                      f"{r['full']['device_alone']:,.0f}", f"{r['full']['worker']['rate']:,.0f}",
                      f"{r['full']['over_host']:.2f}", f"{r['host_over_tokenize']:.2f}",
                      f"{r['host_library']['rate']:,.0f}", f"{r['library_host_over_tokenize']:.2f}",
-                     f"{r['host_over_library_host']:.2f}"])
+                     f"{r['host_over_library_host']:.2f}", f"{r['broker_ceiling']['rate']:,.0f}",
+                     f"{r['host_over_broker']:.2f}"])
     s = section["summary"]
 
     def spread(name: str) -> str:
@@ -222,5 +236,5 @@ def format_stages_table(section: dict[str, Any]) -> list[list[str]]:
                 + (f"; >= {target:g})" if target is not None else ")"))
 
     rows.append(["median (range; target)", "", "", "", spread("half"), "", "", spread("full"), spread("host"), "",
-                 spread("library_host"), spread("gain")])
+                 spread("library_host"), spread("gain"), "", spread("broker")])
     return rows

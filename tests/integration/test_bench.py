@@ -93,7 +93,9 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
         assert figures["ns_per_token"] == pytest.approx(1e9 / (round_["host"]["rate"] * fraction
                                                                 * stages["padded_tokens_per_text"]))
         assert figures["over_device"] == figures["worker"]["rate"] / figures["device_alone"]
-    assert set(stages["summary"]) == {"half", "full", "host", "library_host", "gain", "host_cpu"}
+    assert set(stages["summary"]) == {"half", "full", "host", "library_host", "gain", "broker", "host_cpu"}
+    assert round_["broker_ceiling"]["events"] == 1_024 and round_["broker_ceiling"]["value_bytes"] == 4 * 384 + 64
+    assert round_["host_over_broker"] == round_["host"]["rate"] / round_["broker_ceiling"]["rate"]
     assert stages["library_tokenize_alone"] > 0 and round_["host_library"]["events"] == round_["host"]["events"]
     assert len(format_stages_table(stages)) == 3
     drains = ("worker-default", "worker-before", "worker-best", "worker-best-x2", "worker-generic")
