@@ -98,7 +98,7 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
         texts = generate_texts(cfg.texts, seed=2027).texts
         sample = texts[: cfg.tokenize_texts]
         ids = handler.tokenize(sample)
-        value_bytes = 4 * handler.outputs[0].size + 64  # as the text section's broker ceiling
+        value_bytes = output_value_bytes(handler)
         per_text = padded_tokens_per_text(handler, ids, cfg.batch)
         report: dict[str, Any] = {
             "config": asdict(cfg), "padded_tokens_per_text": per_text, "targets": TARGETS,
@@ -117,10 +117,9 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
             console_print(f"bench: stages, round {r + 1}: the free model with the tokenizers library ...")
             slow = _drain(bench, f"stages-free-library-{r}", 0.0, topic, cfg.batch, tokenizer="library")
             console_print(f"bench: stages, round {r + 1}: broker pass-through, {value_bytes} B values ...")
-            ceiling = bench.contender("passthrough", cfg.texts, input_topic=topic, tag=f"-stages-{r}",
-                                      extra=("--value-bytes", str(value_bytes)))
-            entry: dict[str, Any] = {"host": _figures(free), "host_library": _figures(slow), "broker_ceiling": {
-                "events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate, "value_bytes": value_bytes}}
+            ceiling = broker_ceiling(bench, topic, cfg.texts, value_bytes, f"-stages-{r}")
+            entry: dict[str, Any] = {"host": _figures(free), "host_library": _figures(slow),
+                                     "broker_ceiling": ceiling}
             host = free.rate
             for name, fraction in (("half", 0.5), ("full", 1.0)):
                 ns = 1e9 / (host * fraction * per_text)
@@ -135,12 +134,25 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable
             entry["host_over_tokenize"] = host / report["tokenize_alone"]
             entry["library_host_over_tokenize"] = slow.rate / report["library_tokenize_alone"]
             entry["host_over_library_host"] = host / slow.rate
-            entry["host_over_broker"] = host / ceiling.rate
+            entry["host_over_broker"] = host / ceiling["rate"]
             report["rounds"].append(entry)
         report["summary"] = summarize_stages(report)
         return report
     finally:
         torch.set_num_threads(previous)
+
+
+def output_value_bytes(handler: Any) -> int:
+    """About the size of one embedding record the worker writes: its floats and a few copied fields."""
+    return 4 * int(handler.outputs[0].size) + 64
+
+
+def broker_ceiling(bench: Any, topic: str, count: int, value_bytes: int, tag: str) -> dict[str, Any]:
+    """The broker's own ceiling for ``count`` texts of ``topic``: a pass-through that writes a ``value_bytes``
+    value per text (no decode, no model)."""
+    ceiling = bench.contender("passthrough", count, input_topic=topic, tag=tag,
+                              extra=("--value-bytes", str(value_bytes)))
+    return {"events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate, "value_bytes": value_bytes}
 
 
 def _drain(bench: Any, name: str, ns_per_token: float, topic: str, batch: int, tokenizer: str = "native") -> Any:

@@ -38,7 +38,13 @@ import numpy as np
 import torch
 
 from producers.texts import generate_texts, produce_texts
-from stream.bench.stages import StagesBenchConfig, quick_stages_config, run_stages_bench
+from stream.bench.stages import (
+    StagesBenchConfig,
+    broker_ceiling,
+    output_value_bytes,
+    quick_stages_config,
+    run_stages_bench,
+)
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
 
 
@@ -197,15 +203,11 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             produced = produce_texts(bench.bootstrap, topics[device.type], count, seed=cfg.seed)
             if produced != count:
                 raise RuntimeError(f"pre-producing texts: {produced} of {count} acknowledged")
-            # The broker's own ceiling for these records: a pass-through that writes a value as big as an
-            # embedding record (its floats and a few copied fields) per text. The worker is held to the lower of
-            # this and the model alone.
-            value_bytes = 4 * handler.outputs[0].size + 64
+            # The broker's own ceiling for these records; the worker is held to the lower of it and the model alone.
+            value_bytes = output_value_bytes(handler)
             console_print(f"bench: broker pass-through of the {device.type} texts, {value_bytes} B values ...")
-            ceiling = bench.contender("passthrough", count, input_topic=topics[device.type],
-                                      tag=f"-text-{device.type}", extra=("--value-bytes", str(value_bytes)))
-            ceilings[device.type] = {"events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate,
-                                     "value_bytes": value_bytes}
+            ceilings[device.type] = broker_ceiling(bench, topics[device.type], count, value_bytes,
+                                                   f"-text-{device.type}")
         topic = topics[device.type]
         entry["broker_ceiling"] = ceilings[device.type]
         for row in entry["batches"]:
