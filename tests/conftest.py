@@ -24,6 +24,22 @@ from tests.containers import (
     start_kafka_container,
     start_registry_container,
 )
+from tests.failure_logs import FailureLogs
+
+FAILURE_LOGS = FailureLogs()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    FAILURE_LOGS.mark()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.failed:
+        report.sections.extend(FAILURE_LOGS.sections(item))
+    return report
 
 
 @dataclass(frozen=True)
@@ -59,9 +75,11 @@ def broker() -> Iterator[BrokerInfo]:
             started.stop()
         return
     local = start_tansu() if choice == "tansu" else start_kafka()
+    FAILURE_LOGS.watch("broker", local.log_files)
     try:
         yield BrokerInfo(local.bootstrap, local.kind)
     finally:
+        FAILURE_LOGS.forget("broker")
         local.stop()
 
 
@@ -74,7 +92,9 @@ def kafka_cluster() -> Iterator[LocalCluster]:
             pytest.fail("STREAM_REQUIRE_KAFKA=1 but Apache Kafka is unavailable (needs java and mvn)")
         pytest.skip("needs java and mvn for Apache Kafka")
     with start_kafka_cluster(3) as cluster:
+        FAILURE_LOGS.watch("kafka_cluster", cluster.log_files)
         yield cluster
+        FAILURE_LOGS.forget("kafka_cluster")
 
 
 @pytest.fixture(scope="session")
@@ -89,9 +109,12 @@ def schema_registry() -> Iterator[str]:
             pytest.fail("STREAM_REQUIRE_KAFKA=1 but the schema registry cannot start (needs java and mvn)")
         pytest.skip("no schema registry: needs java and mvn, a container engine, or SCHEMA_REGISTRY_URL")
     started = start_registry_container() if choice == "container" else start_registry()
+    if isinstance(started, LocalRegistry):
+        FAILURE_LOGS.watch("schema_registry", started.log_files)
     try:
         yield started.url if isinstance(started, LocalRegistry) else started.address
     finally:
+        FAILURE_LOGS.forget("schema_registry")
         started.stop()
 
 

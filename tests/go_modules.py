@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from stream.local.maven import cache_dir
+from stream.local.cache import cache_dir
 
 COMPOSE_GO = ("github.com/compose-spec/compose-go/v2", "v2.16.2")  # schema/compose-spec.json
 KEDA = ("github.com/kedacore/keda/v2", "v2.21.0")  # config/crd/bases/, pkg/scalers/kafka_scaler.go

@@ -19,8 +19,8 @@ import yaml
 
 from stream.errors import BrokerError
 from stream.local.broker import LocalProcess, free_port
+from stream.local.cache import cache_dir, fill_once
 from stream.local.children import die_with_parent
-from stream.local.maven import cache_dir
 
 PACKAGE = "prometheus"
 
@@ -34,28 +34,29 @@ def ensure_prometheus() -> Path:
     unpacked with ``dpkg -x`` (once; ``apt-get update`` first where the package lists are missing)."""
     home = prometheus_home()
     bin_dir = home / "usr" / "bin"
-    if (home / ".complete").is_file():
-        return bin_dir
-    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        raise BrokerError("the local Prometheus comes from Debian's package: apt-get and dpkg are needed")
-    download = Path(tempfile.mkdtemp(prefix="prometheus-deb-"))
-    try:
-        fetch = ["apt-get", "download", "-q", PACKAGE]
-        proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600, check=False)
-        if proc.returncode != 0 and os.geteuid() == 0:
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, check=False)
+
+    def fill() -> str:
+        if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
+            raise BrokerError("the local Prometheus comes from Debian's package: apt-get and dpkg are needed")
+        download = Path(tempfile.mkdtemp(prefix="prometheus-deb-"))
+        try:
+            fetch = ["apt-get", "download", "-q", PACKAGE]
             proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600, check=False)
-        debs = sorted(download.glob(f"{PACKAGE}_*.deb"))
-        if proc.returncode != 0 or not debs:
-            raise BrokerError(f"apt-get download {PACKAGE} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        home.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["dpkg", "-x", str(debs[0]), str(home)], check=True, capture_output=True, timeout=300)
-    finally:
-        shutil.rmtree(download, ignore_errors=True)
-    for tool in ("prometheus", "promtool"):
-        if not (bin_dir / tool).is_file():
-            raise BrokerError(f"Debian's {PACKAGE} package holds no usr/bin/{tool}")
-    (home / ".complete").write_text(debs[0].name + "\n")
+            if proc.returncode != 0 and os.geteuid() == 0:
+                subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, check=False)
+                proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600, check=False)
+            debs = sorted(download.glob(f"{PACKAGE}_*.deb"))
+            if proc.returncode != 0 or not debs:
+                raise BrokerError(f"apt-get download {PACKAGE} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            subprocess.run(["dpkg", "-x", str(debs[0]), str(home)], check=True, capture_output=True, timeout=300)
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+        for tool in ("prometheus", "promtool"):
+            if not (bin_dir / tool).is_file():
+                raise BrokerError(f"Debian's {PACKAGE} package holds no usr/bin/{tool}")
+        return debs[0].name
+
+    fill_once(home, fill)
     return bin_dir
 
 

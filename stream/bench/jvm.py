@@ -16,7 +16,8 @@ from typing import Any
 
 from stream.errors import BrokerError
 from stream.local.broker import KAFKA_VERSION, SLF4J_VERSION
-from stream.local.maven import cache_dir, copy_dependencies, pom
+from stream.local.cache import cache_dir, fill_once
+from stream.local.maven import copy_dependencies, pom
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "jvm"
@@ -39,19 +40,19 @@ def ensure_compiled() -> Path:
     sources = sorted(SOURCES.glob("*.java"))
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:16]
     out = cache_dir() / f"kafka-{KAFKA_VERSION}" / f"bench-classes-{digest}"
-    if (out / ".complete").is_file():
-        return out
     javac = shutil.which("javac")
-    if javac is None:
-        raise BrokerError("the JVM contenders need `javac` (a JDK 17+) on PATH")
-    libs = ensure_bench_jars()
-    out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([javac, "-d", str(out), "-cp", f"{libs}/*", "--release", "17", *map(str, sources)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    (out / ".complete").write_text(digest + "\n")
-    return out
+
+    def fill() -> str:
+        if javac is None:
+            raise BrokerError("the JVM contenders need `javac` (a JDK 17+) on PATH")
+        libs = ensure_bench_jars()
+        proc = subprocess.run([javac, "-d", str(out), "-cp", f"{libs}/*", "--release", "17", *map(str, sources)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        return digest
+
+    return fill_once(out, fill)
 
 
 def java_command(main_class: str, *args: str, heap_mib: int = 1024) -> list[str]:

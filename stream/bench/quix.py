@@ -31,16 +31,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def quix_venv() -> Path:
-    from stream.local.maven import cache_dir
+    from stream.local.cache import cache_dir
 
     return cache_dir() / f"quixstreams-{QUIX_VERSION}" / "venv"
 
 
 def ensure_quix_python() -> Path:
     """The Quix venv's interpreter, made once (about a minute: Quix and its pinned dependencies from PyPI)."""
+    from stream.local.cache import fill_once
+
     venv = quix_venv()
     python = venv / "bin" / "python"
-    if not (venv / ".complete").is_file():
+
+    def fill() -> str:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
         proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"quixstreams=={QUIX_VERSION}"],
@@ -48,7 +51,9 @@ def ensure_quix_python() -> Path:
         if proc.returncode != 0:
             raise RuntimeError(f"installing quixstreams {QUIX_VERSION} failed:\n{proc.stdout[-2000:]}"
                                f"{proc.stderr[-2000:]}")
-        (venv / ".complete").write_text(QUIX_VERSION + "\n")
+        return QUIX_VERSION
+
+    fill_once(venv, fill)
     # This environment's packages after the venv's own (rewritten each time: this environment may have moved).
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from stream.errors import BrokerError
+from stream.local.cache import cache_dir, resolved
 from stream.local.children import die_with_parent
 from stream.local.kafka_node import KafkaHeap, kraft_cluster_id, server_properties
 from stream.local.kafka_security import LocalSecurity, make_security
-from stream.local.maven import cache_dir, copy_dependencies, pom, resolved
+from stream.local.maven import copy_dependencies, pom
 
 log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"
@@ -85,6 +86,22 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_f
     raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
 
 
+def log_tails(files: list[Path], lines: int = 40) -> str:
+    """The last ``lines`` of each file, under its path: for an error raised before the files are removed."""
+    parts = []
+    for f in files:
+        try:
+            text = f.read_bytes()[-16_384:].decode(errors="replace")
+        except OSError:
+            continue
+        parts.append(f"--- {f} (last {lines} lines)\n" + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(parts)
+
+
+def _own_logs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.log") if p.name != GC_LOG)
+
+
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     """SIGTERM by PID, SIGKILL after ``timeout_s``; waits for the process either way."""
     if proc.poll() is None:
@@ -108,6 +125,15 @@ class LocalProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def log_files(self) -> list[Path]:
+        """The process's own logs (a JVM's collection log aside)."""
+        return _own_logs(self.workdir)
+
+    def fail_start(self, exc: BaseException) -> None:
+        """Start-up failed: the logs' tails go into ``exc`` (its notes, shown with its traceback), then `stop`."""
+        exc.add_note(log_tails(self.log_files()))
+        self.stop()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         _terminate(self.proc, timeout_s)
@@ -171,6 +197,9 @@ class KafkaNode:
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          preexec_fn=die_with_parent)
 
+    def log_files(self) -> list[Path]:
+        return _own_logs(self.workdir)
+
     def wait_listening(self, timeout_s: float) -> None:
         assert self.proc is not None
         _wait_port(self.port, self.proc, timeout_s, self.workdir / "stdout.log")
@@ -213,6 +242,10 @@ class LocalCluster:
             if n.node_id == node_id:
                 return n
         raise BrokerError(f"no node {node_id} in this cluster (nodes {[n.node_id for n in self.nodes]})")
+
+    def log_files(self) -> list[Path]:
+        """Every node's own logs."""
+        return [f for n in self.nodes for f in n.log_files()]
 
     def restart(self, node_id: int, timeout_s: float = 90.0) -> None:
         """Start a node that was killed or stopped again, and wait until it listens."""
@@ -298,7 +331,8 @@ def start_kafka_cluster(nodes: int = 3, *, log_level: str = "WARN", timeout_s: f
         from stream.kafka.topics import wait_ready
 
         wait_ready(cluster.bootstrap, timeout_s, brokers=nodes, client_config=cluster.client_config)
-    except BaseException:
+    except BaseException as exc:
+        exc.add_note(log_tails(cluster.log_files()))
         cluster.stop()
         raise
     return cluster
@@ -321,8 +355,8 @@ def start_kafka(port: int | None = None, *, log_level: str = "WARN", timeout_s: 
         from stream.kafka.topics import wait_ready
 
         wait_ready(broker.bootstrap, timeout_s)
-    except BaseException:
-        broker.stop()
+    except BaseException as exc:
+        broker.fail_start(exc)
         raise
     return broker
 
@@ -351,8 +385,8 @@ def start_tansu(port: int | None = None, *, timeout_s: float = 30.0) -> LocalBro
         from stream.kafka.topics import wait_ready
 
         wait_ready(broker.bootstrap, timeout_s)
-    except BaseException:
-        broker.stop()
+    except BaseException as exc:
+        broker.fail_start(exc)
         raise
     return broker
 

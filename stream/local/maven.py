@@ -1,36 +1,21 @@
-"""Jars from Maven Central into this project's cache (``STREAM_CACHE_DIR``, default ``~/.cache/stream``), once: the
-local Kafka broker's, the benchmark's JVM contenders' and Apicurio Registry's runner. One way of asking Maven for
-them (a throwaway pom and ``dependency:copy-dependencies``, or ``dependency:copy`` of one artifact), one
-``.complete`` marker written last so that an interrupted download is done again, one error naming what failed."""
+"""Jars from Maven Central into this project's cache (`stream.local.cache`), once: the local Kafka broker's, the
+benchmark's JVM contenders' and Apicurio Registry's runner. One way of asking Maven for them (a throwaway pom and
+``dependency:copy-dependencies``, or ``dependency:copy`` of one artifact), under the cache's lock, one error naming
+what failed."""
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from stream.errors import BrokerError
+from stream.local.cache import fill_once, resolved
 
 log = logging.getLogger(__name__)
-COMPLETE = ".complete"
 _TIMEOUT_S = 900
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("STREAM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stream")
-    return Path(base)
-
-
-def resolved(folder: Path) -> bool:
-    return (folder / COMPLETE).is_file()
-
-
-def mark_resolved(folder: Path, marker: str) -> None:
-    """Written last, once everything the folder needs is in it: `resolved` from then on."""
-    (folder / COMPLETE).write_text(marker + "\n")
 
 
 def pom(artifact_id: str, dependencies: Sequence[tuple[str, str, str]]) -> str:
@@ -62,18 +47,21 @@ def copy_dependencies(libs: Path, pom_dir: Path, pom_xml: str, *, what: str, nee
     if resolved(libs):
         return libs
     mvn = _mvn(needs)
-    pom_dir.mkdir(parents=True, exist_ok=True)
-    (pom_dir / "pom.xml").write_text(pom_xml)
-    log.info("resolving %s with Maven into %s", what, libs)
-    _run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
-         pom_dir, what)
-    mark_resolved(libs, marker)
-    return libs
+
+    def fill() -> str:
+        pom_dir.mkdir(parents=True, exist_ok=True)
+        (pom_dir / "pom.xml").write_text(pom_xml)
+        log.info("resolving %s with Maven into %s", what, libs)
+        _run([mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+             pom_dir, what)
+        return marker
+
+    return fill_once(libs, fill)
 
 
 def copy_artifact(coordinates: str, into: Path, *, what: str, needs: str) -> None:
-    """One artifact (``group:artifact:version[:type[:classifier]]``) into ``into``; the caller unpacks it and
-    marks its folder (`mark_resolved`)."""
+    """One artifact (``group:artifact:version[:type[:classifier]]``) into ``into``; for a caller's `fill_once`,
+    which unpacks it."""
     mvn = _mvn(needs)
     into.mkdir(parents=True, exist_ok=True)
     log.info("fetching %s with Maven into %s", what, into)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from stream.errors import BrokerError
 from stream.local.broker import LocalProcess, free_port
+from stream.local.cache import cache_dir, fill_once
 from stream.local.children import die_with_parent
-from stream.local.maven import cache_dir, copy_artifact, mark_resolved, resolved
+from stream.local.maven import copy_artifact
 
 log = logging.getLogger(__name__)
 REGISTRY_VERSION = "2.6.13.Final"  # Apicurio Registry, Apache-2.0; its 2.x runner needs Java 11+
@@ -32,20 +33,22 @@ def ensure_registry_jar() -> Path:
     Central into the cache and unpack it (once); returns the runner jar."""
     home = registry_home()
     jar = home / f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
-    if resolved(home):
-        return jar
-    download = home / "download"
-    copy_artifact(f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all", download,
-                  what=f"Apicurio Registry {REGISTRY_VERSION}", needs="the local schema registry needs")
-    archive = download / f"apicurio-registry-app-{REGISTRY_VERSION}-all.tar.gz"
-    if not archive.is_file():
-        raise BrokerError(f"maven fetched no {archive.name}")
-    with tarfile.open(archive) as tar:
-        tar.extractall(home, filter="data")
-    archive.unlink()
-    if not jar.is_file():
-        raise BrokerError(f"{archive.name} holds no {jar.name}")
-    mark_resolved(home, REGISTRY_VERSION)
+
+    def fill() -> str:
+        download = home / "download"
+        copy_artifact(f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all", download,
+                      what=f"Apicurio Registry {REGISTRY_VERSION}", needs="the local schema registry needs")
+        archive = download / f"apicurio-registry-app-{REGISTRY_VERSION}-all.tar.gz"
+        if not archive.is_file():
+            raise BrokerError(f"maven fetched no {archive.name}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(home, filter="data")
+        archive.unlink()
+        if not jar.is_file():
+            raise BrokerError(f"{archive.name} holds no {jar.name}")
+        return REGISTRY_VERSION
+
+    fill_once(home, fill)
     return jar
 
 
@@ -89,6 +92,6 @@ def start_registry(port: int | None = None, *, timeout_s: float = 90.0, heap_mib
                 raise BrokerError(f"the schema registry did not answer on {registry.url} within {timeout_s:.0f}s "
                                   f"(log: {log_file})")
             time.sleep(0.2)
-    except BaseException:
-        registry.stop()
+    except BaseException as exc:
+        registry.fail_start(exc)
         raise

@@ -1,15 +1,17 @@
 """The one way jars come from Maven Central (`stream.local.maven`): the pom it writes, a folder resolved once, and
-the error when Maven or Java is missing. The downloads themselves run wherever a local broker starts."""
+the error when Maven or Java is missing; the cache they go into (`stream.local.cache`), filled once by one process
+at a time. The downloads themselves run wherever a local broker starts."""
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from stream.errors import BrokerError
-from stream.local import maven
+from stream.local import cache, maven
 
 NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
@@ -31,7 +33,7 @@ def test_a_resolved_folder_is_not_resolved_again_and_a_missing_maven_is_named(
         maven.copy_dependencies(libs, tmp_path, maven.pom("r", []), what="Kafka", needs="Apache Kafka needs",
                                 marker="4.3.1")
     libs.mkdir()
-    (libs / maven.COMPLETE).write_text("4.3.1\n")
+    (libs / cache.COMPLETE).write_text("4.3.1\n")
     assert maven.copy_dependencies(libs, tmp_path, maven.pom("r", []), what="Kafka", needs="Apache Kafka needs",
                                    marker="4.3.1") == libs
     assert not (tmp_path / "pom.xml").exists(), "nothing asked of Maven"
@@ -39,4 +41,53 @@ def test_a_resolved_folder_is_not_resolved_again_and_a_missing_maven_is_named(
 
 def test_the_cache_follows_stream_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAM_CACHE_DIR", str(tmp_path))
-    assert maven.cache_dir() == tmp_path
+    assert cache.cache_dir() == tmp_path
+
+
+_FILL = """
+import sys, time
+from pathlib import Path
+from stream.local.cache import fill_once
+folder, runs = Path(sys.argv[1]), Path(sys.argv[2])
+def fill():
+    with runs.open("a") as f:
+        f.write("fill\\n")
+    time.sleep(1.0)  # long enough for the other process to ask meanwhile
+    (folder / "payload").write_text("whole")
+    return "v1"
+fill_once(folder, fill)
+assert (folder / "payload").read_text() == "whole", "returned before the folder was filled"
+"""
+
+
+def test_two_processes_asking_for_one_entry_fill_it_once(tmp_path: Path) -> None:
+    """`make test`'s two pytest processes on a fresh machine: the second waits for the first's fill (they once
+    wrote Kafka's jars into one folder together, and Maven failed in one of them)."""
+    import subprocess
+    import sys
+
+    folder, runs = tmp_path / "entry", tmp_path / "runs"
+    env = {**os.environ, "STREAM_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _FILL, str(folder), str(runs)], env=env,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    assert runs.read_text() == "fill\n"
+    assert cache.resolved(folder) and (folder / cache.COMPLETE).read_text() == "v1\n"
+
+
+def test_a_failed_fill_leaves_the_entry_incomplete_and_a_fill_may_need_another_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_CACHE_DIR", str(tmp_path))
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+
+    def broken() -> str:
+        raise BrokerError("download failed")
+
+    with pytest.raises(BrokerError, match="download failed"):
+        cache.fill_once(outer, broken)
+    assert not cache.resolved(outer)
+    # the lock was given back, and a fill that needs another entry takes it again without waiting on itself
+    assert cache.fill_once(outer, lambda: (cache.fill_once(inner, lambda: "i"), "o")[1]) == outer
+    assert cache.resolved(inner) and cache.resolved(outer)
