@@ -9,19 +9,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 COMPLETE = ".complete"
-
-# One lock for the whole cache, so that Maven runs one at a time too (two of them writing the same artifact into
-# ~/.m2 at once is the same race one level down). Re-entrant within a process: a fill may need another entry.
-_held = threading.RLock()
-_depth = 0
-_lock_file: int | None = None
 
 
 def cache_dir() -> Path:
@@ -39,36 +32,29 @@ def mark_resolved(folder: Path, marker: str) -> None:
 
 
 @contextmanager
-def cache_lock() -> Iterator[None]:
-    """Hold the cache's lock (an ``flock`` on ``<cache>/.lock``; other processes wait for it)."""
-    global _depth, _lock_file
-    with _held:
-        if _depth == 0:
-            root = cache_dir()
-            root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("waiting for another process filling the cache %s", root)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            _lock_file = fd
-        _depth += 1
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold the cache's lock ``name`` (an ``flock`` on ``<cache>/.locks/<name>``; other holders wait for it)."""
+    locks = cache_dir() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
         try:
-            yield
-        finally:
-            _depth -= 1
-            if _depth == 0 and _lock_file is not None:
-                os.close(_lock_file)  # closing releases the flock
-                _lock_file = None
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process holding %s", locks / name)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
 
 
 def fill_once(folder: Path, fill: Callable[[], str]) -> Path:
     """``folder``, filled by ``fill`` (which returns the text of its completion marker) unless it is complete
-    already; the fill runs under `cache_lock`, after a second look, so it runs once however many ask."""
+    already; the fill runs under the folder's own lock, after a second look, so it runs once however many ask
+    (entries fill side by side: one may need another)."""
     if resolved(folder):
         return folder
-    with cache_lock():
+    with cache_lock(str(folder.resolve()).strip("/").replace("/", "_")):
         if not resolved(folder):
             folder.mkdir(parents=True, exist_ok=True)
             mark_resolved(folder, fill())

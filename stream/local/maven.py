@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stream.errors import BrokerError
-from stream.local.cache import fill_once, resolved
+from stream.local.cache import cache_lock, fill_once, resolved
 
 log = logging.getLogger(__name__)
 _TIMEOUT_S = 900
@@ -35,7 +35,8 @@ def _mvn(needs: str) -> str:
 
 
 def _run(args: list[str], cwd: Path, what: str) -> None:
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    with cache_lock("maven"):  # one Maven at a time: two writing one artifact into ~/.m2 is the cache's race again
+        proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
     if proc.returncode != 0:
         raise BrokerError(f"maven could not resolve {what}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
