@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load as load_safetensors
 from torch import nn
 
 from stream.errors import UnrecoverableModelError
+from stream.models.files import read_model_file
 from stream.models.spec import InputSpec, OutputSpec
 
 # The repository's artifacts/ folder (`make model`); an installed package (the image) has none: STREAM_MODEL_DIR.
@@ -78,14 +79,14 @@ class DemoFraudHandler:
                 f"demo model not found in {self.model_dir} (needs {CONFIG_FILE} and {WEIGHTS_FILE}); "
                 "train it with `python -m stream train-model`"
             )
-        config: dict[str, Any] = json.loads(config_path.read_text())
+        config: dict[str, Any] = json.loads(read_model_file(config_path))
         self.name = str(config["name"])
         self.version = str(config["version"])
         self.n_features = int(config["n_features"])
         self.inputs = (InputSpec("features", "float32", (self.n_features,)),)
         self.threshold = float(config.get("threshold", 0.5))
         model = FraudMLP(self.n_features, tuple(config["hidden"]))
-        model.load_state_dict(load_file(str(weights_path), device="cpu"))
+        model.load_state_dict(load_safetensors(read_model_file(weights_path)))
         self._model = model.to(device).eval()
         self._pin = device.type == "cuda"
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from stream.errors import ConfigError, UnrecoverableModelError
+from stream.models.files import read_model_file
 from stream.models.spec import NUMERIC_DTYPES, InputSpec, OutputSpec
 
 METADATA = "stream.json"
@@ -83,7 +84,7 @@ class ExportedHandler:
                               "stream/models/exported.py)")
 
     def load(self, device: torch.device) -> None:
-        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:12]
+        digest = hashlib.sha256(read_model_file(self.path)).hexdigest()[:12]
         try:
             if self.kind == "export":
                 check_pt2_archive(self.path)

@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from stream.errors import ConfigError, UnrecoverableModelError
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
+from stream.models.files import read_model_file, unreadable
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
 
@@ -423,11 +424,13 @@ def read_model_files(model_dir: Path | None) -> dict[str, bytes]:
     wanted = ("model.safetensors", "tokenizer.json", "config.json", "1_Pooling/config.json")
     try:
         if path.is_dir():
-            files = {name: (path / name).read_bytes() for name in wanted if (path / name).is_file()}
+            files = {name: read_model_file(path / name) for name in wanted if (path / name).is_file()}
         else:
             with zipfile.ZipFile(path) as archive:
                 names = set(archive.namelist())
                 files = {name: archive.read(name) for name in wanted if name in names}
+    except PermissionError:
+        raise UnrecoverableModelError(unreadable(path)) from None
     except (OSError, zipfile.BadZipFile) as exc:
         raise UnrecoverableModelError(f"--model minilm: cannot read the model at {path}: {exc}") from exc
     missing = [name for name in wanted[:3] if name not in files]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from producers.events import N_FEATURES, generate_events
 from stream.models.demo import CONFIG_FILE, DEFAULT_MODEL_DIR, WEIGHTS_FILE, FraudMLP
@@ -63,7 +63,9 @@ def train(out_dir: Path = DEFAULT_MODEL_DIR, *, n_train: int = 200_000, epochs: 
         scores = torch.sigmoid(model(torch.from_numpy(held_out.features))).numpy()
     auc = roc_auc(held_out.labels, scores)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out_dir / WEIGHTS_FILE))
+    # Written by Python (mode 0666 less the umask, as any file), not by safetensors' save_file (0600: an image's
+    # model trained as root was unreadable to the image's user)
+    (out_dir / WEIGHTS_FILE).write_bytes(save({k: v.contiguous() for k, v in model.state_dict().items()}))
     config = {
         "name": "demo-fraud-mlp",
         "version": "1",

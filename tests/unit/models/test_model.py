@@ -55,6 +55,26 @@ def test_missing_model_is_unrecoverable_with_a_hint(tmp_path: Path) -> None:
         InferenceEngine(DemoFraudHandler(tmp_path), CPU)
 
 
+def test_an_unreadable_model_file_is_named_as_unreadable_not_missing(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image's model written by root with mode 0600 and read as another user: safetensors reported "No such file
+    or directory". (Root reads any file, so the refusal is the operating system's error, raised where it would be;
+    the image test runs the real one as uid 10001.)"""
+    weights = model_dir / "model.safetensors"
+    read_bytes = Path.read_bytes
+
+    def refuse(self: Path) -> bytes:
+        if self == weights:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(UnrecoverableModelError, match=r"^model file "
+                       rf"{weights} is not readable by this process \(uid \d+ gid \d+; owner uid \d+ gid \d+, "
+                       r"mode -rw.*\): make it readable \(chmod a\+r\), or run as its owner"):
+        InferenceEngine(DemoFraudHandler(model_dir), CPU)
+
+
 def test_wrong_feature_count_is_a_model_error(model_dir: Path) -> None:
     engine = InferenceEngine(DemoFraudHandler(model_dir), CPU)
     with pytest.raises(ModelError):
