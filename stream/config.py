@@ -12,9 +12,9 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.errors import ConfigError
@@ -30,6 +30,26 @@ _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_REQUIRE_NATIVE"})
 NON_SETTING_PREFIX = "STREAM_TEST_"
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
+
+
+class PortRange(NamedTuple):
+    """A port, or a range of them of which a server takes the first free one (``first == last``: one port)."""
+
+    first: int
+    last: int
+
+
+def parse_port_range(value: object) -> PortRange:
+    """``9100``, ``"9100"`` or ``"9100-9107"``; a ValueError says what is wrong."""
+    text = str(value).strip()
+    first, dash, last = text.partition("-")
+    try:
+        ports = PortRange(int(first), int(last) if dash else int(first))
+    except ValueError:
+        raise ValueError(f"a port (9100) or a range of ports (9100-9107), not {text!r}") from None
+    if not (0 <= ports.first <= ports.last <= 65535) or (dash and ports.first == 0):
+        raise ValueError(f"ports are 0 to 65535 (a range from 1, first to last), not {text!r}")
+    return ports
 
 
 def env_to_librdkafka_key(name: str) -> str:
@@ -145,7 +165,14 @@ class WorkerSettings(BaseSettings):
         default=1.0, ge=0.05, le=100.0,
         description="how long a thread may hold the GIL while another waits (Python's default is 5 ms); the poll "
                     "thread waits on the processing thread's GIL for at most this long")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_port: PortRange | None = Field(
+        default=None,
+        description="serve /metrics and the probes on this port, or on the first free one of a range (9100-9107: "
+                    "several replicas on one host's network)")
+    metrics_port_file: Path | None = Field(
+        default=None,
+        description="write the port /metrics took into this file (with a range of ports: for a container's "
+                    "health check, which must probe its own replica)")
     metrics_host: str = Field(
         default="127.0.0.1", min_length=1,
         description="address /metrics listens on: this host only by default; 0.0.0.0 for every interface (the "
@@ -225,6 +252,11 @@ class WorkerSettings(BaseSettings):
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     transactional_id: str | None = Field(default=None, min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _port_range(cls, value: object) -> object:
+        return value if value is None or isinstance(value, tuple) else parse_port_range(value)
 
     @model_validator(mode="after")
     def _check_topics(self) -> WorkerSettings:

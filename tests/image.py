@@ -1,5 +1,5 @@
-"""The Dockerfile read without a container engine: its stages and instructions, for the image checks
-(`tests/unit/test_image.py` on every `make test`, `tests/integration/test_image.py` under `make image-check`)."""
+"""The Dockerfile read without a container engine: its stages and instructions, for `tests/unit/test_image.py`
+(every `make test`); `make image-test` builds and runs it with one (`tests/integration/test_image.py`)."""
 
 from __future__ import annotations
 

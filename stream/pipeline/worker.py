@@ -147,8 +147,10 @@ class Worker:
         health.unreachable = lambda: self._connection.unreachable
         health.stalled = lambda: len(self._stalls.stalled())
         # Probes answer from the start, while the worker still waits for the brokers.
-        http = serve_http(self.metrics.registry, health, s.metrics_port, s.metrics_host) \
-            if s.metrics_port is not None else None
+        http = serve_http(self.metrics.registry, health, s.metrics_port.first, s.metrics_host,
+                          s.metrics_port.last) if s.metrics_port is not None else None
+        if http is not None and s.metrics_port_file is not None:
+            s.metrics_port_file.write_text(f"{http.server_port}\n")
         try:
             return self._run_clients()
         finally:

@@ -408,3 +408,65 @@ def test_the_canary_overlay_is_a_second_deployment_in_the_same_group() -> None:
         assert c[key] == b[key], key
     assert {"name": "STREAM_MODEL_DIR", "value": "/models/v2"} in c["env"]
     assert c["env"][0] == b["env"][0], "a stable transactional id per pod, as the baseline's"
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """What keeps a pod spec from Kubernetes' restricted Pod Security profile, or from a read-only root with an
+    emptyDir at /tmp (where the image writes its HOME and caches)."""
+    problems = []
+    pod_context = pod.get("securityContext", {})
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    allowed_volumes = {"name", "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+    problems += [f"volume {name}: {sorted(set(v) - allowed_volumes)}" for name, v in volumes.items()
+                 if set(v) - allowed_volumes]
+    for c in pod["containers"]:
+        context = {**pod_context, **c.get("securityContext", {})}
+        if context.get("runAsNonRoot") is not True:
+            problems.append(f"{c['name']}: runAsNonRoot is not true")
+        if context.get("runAsUser") == 0:
+            problems.append(f"{c['name']}: runAsUser 0")
+        if context.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{c['name']}: no RuntimeDefault or Localhost seccomp profile")
+        container_context = c.get("securityContext", {})
+        if container_context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{c['name']}: allowPrivilegeEscalation is not false")
+        if container_context.get("privileged"):
+            problems.append(f"{c['name']}: privileged")
+        capabilities = container_context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{c['name']}: capabilities {capabilities} (drop ALL, add at most NET_BIND_SERVICE)")
+        if container_context.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{c['name']}: the root filesystem is writable")
+        tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+        if not tmp or "emptyDir" not in volumes.get(tmp[0]["name"], {}):
+            problems.append(f"{c['name']}: no emptyDir at /tmp")
+    return problems
+
+
+def test_every_pod_runs_restricted_on_a_read_only_root() -> None:
+    docs = k8s_docs()
+    pods = {"worker": docs["Deployment"]["spec"]["template"]["spec"],
+            "topics job": docs["Job"]["spec"]["template"]["spec"]}
+    overlay = load_yaml(K8S / "gpu" / "kustomization.yaml")
+    pods["gpu worker"] = _json_patch(docs["Deployment"], yaml.safe_load(overlay["patches"][0]["patch"]))[
+        "spec"]["template"]["spec"]
+    canary = load_yaml(K8S / "canary" / "kustomization.yaml")
+    [pods["canary"]] = [doc["spec"]["template"]["spec"] for name in canary["resources"]
+                        for doc in yaml.safe_load_all((K8S / "canary" / name).read_text())]
+    for name, pod in pods.items():
+        assert restricted_problems(pod) == [], name
+    # The check can fail: each field it looks for, taken away or loosened, is reported.
+    worker = pods["worker"]
+    for path, value in ((("securityContext", "runAsNonRoot"), False),
+                        (("securityContext", "seccompProfile"), {"type": "Unconfined"}),
+                        (("containers", 0, "securityContext", "allowPrivilegeEscalation"), True),
+                        (("containers", 0, "securityContext", "capabilities"), {"drop": ["NET_RAW"]}),
+                        (("containers", 0, "securityContext", "readOnlyRootFilesystem"), False),
+                        (("volumes",), [{"name": "tmp", "hostPath": {"path": "/tmp"}}])):
+        loosened = copy.deepcopy(worker)
+        node: Any = loosened
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+        assert restricted_problems(loosened), path

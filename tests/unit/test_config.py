@@ -60,6 +60,8 @@ def test_bootstrap_flag_wins_over_kafka_bootstrap_env_in_both_clients() -> None:
         ({"output_topic": "in"}, "must differ"),
         ({"device": "tpu"}, "--device"),
         ({"metrics_port": 70000}, "--metrics-port"),
+        ({"metrics_port": "9107-9100"}, "--metrics-port"),
+        ({"metrics_port": "91oo"}, "--metrics-port"),
         ({"gil_switch_interval_ms": 0}, "--gil-switch-interval-ms"),
         ({"prepare_threads": 0}, "--prepare-threads"),
     ],
@@ -67,6 +69,14 @@ def test_bootstrap_flag_wins_over_kafka_bootstrap_env_in_both_clients() -> None:
 def test_bad_values_give_clear_errors(override: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_settings({**BASE, **override}, environ={})
+
+
+def test_the_metrics_port_is_one_port_or_a_range_from_flags_and_env() -> None:
+    from stream.config import PortRange
+
+    assert load_settings({**BASE, "metrics_port": 9100}, environ={}).metrics_port == PortRange(9100, 9100)
+    assert load_settings({**BASE, "metrics_port": "9100-9107"}, environ={}).metrics_port == PortRange(9100, 9107)
+    assert load_settings(BASE, environ={"STREAM_METRICS_PORT": "9100-9103"}).metrics_port == PortRange(9100, 9103)
 
 
 def test_missing_required_setting_is_named() -> None:

@@ -1,6 +1,6 @@
 """The image without a container engine: the Dockerfile's stages and COPY sources, its two targets and the names
 compose and the manifests build and run, and the final stages' shape (no compiler, no editable install, not
-root). Installing each target is `make image-check` (tests/integration/test_image.py)."""
+root). Building and running them with a real engine is `make image-test` (tests/integration/test_image.py)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,14 @@ def test_every_copy_names_a_source_that_exists_or_an_earlier_stage() -> None:
         seen.add(stage.name)
 
 
-def test_the_targets_are_cpu_and_cuda_and_cpu_is_the_default() -> None:
-    names = [s.name for s in stages()]
+def test_the_targets_are_cpu_and_cuda_cpu_builds_alone_and_is_the_default() -> None:
+    all_stages = stages()
+    names = [s.name for s in all_stages]
     assert set(names) >= TARGETS, names
-    assert names[-1] == "cpu", "a build without --target gets the last stage"
+    # A builder without BuildKit builds every stage before its target: nothing of CUDA's before the cpu one.
+    assert names.index("cpu") < names.index("cuda"), names
+    assert all_stages[-1].base == "cpu" and not all_stages[-1].instructions, "a build without --target gets the " \
+                                                                              "last stage: the cpu image as it is"
 
 
 def test_the_final_stages_have_no_compiler_no_editable_install_and_run_unprivileged() -> None:
@@ -43,6 +47,9 @@ def test_the_final_stages_have_no_compiler_no_editable_install_and_run_unprivile
         user = built[0].args_of("USER")
         assert user and user[-1].split(":")[0] not in ("root", "0"), f"{target}: runs as {user or 'root'}"
         assert f"install.sh {target} " in runs, f"{target}: does not install through deploy/image/install.sh"
+        args = {a.split("=", 1)[0] for s in built for a in s.args_of("ARG")}
+        assert "PIP_INDEX_URL" in args and (target != "cpu" or "TORCH_CPU_INDEX" in args), \
+            f"{target}: the install's choices are build arguments"
     builder = next(s for s in all_stages if s.name == "builder")
     assert "pip wheel" in " ".join(builder.args_of("RUN")), "the builder stage makes the wheel"
 

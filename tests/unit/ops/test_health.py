@@ -78,3 +78,32 @@ def test_metrics_and_probes_are_served_on_one_port_and_stop() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_range_of_ports_takes_the_first_free_one_and_a_full_range_fails_clearly() -> None:
+    """Replicas on one host's network (the compose override) share --metrics-port 9100-9107."""
+    import errno
+    import socket
+
+    import pytest
+
+    metrics = StreamMetrics()
+    health = ready_health(Clock())
+    first = free_port()
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        servers = [serve(metrics.registry, health, first, "127.0.0.1", first + 2) for _ in range(2)]
+        try:
+            assert sorted(s.server_port for s in servers) == [first + 1, first + 2]
+            assert get(first + 2, "/healthz")[0] == 200
+            with pytest.raises(OSError) as full:
+                serve(metrics.registry, health, first, "127.0.0.1", first + 2)
+            assert full.value.errno == errno.EADDRINUSE
+        finally:
+            for s in servers:
+                s.shutdown()
+                s.server_close()
+    finally:
+        held.close()
