@@ -38,24 +38,29 @@ ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 STREAM_METRICS_HOST=0.0.0.0 \
 RUN groupadd --system --gid 10001 stream && useradd --system --uid 10001 --gid stream --home-dir /tmp \
     --no-create-home stream
 WORKDIR /app
-COPY schemas ./schemas
-COPY deploy/image/install.sh /opt/stream/install.sh
-COPY --from=builder /wheels /opt/stream/wheels
+COPY deploy/image/install.sh pyproject.toml /opt/stream/
 ENTRYPOINT ["python", "-m"]
 CMD ["stream", "worker"]
 
-# Each target installs the wheel (deploy/image/install.sh: torch, the Tansu binary, the demo model in /app, all
-# readable by the worker's user) and drops to that user.
+# Each target installs the dependencies (a layer that changes only with pyproject.toml), then the wheel, the Tansu
+# binary and the demo model in /app, all readable by the worker's user (deploy/image/install.sh), and drops to
+# that user.
 FROM runtime AS cpu
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG PIP_INDEX_URL=https://pypi.org/simple
 RUN TORCH_CPU_INDEX="$TORCH_CPU_INDEX" PIP_INDEX_URL="$PIP_INDEX_URL" \
-    sh /opt/stream/install.sh cpu /opt/stream/wheels && rm -rf /opt/stream
+    sh /opt/stream/install.sh cpu dependencies /opt/stream/pyproject.toml
+COPY schemas ./schemas
+COPY --from=builder /wheels /opt/stream/wheels
+RUN sh /opt/stream/install.sh cpu worker /opt/stream/wheels && rm -rf /opt/stream
 USER 10001:10001
 
 FROM runtime AS cuda
 ARG PIP_INDEX_URL=https://pypi.org/simple
-RUN PIP_INDEX_URL="$PIP_INDEX_URL" sh /opt/stream/install.sh cuda /opt/stream/wheels && rm -rf /opt/stream
+RUN PIP_INDEX_URL="$PIP_INDEX_URL" sh /opt/stream/install.sh cuda dependencies /opt/stream/pyproject.toml
+COPY schemas ./schemas
+COPY --from=builder /wheels /opt/stream/wheels
+RUN sh /opt/stream/install.sh cuda worker /opt/stream/wheels && rm -rf /opt/stream
 USER 10001:10001
 
 # The default target: the cpu image.

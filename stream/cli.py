@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -199,24 +199,22 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     return summary.exit_code
 
 
-def _foreground(server: Any, started: str) -> int:
-    """Print ``started``, then wait until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1); the
-    server is stopped by PID either way. (A cluster: `stream.local.cluster_supervisor.run_foreground`.)"""
-    print(started, flush=True)
-    stopping = False
+def _foreground(start: Callable[[], Any], started: Callable[[Any], str]) -> int:
+    """Start a server (a SIGTERM/SIGINT meanwhile ends the start: exit 0), print ``started(server)``, then wait
+    until SIGTERM/SIGINT (exit 0) or until the server's process ends (exit 1); the server is stopped by PID either
+    way. (A cluster: `stream.local.cluster_supervisor.run_foreground`.)"""
+    from stream.local.children import StopSignals
 
-    def handle(_signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    signals = StopSignals()
+    server = start()
+    signals.started()
     try:
-        while not stopping and server.proc.poll() is None:
+        print(started(server), flush=True)
+        while not signals.received and server.proc.poll() is None:
             time.sleep(0.2)
     finally:
         server.stop()
-    return 0 if stopping else 1
+    return 0 if signals.received else 1
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -229,7 +227,9 @@ def run_broker(args: argparse.Namespace) -> int:
         if args.kind != "kafka" or args.port is not None:
             raise StreamError("--nodes N and --sasl: Apache Kafka only (--kind kafka), on free ports (no --port)")
         from stream.local.broker import start_kafka_cluster
+        from stream.local.children import StopSignals
 
+        signals = StopSignals()
         cluster = start_kafka_cluster(args.nodes, sasl=args.sasl)
         pids = " ".join(f"{n.node_id}:{n.pid}" for n in cluster.nodes)
         if cluster.security is not None:  # the admin's settings, for the operator who started it
@@ -240,12 +240,12 @@ def run_broker(args: argparse.Namespace) -> int:
         return run_foreground(cluster, f"kafka cluster of {args.nodes} node{'s' if args.nodes > 1 else ''} "
                                        f"(node:pid {pids}) bootstrap={cluster.bootstrap}"
                                        + (" SASL_SSL (SCRAM-SHA-512), ACLs on" if args.sasl else ""),
-                              restart_dead=args.restart_dead_nodes, restart_delay_s=args.restart_delay_s)
+                              signals, restart_dead=args.restart_dead_nodes, restart_delay_s=args.restart_delay_s)
     if args.restart_dead_nodes:
         raise StreamError("--restart-dead-nodes: a cluster (--kind kafka --nodes 3); a single broker is the whole "
                           "cluster")
-    broker = start_broker(args.kind, args.port)
-    return _foreground(broker, f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
+    return _foreground(lambda: start_broker(args.kind, args.port),
+                       lambda broker: f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
 
 
 def run_broker_node(args: argparse.Namespace) -> int:
@@ -266,8 +266,8 @@ def run_registry(args: argparse.Namespace) -> int:
     _setup_logging()
     from stream.local.registry_server import start_registry
 
-    registry = start_registry(args.port)
-    return _foreground(registry, f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")
+    return _foreground(lambda: start_registry(args.port),
+                       lambda registry: f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")
 
 
 def run_topics(args: argparse.Namespace) -> int:

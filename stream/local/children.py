@@ -24,6 +24,27 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class StopSignals:
+    """SIGTERM and SIGINT handled from the moment this is made, for a command that starts a server and then waits:
+    one that arrives while the server starts ends the start (``SystemExit(0)``, through the start's own clean-up of
+    what it began) instead of being lost (as a container's PID 1 a process ignores a signal it has no handler
+    for); once `started`, each is noted in ``received`` for the waiting loop."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._starting = True
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def started(self) -> None:
+        self._starting = False
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        if self._starting:
+            raise SystemExit(0)
+
+
 def catches(pid: int, signum: int) -> bool | None:
     """Whether process ``pid`` has a handler for ``signum`` (its ``SigCgt`` mask in ``/proc``); None where that
     cannot be read."""

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from stream.errors import BrokerError, ConfigError
 from stream.local.broker import listening
+from stream.local.children import StopSignals
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "cluster.json"
@@ -216,16 +217,13 @@ def _write_json(path: Path, body: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_foreground(cluster: Any, started: str, *, restart_dead: bool, restart_delay_s: float) -> int:
-    """Print ``started`` and the status file's path, then supervise until SIGTERM/SIGINT (exit 0) or until the
-    quorum is lost (exit 1); every node is stopped by PID either way, and the cluster's folder removed."""
-    stopping: list[int] = []
-
-    def handle(signum: int, _frame: Any) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+def run_foreground(cluster: Any, started: str, signals: StopSignals, *, restart_dead: bool,
+                   restart_delay_s: float) -> int:
+    """Print ``started`` and the status file's path, then supervise until SIGTERM/SIGINT (``signals``, handled
+    since before the cluster started: exit 0) or until the quorum is lost (exit 1); every node is stopped by PID
+    either way, and the cluster's folder removed."""
+    signals.started()
+    stopping = signals.received
     try:
         sup = Supervisor(cluster.nodes, cluster.root, cluster.bootstrap, restart_dead=restart_dead,
                          restart_delay_s=restart_delay_s)
