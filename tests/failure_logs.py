@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from stream.local.broker import file_tail
+
 TAIL_LINES = 40
-TAIL_BYTES = 16_384  # of a line-less or very long log, what one section may hold
 
 
 class FailureLogs:
@@ -41,7 +42,7 @@ class FailureLogs:
             found += [("tmp_path", f) for f in sorted(tmp.rglob("*.log"))]
         out = []
         for owner, path in found:
-            text = _tail(path, self._starts.get(path, 0) if owner != "tmp_path" else 0)
+            text = file_tail(path, TAIL_LINES, self._starts.get(path, 0) if owner != "tmp_path" else 0)
             if text:
                 out.append((f"{owner}: {path.name}, last {TAIL_LINES} lines written during the test ({path})", text))
         return out
@@ -52,17 +53,3 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _tail(path: Path, start: int) -> str:
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            if size < start:  # truncated or replaced since the test began
-                start = 0
-            f.seek(max(start, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return ""
-    lines = data.decode(errors="replace").splitlines()
-    return "\n".join(lines[-TAIL_LINES:])

@@ -86,16 +86,23 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log_f
     raise BrokerError(f"broker did not listen on 127.0.0.1:{port} within {timeout_s:.0f}s (log: {log_file})")
 
 
+def file_tail(path: Path, lines: int = 40, start: int = 0, max_bytes: int = 16_384) -> str | None:
+    """The last ``lines`` of what ``path`` holds from byte ``start`` on (all of it if it has shrunk since), at most
+    its last ``max_bytes``; None where it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start if start <= size else 0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return None
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
 def log_tails(files: list[Path], lines: int = 40) -> str:
     """The last ``lines`` of each file, under its path: for an error raised before the files are removed."""
-    parts = []
-    for f in files:
-        try:
-            text = f.read_bytes()[-16_384:].decode(errors="replace")
-        except OSError:
-            continue
-        parts.append(f"--- {f} (last {lines} lines)\n" + "\n".join(text.splitlines()[-lines:]))
-    return "\n".join(parts)
+    return "\n".join(f"--- {f} (last {lines} lines)\n{text}" for f in files
+                     if (text := file_tail(f, lines)) is not None)
 
 
 def _own_logs(folder: Path) -> list[Path]:
