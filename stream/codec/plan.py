@@ -28,7 +28,22 @@ PROMOTIONS: dict[str, tuple[str, ...]] = {
 
 
 
-MAX_ZERO_SIZE_ITEMS = 65536  # items of an array or map whose values take no bytes (nulls), per block
+# A record's work budget, the same in C (stream/codec/_nativecodec.c) and in the reference decoder: the items of
+# arrays and maps that take no bytes on the wire (nulls, empty records; a 3-byte block can claim 65,536 of them)
+# are at most ZERO_SIZE_ITEMS_BASE + ZERO_SIZE_ITEMS_PER_BYTE per byte of the record; a record over it is
+# dead-lettered as ``over-budget``. (Items that take bytes are bounded by the record's bytes already.)
+ZERO_SIZE_ITEMS_BASE = 1024
+ZERO_SIZE_ITEMS_PER_BYTE = 8
+
+
+def zero_size_budget(record_bytes: int) -> int:
+    return ZERO_SIZE_ITEMS_BASE + ZERO_SIZE_ITEMS_PER_BYTE * record_bytes
+
+
+def depth(op: Op) -> int:
+    """How many operations deep the plan nests (a record of scalars: 2)."""
+    children = (*op.fields, *op.branches, *([op.items] if op.items is not None else []))
+    return 1 + max((depth(c) for c in children), default=0)
 
 
 class SchemaMismatch(ConfigError):
@@ -132,8 +147,46 @@ def _default_values(t: Any, value: Any, path: str, index: Mapping[str, int], out
                 continue
             _default_values(f["type"], v, f"{path}.{f['name']}", index, out, problems)
         return
+    if not _default_fits(t, value):
+        problems.append(f"{path}: default {value!r} is not a value of {t if isinstance(t, str) else kind}")
+        return
     if path in index:
         out.append((index[path], None if kind == "null" else _default_value(t, value)))
+
+
+_INT_RANGES = {"int": 2**31, "long": 2**63}
+
+
+def _default_fits(t: Any, value: Any) -> bool:
+    """Whether a JSON default is a value of type ``t`` (the Avro specification's encoding of defaults): a schema
+    whose default is not is refused when its plan is built, never met while a record decodes."""
+    kind = type_name(t)
+    if isinstance(t, list):
+        return bool(t) and _default_fits(t[0], value)
+    if kind == "null":
+        return value is None
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind in _INT_RANGES:
+        return isinstance(value, int) and not isinstance(value, bool) and \
+            -_INT_RANGES[kind] <= value < _INT_RANGES[kind]
+    if kind in ("float", "double"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind in ("bytes", "fixed"):
+        return isinstance(value, str) and all(ord(c) < 256 for c in value) and (
+            kind == "bytes" or len(value) == t["size"])
+    if kind == "enum":
+        return value in t["symbols"]
+    if kind == "array":
+        return isinstance(value, list) and all(_default_fits(t["items"], v) for v in value)
+    if kind == "map":
+        return isinstance(value, Mapping) and all(isinstance(k, str) and _default_fits(t["values"], v)
+                                                  for k, v in value.items())
+    if kind == "record":
+        return isinstance(value, Mapping)
+    return True
 
 
 def _default_value(t: Any, value: Any) -> Any:

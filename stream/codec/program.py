@@ -35,6 +35,7 @@ from stream.errors import DecodeError
 # -- the native decoder ----------------------------------------------------------------------------------------
 
 _STORAGE = {"boolean": 0, "int": 1, "enum": 1, "long": 2, "float": 3, "double": 4}
+_REASONS = {1: "corrupt-avro", 2: "incompatible-schema", 3: "over-budget"}  # run_plan's reason codes
 _BYTE_STORAGE = 5
 
 
@@ -59,6 +60,7 @@ class _Layout:
     dtype: np.dtype[Any]
     real: bool
     item_bytes: int  # the fewest wire bytes one stored item takes (bounds a variable column's capacity)
+    default_items: int  # items a record's reader defaults can add (outside arrays; those inside grow the room)
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,22 @@ def flatten(plan: FieldPlan) -> Program:
     fails: list[str] = []
     _flatten(plan.root, plan.columns, out, defaults, fails, -1)
     least = _least_item_bytes(plan.root, {})
+    added = _default_items(plan.root, plan.columns, {})
     layouts = tuple(_Layout(spec, _storage(spec), _variable(spec), spec.dtype, real_column(spec),
-                            max(1, least.get(i, 1)) if spec.kind == "array" else 1)
+                            max(1, least.get(i, 1)) if spec.kind == "array" else 1, added.get(i, 0))
                     for i, spec in enumerate(plan.columns))
     return Program(np.asarray(out, dtype=np.int32), defaults, fails, layouts)
+
+
+def _default_items(op: Op, specs: Sequence[ColumnSpec], out: dict[int, int]) -> dict[int, int]:
+    """Variable column -> the most items one record's reader defaults outside arrays and maps can write to it (a
+    default of 300 characters in every row needs room the records' own bytes do not give)."""
+    for col, value in op.defaults:
+        if value is not None and _variable(specs[col]):
+            out[col] = out.get(col, 0) + (len(value) if specs[col].kind != "array" else len(list(value)))
+    for child in (*op.fields, *op.branches):
+        _default_items(child, specs, out)
+    return out
 
 
 def _least_item_bytes(op: Op, out: dict[int, int]) -> dict[int, int]:
@@ -148,20 +162,28 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
     ``(buffer, starts, lengths)``), each read from byte ``skip``; ``total_bytes`` bounds what a variable column
     can receive (the selected records' bytes)."""
     n = len(rows)
-    columns: list[Column] = []
-    args = []
-    assert len(program.layouts) == len(specs), "a program of another plan"
-    for layout in program.layouts:
-        spec = layout.spec
-        values = np.empty(total_bytes // layout.item_bytes + 1 if layout.variable else n, dtype=layout.dtype)
-        valid = np.empty(n, dtype=np.uint8) if spec.nullable else None
-        offsets = np.empty(n + 1, dtype=np.int64) if layout.variable else None
-        finite = np.empty(n, dtype=np.uint8) if layout.real else None
-        columns.append(Column(spec, values, offsets, valid, finite))
-        args.append((layout.storage, layout.variable, spec.nullable, values, valid, offsets, finite))
     index = np.empty(n, dtype=np.int64)
-    taken, raw_errors = native.run_plan(program.code, program.defaults, source,
-                                        np.ascontiguousarray(rows, dtype=np.int64), skip, args, index)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    room = 1  # a variable column's capacity, as a multiple of what the records' bytes can hold
+    while True:
+        columns: list[Column] = []
+        args = []
+        assert len(program.layouts) == len(specs), "a program of another plan"
+        for layout in program.layouts:
+            spec = layout.spec
+            capacity = room * (total_bytes // layout.item_bytes + 1 + n * layout.default_items)
+            values = np.empty(capacity if layout.variable else n, dtype=layout.dtype)
+            valid = np.empty(n, dtype=np.uint8) if spec.nullable else None
+            offsets = np.empty(n + 1, dtype=np.int64) if layout.variable else None
+            finite = np.empty(n, dtype=np.uint8) if layout.real else None
+            columns.append(Column(spec, values, offsets, valid, finite))
+            args.append((layout.storage, layout.variable, spec.nullable, values, valid, offsets, finite))
+        taken, raw_errors, short = native.run_plan(program.code, program.defaults, source, rows, skip, args, index)
+        if not short:
+            break
+        # Reader defaults (a long default string in every row) or items that take no bytes outgrew the records'
+        # bytes: again, with twice the room. A record's work budget bounds what it can need.
+        room *= 2
     out = Columns(index[:taken])
     for column in columns:
         if column.offsets is not None:
@@ -177,5 +199,5 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
     errors = []
     for position, reason, what in raw_errors:
         message = program.fails[what] if isinstance(what, int) else what
-        errors.append((int(position), DecodeError("corrupt-avro" if reason == 1 else "incompatible-schema", message)))
+        errors.append((int(position), DecodeError(_REASONS[reason], message)))
     return out, errors

@@ -23,7 +23,6 @@ from stream.codec.plan import (
     INT,
     LONG,
     MAP,
-    MAX_ZERO_SIZE_ITEMS,
     NULL,
     RECORD,
     STRING,
@@ -31,6 +30,7 @@ from stream.codec.plan import (
     FieldPlan,
     Op,
     min_size,
+    zero_size_budget,
 )
 from stream.errors import DecodeError
 
@@ -88,11 +88,12 @@ class _Builder:
 
 
 class _Reader:
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "pos", "zero_items_left")
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
         self.pos = 0
+        self.zero_items_left = zero_size_budget(len(buf))  # the record's work budget
 
     def long(self) -> int:
         shift = raw = 0
@@ -189,8 +190,13 @@ def _run(op: Op, r: _Reader, b: list[_Builder]) -> Any:
                 count = -count
                 r.long()  # the block's size in bytes
             least = min_size(op.items)
-            if (least and count > (len(r.buf) - r.pos) // least) or (not least and count > MAX_ZERO_SIZE_ITEMS):
+            if least and count > (len(r.buf) - r.pos) // least:
                 raise DecodeError("corrupt-avro", "a block count larger than the record")
+            if not least:
+                if count > r.zero_items_left:
+                    raise DecodeError("over-budget", "more items that take no bytes than the record's work budget "
+                                                     "(1024 + 8 a byte)")
+                r.zero_items_left -= count
             for _ in range(count):
                 if code == MAP:
                     r.take(r.long())

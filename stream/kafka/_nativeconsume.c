@@ -15,11 +15,6 @@
 
 typedef struct {
     PyObject_HEAD
-    rd_kafka_t *rk; /* confluent_kafka's Handle begins so (confluent_kafka.h) */
-} HandleHead;
-
-typedef struct {
-    PyObject_HEAD
     PyObject *consumer; /* kept alive while the queue is open */
     rd_kafka_t *rk;
     rd_kafka_queue_t *q;  /* ours: the routed partitions' records */
@@ -42,28 +37,13 @@ static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
     const char *topic, *reply_header = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|z", kws, &consumer, &topic, &reply_header))
         return -1;
-    if (!rdk_loaded) {
-        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
-        return -1;
-    }
-    if (self->q) {
+    if (self->q || self->consumer) {
         PyErr_SetString(PyExc_RuntimeError, "already initialised");
         return -1;
     }
-    if (Py_TYPE(consumer)->tp_basicsize < (Py_ssize_t)sizeof(HandleHead)) {
-        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Consumer");
+    rd_kafka_t *rk = client_handle(consumer, "Consumer", RD_KAFKA_CONSUMER);
+    if (!rk)
         return -1;
-    }
-    rd_kafka_t *rk = ((HandleHead *)consumer)->rk;
-    if (!rk) {
-        PyErr_SetString(PyExc_RuntimeError, "the consumer is closed");
-        return -1;
-    }
-    const char *name = rdk.type(rk) == RD_KAFKA_CONSUMER ? rdk.name(rk) : NULL;
-    if (!name || !strstr(name, "#consumer-")) {
-        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Consumer handle");
-        return -1;
-    }
     rd_kafka_queue_t *cq = rdk.queue_get_consumer(rk);
     if (!cq) {
         PyErr_SetString(PyExc_ValueError, "the consumer has no group (group.id)");
@@ -88,10 +68,17 @@ static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+/* Whether the consumer this queue was made on is still open: its close() destroys the client (and the queues
+ * with it), so a queue outliving it must not touch them. */
+static int consumer_open(Queue *self) {
+    return self->consumer && ((HandleHead *)self->consumer)->rk == self->rk;
+}
+
 static int open_or_raise(Queue *self) {
-    if (self->q)
+    if (self->q && consumer_open(self))
         return 0;
-    PyErr_SetString(PyExc_RuntimeError, "the native queue is closed");
+    PyErr_SetString(PyExc_RuntimeError, self->q ? "the consumer was closed before its native queue"
+                                                : "the native queue is closed");
     return -1;
 }
 
@@ -137,10 +124,12 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
         self->cap = max;
     }
     rd_kafka_message_t **msgs = self->msgs;
-    int timeout_ms = timeout_s <= 0 ? 0 : (int)(timeout_s * 1000.0);
+    const int wait_ms = timeout_ms(timeout_s, 0);
+    if (PyErr_Occurred())
+        return NULL;
     ssize_t n;
     Py_BEGIN_ALLOW_THREADS
-    n = rdk.consume_batch_queue(self->q, timeout_ms, msgs, (size_t)max);
+    n = rdk.consume_batch_queue(self->q, wait_ms, msgs, (size_t)max);
     Py_END_ALLOW_THREADS
     if (n < 0)
         return PyErr_Format(PyExc_RuntimeError, "consume: %s", rdk.err2str(rdk.last_error()));
@@ -256,20 +245,21 @@ static PyObject *Queue_pending(Queue *self, PyObject *noargs) {
 /* wake(): a consume() blocked on the queue returns now (from any thread). */
 static PyObject *Queue_wake(Queue *self, PyObject *noargs) {
     (void)noargs;
-    if (self->q)
+    if (self->q && consumer_open(self))
         rdk.queue_yield(self->q);
     Py_RETURN_NONE;
 }
 
 static void queue_close(Queue *self) {
-    if (self->q) {
+    if (self->q && consumer_open(self)) {
         rdk.queue_cb_event_enable(self->cq, NULL, NULL);
         rdk.queue_destroy(self->cq);
         rdk.queue_destroy(self->q); /* what is still in it is dropped; the routed partitions' records after it too */
-        self->q = NULL;
-        self->cq = NULL;
-        self->rk = NULL;
     }
+    /* A consumer closed first took its queues with it: nothing is left to release here. */
+    self->q = NULL;
+    self->cq = NULL;
+    self->rk = NULL;
     Py_CLEAR(self->consumer);
 }
 
@@ -280,7 +270,20 @@ static PyObject *Queue_close(Queue *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* The consumer is the one Python object a queue holds: a cycle through it (an on_assign callback that keeps the
+ * queue) is collected. */
+static int Queue_traverse(Queue *self, visitproc visit, void *arg) {
+    Py_VISIT(self->consumer);
+    return 0;
+}
+
+static int Queue_clear(Queue *self) {
+    queue_close(self);
+    return 0;
+}
+
 static void Queue_dealloc(Queue *self) {
+    PyObject_GC_UnTrack(self);
     queue_close(self);
     free(self->msgs);
     free(self->topic);
@@ -299,13 +302,15 @@ static PyMethodDef Queue_methods[] = {
 
 static PyTypeObject QueueType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "stream.kafka._nativeproduce.Queue",
+    .tp_name = "stream.kafka._nativeconsume.Queue",
     .tp_basicsize = sizeof(Queue),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Queue(consumer: confluent_kafka.Consumer, topic: str)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Queue_init,
     .tp_dealloc = (destructor)Queue_dealloc,
+    .tp_traverse = (traverseproc)Queue_traverse,
+    .tp_clear = (inquiry)Queue_clear,
     .tp_methods = Queue_methods,
 };
 

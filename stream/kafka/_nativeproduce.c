@@ -290,14 +290,14 @@ static PyObject *serve(Producer *self, PyObject *args, int flush) {
     double timeout_s;
     if (!PyArg_ParseTuple(args, "d", &timeout_s))
         return NULL;
-    int timeout_ms = timeout_s < 0 ? -1 : (int)(timeout_s * 1000.0);
-    if (enter(self) < 0)
+    const int wait_ms = timeout_ms(timeout_s, -1);
+    if (PyErr_Occurred() || enter(self) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (flush)
-        rdk.flush(self->rk, timeout_ms);
+        rdk.flush(self->rk, wait_ms);
     else
-        rdk.poll(self->rk, timeout_ms);
+        rdk.poll(self->rk, wait_ms);
     pthread_mutex_unlock(&self->use);
     Py_END_ALLOW_THREADS
     return take_done(self);
@@ -329,8 +329,14 @@ static PyObject *Producer_failures(Producer *self, PyObject *noargs) {
     PyObject *listed = PyList_New(nfail);
     if (!listed)
         return NULL;
-    for (Py_ssize_t i = 0; i < nfail; i++)
-        PyList_SET_ITEM(listed, i, Py_BuildValue("(iis)", fslot[i], fcode[i], rdk.err2str(fcode[i])));
+    for (Py_ssize_t i = 0; i < nfail; i++) {
+        PyObject *item = Py_BuildValue("(iis)", fslot[i], fcode[i], rdk.err2str(fcode[i]));
+        if (!item) {
+            Py_DECREF(listed);
+            return NULL;
+        }
+        PyList_SET_ITEM(listed, i, item);
+    }
     PyObject *fatal_text = Py_None;
     Py_INCREF(Py_None);
     if (fatal && self->rk) {
@@ -338,6 +344,10 @@ static PyObject *Producer_failures(Producer *self, PyObject *noargs) {
         int code = rdk.fatal_error(self->rk, reason, sizeof reason);
         Py_DECREF(Py_None);
         fatal_text = PyUnicode_FromFormat("%s: %s", rdk.err2str(code), reason);
+        if (!fatal_text) {
+            Py_DECREF(listed);
+            return NULL;
+        }
     }
     return Py_BuildValue("(NnN)", listed, total, fatal_text);
 }
@@ -364,6 +374,9 @@ static PyObject *Producer_close(Producer *self, PyObject *args) {
     double timeout_s;
     if (!PyArg_ParseTuple(args, "d", &timeout_s))
         return NULL;
+    const int wait_ms = timeout_ms(timeout_s, -1);
+    if (PyErr_Occurred())
+        return NULL;
     self->aborting = 1;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->use);
@@ -374,7 +387,7 @@ static PyObject *Producer_close(Producer *self, PyObject *args) {
     }
     int left;
     Py_BEGIN_ALLOW_THREADS
-    rdk.flush(self->rk, timeout_s < 0 ? -1 : (int)(timeout_s * 1000.0));
+    rdk.flush(self->rk, wait_ms);
     left = rdk.outq_len(self->rk);
     destroy_handle(self);
     pthread_mutex_unlock(&self->use);
@@ -406,11 +419,6 @@ static PyTypeObject ProducerType = {
     .tp_methods = Producer_methods,
 };
 
-typedef struct {
-    PyObject_HEAD
-    rd_kafka_t *rk; /* confluent_kafka's Handle begins so (confluent_kafka.h) */
-} HandleHead;
-
 /* produce_into(producer, topic, values, ends, keys) -> (enqueued, error): records enqueued on a
  * confluent_kafka.Producer's own librdkafka handle (its transaction, if one is open) with one
  * rd_kafka_produce_batch() call, GIL released, and no delivery-report state: confluent-kafka's delivery callback
@@ -428,19 +436,9 @@ static PyObject *produce_into(PyObject *module, PyObject *args) {
     Py_ssize_t n = ends.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *end = ends.buf;
     rd_kafka_message_t *msgs = NULL;
-    if (!rdk.produce_batch) {
-        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
+    rd_kafka_t *rk = client_handle(producer, "Producer", RD_KAFKA_PRODUCER);
+    if (!rk)
         goto out;
-    }
-    if (Py_TYPE(producer)->tp_basicsize < (Py_ssize_t)sizeof(HandleHead)) {
-        PyErr_SetString(PyExc_TypeError, "not a confluent_kafka.Producer");
-        goto out;
-    }
-    rd_kafka_t *rk = ((HandleHead *)producer)->rk;
-    if (!rk) {
-        PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
-        goto out;
-    }
     if (ends.len % (Py_ssize_t)sizeof(int64_t) || PyList_GET_SIZE(keys) != n) {
         PyErr_SetString(PyExc_ValueError, "ends and keys must have one entry per record");
         goto out;

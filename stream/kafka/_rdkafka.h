@@ -10,6 +10,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <dlfcn.h>
 #include <stdint.h>
 
@@ -125,6 +126,58 @@ static PyObject *rdk_load(PyObject *module, PyObject *args) {
 #undef SYM
     rdk_loaded = 1;
     Py_RETURN_NONE;
+}
+
+/* A timeout in seconds as librdkafka's int milliseconds, clamped (a NaN or an infinity is no undefined cast):
+ * negative is `negative_ms` (-1: wait without end, 0: do not wait); 0 on a NaN, with a ValueError set. */
+static int timeout_ms(double timeout_s, int negative_ms) {
+    if (timeout_s != timeout_s) {
+        PyErr_SetString(PyExc_ValueError, "a timeout cannot be NaN");
+        return 0;
+    }
+    if (timeout_s < 0)
+        return negative_ms;
+    return timeout_s * 1000.0 >= (double)INT_MAX ? INT_MAX : (int)(timeout_s * 1000.0);
+}
+
+/* confluent_kafka's client objects (cimpl's Handle) begin with the librdkafka handle, NULL once closed. */
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk;
+} HandleHead;
+
+/* The librdkafka handle of `client`, which must be an open confluent_kafka.<kind> ("Consumer" or "Producer",
+ * rd_type RD_KAFKA_CONSUMER or _PRODUCER): checked by its type, not its size, before the handle is read; NULL with
+ * an exception set otherwise. */
+static rd_kafka_t *client_handle(PyObject *client, const char *kind, int rd_type) {
+    if (!rdk_loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
+        return NULL;
+    }
+    PyObject *cimpl = PyImport_ImportModule("confluent_kafka.cimpl");
+    if (!cimpl)
+        return NULL;
+    PyObject *type = PyObject_GetAttrString(cimpl, kind);
+    Py_DECREF(cimpl);
+    if (!type)
+        return NULL;
+    const int ok = PyType_Check(type) && PyObject_TypeCheck(client, (PyTypeObject *)type) &&
+                   ((PyTypeObject *)type)->tp_basicsize >= (Py_ssize_t)sizeof(HandleHead);
+    Py_DECREF(type);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "a confluent_kafka.%s is needed, not %s", kind, Py_TYPE(client)->tp_name);
+        return NULL;
+    }
+    rd_kafka_t *rk = ((HandleHead *)client)->rk;
+    if (!rk) {
+        PyErr_Format(PyExc_RuntimeError, "the %s is closed", kind);
+        return NULL;
+    }
+    if (rdk.type(rk) != rd_type) {
+        PyErr_Format(PyExc_TypeError, "not a librdkafka %s handle", kind);
+        return NULL;
+    }
+    return rk;
 }
 
 #endif

@@ -103,6 +103,7 @@ typedef struct {
     Table conts;  /* continuations, without their prefix */
     int32_t unk, cls, sep;
     Py_ssize_t max_word_chars;
+    int ready; /* __init__ finished: encode reads the tables (without the GIL), which never change after */
 } WordPiece;
 
 static void wp_dealloc(WordPiece *self) {
@@ -126,28 +127,30 @@ static int wp_init(WordPiece *self, PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "max_word_chars must be between 1 and %d", MAX_WORD);
         return -1;
     }
-    if (self->starts.slots != NULL) { /* __init__ called again */
-        table_free(&self->starts);
-        table_free(&self->conts);
+    if (self->ready || self->starts.slots != NULL) {
+        /* The tables are read without the GIL by encode on other threads: they are never freed while it lives. */
+        PyErr_SetString(PyExc_TypeError, "a WordPiece is initialised once: make a new one");
+        return -1;
     }
     size_t n_starts = 0, n_conts = 0, b_starts = 0, b_conts = 0;
     PyObject *key, *value;
     Py_ssize_t pos = 0;
+    Table starts = {0}, conts = {0};
     for (int pass = 0; pass < 2; pass++) {
         pos = 0;
         while (PyDict_Next(vocab, &pos, &key, &value)) {
             if (!PyUnicode_Check(key) || !PyLong_Check(value)) {
                 PyErr_SetString(PyExc_TypeError, "vocab: str keys and int values");
-                return -1;
+                goto fail;
             }
             if (!PyUnicode_IS_ASCII(key)) continue; /* never matched by an ASCII word */
             Py_ssize_t len = PyUnicode_GET_LENGTH(key);
             const char *s = (const char *)PyUnicode_1BYTE_DATA(key);
             long id = PyLong_AsLong(value);
-            if (id == -1 && PyErr_Occurred()) return -1;
+            if (id == -1 && PyErr_Occurred()) goto fail;
             if (id < 0 || id > INT32_MAX) {
                 PyErr_Format(PyExc_ValueError, "vocab: id %ld of %R out of range", id, key);
-                return -1;
+                goto fail;
             }
             int cont = prefix_len > 0 && len > prefix_len && memcmp(s, prefix, (size_t)prefix_len) == 0;
             if (pass == 0) {
@@ -159,20 +162,26 @@ static int wp_init(WordPiece *self, PyObject *args, PyObject *kwargs) {
                     b_starts += (size_t)len;
                 }
             } else if (cont) {
-                table_put(&self->conts, s + prefix_len, len - prefix_len, (int32_t)id);
+                table_put(&conts, s + prefix_len, len - prefix_len, (int32_t)id);
             } else {
-                table_put(&self->starts, s, len, (int32_t)id);
+                table_put(&starts, s, len, (int32_t)id);
             }
         }
-        if (pass == 0 && (table_init(&self->starts, n_starts, b_starts) < 0 ||
-                          table_init(&self->conts, n_conts, b_conts) < 0))
-            return -1;
+        if (pass == 0 && (table_init(&starts, n_starts, b_starts) < 0 || table_init(&conts, n_conts, b_conts) < 0))
+            goto fail;
     }
+    self->starts = starts;
+    self->conts = conts;
     self->unk = unk;
     self->cls = cls;
     self->sep = sep;
     self->max_word_chars = max_word_chars;
+    self->ready = 1;
     return 0;
+fail:
+    table_free(&starts);
+    table_free(&conts);
+    return -1;
 }
 
 /* Appends the word's pieces to out[*count...] (never past `room` ids); 0, or 1 once `room` is reached. */
@@ -261,6 +270,10 @@ static PyObject *wp_encode(WordPiece *self, PyObject *args) {
     PyObject *seq;
     Py_ssize_t max_tokens, max_chars;
     if (!PyArg_ParseTuple(args, "Onn", &seq, &max_tokens, &max_chars)) return NULL;
+    if (!self->ready) {
+        PyErr_SetString(PyExc_TypeError, "this WordPiece was not initialised");
+        return NULL;
+    }
     if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
         PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
         return NULL;

@@ -157,3 +157,73 @@ def test_load_generator_stops_when_failed_bursts_hold_every_slot(monkeypatch: py
     summary = load.produce_events("127.0.0.1:1", "t", 5_000, config=config, native=True, timeout_s=2.0)
     assert summary.requested == 2 * 500 and summary.delivered == 0 and summary.failed == 1_000  # two bursts
     assert summary.first_error is not None and "timed out" in summary.first_error.lower()
+
+
+@needs_native
+def test_the_c_modules_take_only_open_clients_of_the_right_kind() -> None:
+    """They read a client's librdkafka handle out of its object: only after checking its type (any object at
+    least as big as a handle was read, and ``Queue(12345, 't')`` crashed), that it is open, and of the right
+    kind; a queue whose consumer was closed first refuses to be used, and its close touches nothing."""
+    import gc
+
+    from confluent_kafka import Consumer, Producer
+
+    from stream.kafka import _nativeconsume, _nativeproduce
+
+    values, ends = joined(1)
+    for bad in (12345, object(), "x" * 100, [None] * 10):
+        with pytest.raises(TypeError, match=r"a confluent_kafka\.Consumer is needed"):
+            _nativeconsume.Queue(bad, "t")
+        with pytest.raises(TypeError, match=r"a confluent_kafka\.Producer is needed"):
+            _nativeproduce.produce_into(bad, "t", values, ends, [None])
+    consumer = Consumer({**UNREACHABLE, "group.id": "g"})
+    producer = Producer(UNREACHABLE)
+    try:
+        with pytest.raises(TypeError, match=r"a confluent_kafka\.Producer is needed"):
+            _nativeproduce.produce_into(consumer, "t", values, ends, [None])
+        with pytest.raises(TypeError, match=r"a confluent_kafka\.Consumer is needed"):
+            _nativeconsume.Queue(producer, "t")
+        queue = _nativeconsume.Queue(consumer, "t")
+        with pytest.raises(RuntimeError, match="already initialised"):
+            queue.__init__(consumer, "t")  # type: ignore[misc]
+        assert isinstance(queue.pending(), bool)
+        # Tracked by the collector, with the consumer it holds: a cycle through it (an on_assign callback that
+        # keeps the queue, held by the consumer) is collected.
+        assert gc.is_tracked(queue) and consumer in gc.get_referents(queue)
+    finally:
+        producer.flush(0)
+    queue.close()
+    closed = _nativeconsume.Queue(consumer, "t")
+    consumer.close()
+    with pytest.raises(RuntimeError, match="closed before its native queue"):
+        closed.consume(10, 0.0)
+    with pytest.raises(RuntimeError, match="closed before its native queue"):
+        closed.pending()
+    closed.wake()
+    closed.close()
+    with pytest.raises(RuntimeError, match="the Consumer is closed"):
+        _nativeconsume.Queue(consumer, "t")
+    assert type(closed).__module__ == "stream.kafka._nativeconsume"
+
+
+@needs_native
+def test_timeouts_that_are_no_number_of_milliseconds_are_refused_or_clamped() -> None:
+    """A float timeout was cast to an int as it was (undefined for a NaN, an infinity, or more than 24 days)."""
+    from confluent_kafka import Consumer
+
+    from stream.kafka import _nativeconsume, _nativeproduce
+
+    producer = _nativeproduce.Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": "0"}, "t", 4)
+    with pytest.raises(ValueError, match="NaN"):
+        producer.flush(float("nan"))
+    producer.flush(float("inf"))  # nothing queued: at once
+    assert producer.close(float("inf")) == 0
+    consumer = Consumer({**UNREACHABLE, "group.id": "g"})
+    queue = _nativeconsume.Queue(consumer, "t")
+    try:
+        with pytest.raises(ValueError, match="NaN"):
+            queue.consume(1, float("nan"))
+        queue.consume(1, -5.0)  # negative: no wait
+    finally:
+        queue.close()
+        consumer.close()

@@ -177,3 +177,20 @@ def test_tokenizers_it_does_not_reproduce_are_left_to_the_library() -> None:
                    {"model": {**spec["model"], "continuing_subword_prefix": "@@"}},
                    {"added_tokens": [*spec["added_tokens"], {"id": 5, "content": "<x>", "special": True}]}):
         assert native_wordpiece(json.dumps({**spec, **change}).encode()) is None, change
+
+
+def test_a_wordpiece_is_initialised_once_and_never_used_uninitialised() -> None:
+    """Calling __init__ again freed the tables before checking the new vocabulary (encode then crashed, and an
+    encode meanwhile on another thread, without the GIL, read freed memory); an object made without __init__ was
+    read as if it had tables."""
+    assert WordPiece is not None
+    wp = WordPiece({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3}, 0, 1, 2, 100)
+    before = wp.encode(["a a"], 8, 100)
+    with pytest.raises(TypeError, match="initialised once"):
+        wp.__init__({"b": 4}, 0, 1, 2, 100)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="initialised once"):
+        wp.__init__({1: "not a vocabulary"}, 0, 1, 2, 100)  # type: ignore[misc, dict-item]
+    assert wp.encode(["a a"], 8, 100) == before
+    bare = WordPiece.__new__(WordPiece)
+    with pytest.raises(TypeError, match="not initialised"):
+        bare.encode(["a"], 8, 100)
