@@ -96,7 +96,9 @@ unit-versions:
 # The decoder's fuzzers with a long budget: random bytes, and the differential one (C against the reference on
 # generated and evolved schemas, records and mutated bytes); make test runs them with a short one.
 fuzz: $(STAMP)
-	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 $(PY) -m pytest -q -s -p no:cacheprovider \
+	STREAM_TEST_FUZZ_EXAMPLES=100000 STREAM_TEST_PLAN_EXAMPLES=5000 \
+	STREAM_TEST_FUZZ_RESULTS=docs/results/fuzz-$$(git rev-parse --short HEAD).json \
+	$(PY) -m pytest -q -s -p no:cacheprovider \
 		tests/unit/codec/test_decoder.py tests/unit/codec/test_plan.py -k "fuzz or agree"
 
 chaos: $(STAMP) fuzz

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -413,10 +414,18 @@ COMPARED = {"records": 0}  # what the differential tests put through both C form
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _say_how_many_records_were_compared() -> Iterator[None]:
+def _say_how_many_records_were_compared(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    if COMPARED["records"]:  # shown with -s (make fuzz)
+    if COMPARED["records"]:  # shown with -s, and written where make fuzz says
         print(f"\ndifferential fuzz: {COMPARED['records']} records through both C input forms and the reference")
+        if os.environ.get("STREAM_TEST_FUZZ_RESULTS"):
+            import json
+
+            Path(os.environ["STREAM_TEST_FUZZ_RESULTS"]).write_text(json.dumps({
+                "records": COMPARED["records"], "examples_per_test": EXAMPLES,
+                "tests_failed": request.session.testsfailed,
+                "what": "records (valid, random, mutated) of generated and evolved schemas decoded by both C input "
+                        "forms and the reference decoder with equal rows, column bytes and errors"}, indent=1) + "\n")
 
 
 def assert_c_agrees_with_the_reference(plan: FieldPlan, batch: list[bytes]) -> Columns:
