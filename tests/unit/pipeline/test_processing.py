@@ -405,12 +405,17 @@ def test_text_model_dead_letters_null_empty_and_non_utf8_texts_and_counts_cut_on
     assert processor._metrics.inputs_truncated._value.get() == 1  # counted once, not again by embed() above
 
 
-def other_thread_ran_during(call: Any) -> bool:
+def other_thread_ran_during(call: Any, window_s: float = 0.1) -> bool:
     """Whether another Python thread ran while ``call`` was in C: with a switch interval of a second the calling
     thread is never made to give the GIL up between reading the other thread's counter and entering the call, so
-    the counter can only move meanwhile if the call released the GIL itself."""
+    the counter can only move meanwhile if the call released the GIL itself. ``call`` (which must give the same
+    result each time) is made again until the counter moves or ``window_s`` has passed: one call of a few
+    milliseconds can end before a loaded machine's scheduler wakes the other thread (seen in CI: the unit tests
+    beside another pytest process on two cores), while a window far under the switch interval still cannot let it
+    in through a call that holds the GIL."""
     import sys
     import threading
+    import time
 
     counter = [0]
     stop = threading.Event()
@@ -427,7 +432,10 @@ def other_thread_ran_during(call: Any) -> bool:
         while counter[0] == 0:
             pass  # the spinning thread is running
         before = counter[0]
+        deadline = time.perf_counter() + window_s
         call()
+        while counter[0] == before and time.perf_counter() < deadline:
+            call()
         after = counter[0]
     finally:
         stop.set()
@@ -449,10 +457,10 @@ class GilProbe:
             return real
 
         def probed(*args: Any) -> Any:
-            # A call that releases the GIL lets the spinning thread in only if the OS schedules it before the call
-            # ends (a few milliseconds; on a loaded machine it may not be): up to five tries. A call that holds the
-            # GIL can never let it in (each try is far shorter than the one-second switch interval), so five tries
-            # still say False.
+            # A call that releases the GIL lets the spinning thread in only if the OS schedules it within the
+            # window (on a loaded machine it may not be): up to five tries. A call that holds the GIL can never let
+            # it in (each window is far shorter than the one-second switch interval), so five tries still say
+            # False. Both calls probed here write the same output each time they are made.
             out: list[Any] = []
             ran = False
             for _ in range(5):
