@@ -47,8 +47,8 @@ def main() -> int:
                          text=True, check=True).stdout.strip()
     results = repo / "docs" / "results" / f"ci-fresh-{rev}.json"
     args.work.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"commit": rev, "what": "fresh clones of this commit, CI=true bash .ci/run, one after another",
-                    "runs": []}
+    record: dict[str, Any] = {
+        "commit": rev, "what": "fresh clones of this commit, CI=true bash .ci/run, one after another", "runs": []}
     for n in range(1, args.runs + 1):
         clone = args.work / f"clone{n}"
         log = args.work / f"run{n}-{rev}.log"
