@@ -164,11 +164,11 @@ def run_native(native: Any, program: Program, specs: Sequence[ColumnSpec], sourc
     n = len(rows)
     index = np.empty(n, dtype=np.int64)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
+    assert len(program.layouts) == len(specs), "a program of another plan"
     room = 1  # a variable column's capacity, as a multiple of what the records' bytes can hold
     while True:
         columns: list[Column] = []
         args = []
-        assert len(program.layouts) == len(specs), "a program of another plan"
         for layout in program.layouts:
             spec = layout.spec
             capacity = room * (total_bytes // layout.item_bytes + 1 + n * layout.default_items)

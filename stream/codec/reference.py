@@ -27,6 +27,8 @@ from stream.codec.plan import (
     RECORD,
     STRING,
     UNION,
+    ZERO_SIZE_ITEMS_BASE,
+    ZERO_SIZE_ITEMS_PER_BYTE,
     FieldPlan,
     Op,
     min_size,
@@ -195,7 +197,7 @@ def _run(op: Op, r: _Reader, b: list[_Builder]) -> Any:
             if not least:
                 if count > r.zero_items_left:
                     raise DecodeError("over-budget", "more items that take no bytes than the record's work budget "
-                                                     "(1024 + 8 a byte)")
+                                                     f"({ZERO_SIZE_ITEMS_BASE} + {ZERO_SIZE_ITEMS_PER_BYTE} a byte)")
                 r.zero_items_left -= count
             for _ in range(count):
                 if code == MAP:

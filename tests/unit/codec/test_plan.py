@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from stream.codec.columns import Columns, ColumnSpec, normalize, reader_columns
 from stream.codec.decoder import _nativecodec
-from stream.codec.plan import FieldPlan, SchemaMismatch, resolve
+from stream.codec.plan import ZERO_SIZE_ITEMS_BASE, ZERO_SIZE_ITEMS_PER_BYTE, FieldPlan, SchemaMismatch, resolve
 from stream.codec.program import flatten, run_native
 from stream.codec.reference import decode_columns
 from stream.errors import ConfigError
@@ -335,6 +335,9 @@ def test_items_that_take_no_bytes_are_held_to_the_records_work_budget(how: str) 
     assert [(i, e.reason) for i, e in errors] == [(0, "over-budget"), (1, "over-budget"), (3, "over-budget")]
     assert decoded.index.tolist() == [2, 4]
     assert "work budget" in str(errors[0][1])
+    if _nativecodec is not None:  # one budget: the C module's constants are the plan's
+        assert (_nativecodec.ZERO_SIZE_ITEMS_BASE, _nativecodec.ZERO_SIZE_ITEMS_PER_BYTE) == \
+            (ZERO_SIZE_ITEMS_BASE, ZERO_SIZE_ITEMS_PER_BYTE)
 
 
 def _nested(levels: int) -> Any:
