@@ -112,8 +112,9 @@ def _worker_parser(sub: Any) -> None:
                         "python -m stream compare)")
     p.add_argument("--start-from", help="where a partition this group never committed starts: earliest "
                                         "(default), latest, Unix ms or an ISO 8601 time")
-    p.add_argument("--reply-topics", help="topics a caller's reply address may name, comma-separated (default: "
-                                          "<input-topic>.replies; python -m stream gateway)")
+    p.add_argument("--reply-topics", help="topics a caller's reply address (the gateway's stream.reply, Spring's "
+                                          "kafka_replyTopic) may name, comma-separated (default: "
+                                          "<input-topic>.replies, the gateway's)")
     p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
     p.add_argument("--retry-backoff-ms", type=float, help="first retry delay, doubled per retry (50)")
     p.add_argument("--dlq-max-fraction", type=float,

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_REPLY_HEADERS 16
+
 typedef struct {
     PyObject_HEAD
     PyObject *consumer; /* kept alive while the queue is open */
@@ -20,7 +22,8 @@ typedef struct {
     rd_kafka_queue_t *q;  /* ours: the routed partitions' records */
     rd_kafka_queue_t *cq; /* the consumer's queue (a reference to it) */
     char *topic;
-    char *reply_header; /* the header whose value consume() returns per record, NULL: none */
+    char **reply_headers; /* the headers whose values consume() returns per record; NULL: none */
+    Py_ssize_t n_reply_headers;
     rd_kafka_message_t **msgs;
     Py_ssize_t cap;
 } Queue;
@@ -31,15 +34,37 @@ static void on_consumer_queue(rd_kafka_t *rk, void *opaque) {
     rdk.queue_yield((rd_kafka_queue_t *)opaque);
 }
 
+static void free_names(char **names, Py_ssize_t n) {
+    if (!names)
+        return;
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
 static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
-    static char *kws[] = {"consumer", "topic", "reply_header", NULL};
-    PyObject *consumer;
-    const char *topic, *reply_header = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|z", kws, &consumer, &topic, &reply_header))
+    static char *kws[] = {"consumer", "topic", "reply_headers", NULL};
+    PyObject *consumer, *names = NULL;
+    const char *topic;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|O", kws, &consumer, &topic, &names))
         return -1;
     if (self->q || self->consumer) {
         PyErr_SetString(PyExc_RuntimeError, "already initialised");
         return -1;
+    }
+    Py_ssize_t n_names = 0;
+    if (names && names != Py_None) {
+        if (!PyTuple_Check(names) || PyTuple_GET_SIZE(names) < 1 || PyTuple_GET_SIZE(names) > MAX_REPLY_HEADERS) {
+            PyErr_Format(PyExc_TypeError, "reply_headers must be a tuple of 1 to %d header names",
+                         MAX_REPLY_HEADERS);
+            return -1;
+        }
+        n_names = PyTuple_GET_SIZE(names);
+        for (Py_ssize_t i = 0; i < n_names; i++)
+            if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
+                PyErr_SetString(PyExc_TypeError, "reply_headers must be a tuple of str");
+                return -1;
+            }
     }
     rd_kafka_t *rk = client_handle(consumer, "Consumer", RD_KAFKA_CONSUMER);
     if (!rk)
@@ -49,17 +74,28 @@ static int Queue_init(Queue *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "the consumer has no group (group.id)");
         return -1;
     }
-    self->topic = strdup(topic);
-    self->reply_header = reply_header ? strdup(reply_header) : NULL;
-    self->q = rdk.queue_new(rk);
-    if (!self->topic || !self->q || (reply_header && !self->reply_header)) {
+    int failed = 0;
+    char **copies = n_names ? calloc((size_t)n_names, sizeof *copies) : NULL;
+    if (n_names && !copies)
+        failed = 1;
+    for (Py_ssize_t i = 0; i < n_names && !failed; i++) {
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
+        if (!name || !(copies[i] = strdup(name)))
+            failed = 1;
+    }
+    self->topic = failed ? NULL : strdup(topic);
+    self->q = self->topic ? rdk.queue_new(rk) : NULL;
+    if (!self->q) {
         rdk.queue_destroy(cq);
-        if (self->q)
-            rdk.queue_destroy(self->q);
-        self->q = NULL;
-        PyErr_NoMemory();
+        free(self->topic);
+        self->topic = NULL;
+        free_names(copies, n_names);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         return -1;
     }
+    self->reply_headers = copies;
+    self->n_reply_headers = n_names;
     self->cq = cq;
     self->rk = rk;
     Py_INCREF(consumer);
@@ -103,12 +139,47 @@ static PyObject *Queue_route(Queue *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One record's reply headers into (*replies)[row], a tuple of each name's last value (or None), when it carries
+ * any of them; *replies is made at the first. 0, or -1 with an exception set. */
+static int add_reply(Queue *self, const rd_kafka_headers_t *hdrs, Py_ssize_t row, PyObject **replies) {
+    const void *values[MAX_REPLY_HEADERS];
+    size_t sizes[MAX_REPLY_HEADERS];
+    int found = 0;
+    for (Py_ssize_t i = 0; i < self->n_reply_headers; i++) {
+        if (rdk.header_get_last(hdrs, self->reply_headers[i], &values[i], &sizes[i]) != 0 || !values[i])
+            values[i] = NULL;
+        else
+            found = 1;
+    }
+    if (!found)
+        return 0;
+    PyObject *item = PyTuple_New(self->n_reply_headers);
+    if (!item)
+        return -1;
+    for (Py_ssize_t i = 0; i < self->n_reply_headers; i++) {
+        PyObject *v = values[i] ? PyBytes_FromStringAndSize(values[i], (Py_ssize_t)sizes[i]) : Py_NewRef(Py_None);
+        if (!v) {
+            Py_DECREF(item);
+            return -1;
+        }
+        PyTuple_SET_ITEM(item, i, v);
+    }
+    PyObject *key = PyLong_FromSsize_t(row);
+    if (key && !*replies)
+        *replies = PyDict_New();
+    int rc = key && *replies ? PyDict_SetItem(*replies, key, item) : -1;
+    Py_XDECREF(key);
+    Py_DECREF(item);
+    return rc;
+}
+
 /* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
  * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
  * events among them (end of partition included); pending: the consumer's queue holds something to serve;
- * replies: {row: value} of the records carrying the header named reply_header at construction, None when none. */
+ * replies: {row: (each reply_headers name's last value, or None)} of the records carrying at least one of those
+ * headers, None when none does. */
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
@@ -151,7 +222,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *offs = PyBytes_FromStringAndSize(NULL, good * 8);
     PyObject *keys = PyList_New(good);
     PyObject *errors = PyList_New(nerr);
-    PyObject *replies = NULL; /* {row: the reply-address header's bytes}, made at the first record with one */
+    PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
     if (values && starts && lens && parts && offs && keys && errors) {
         char *vb = PyBytes_AS_STRING(values);
         int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
@@ -194,22 +265,11 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
                 ln[g] = -1;
             pt[g] = m->partition;
             of[g] = m->offset;
-            if (self->reply_header) {
+            if (self->n_reply_headers) {
                 rd_kafka_headers_t *hdrs;
-                const void *hv;
-                size_t hlen;
-                if (rdk.message_headers(m, &hdrs) == 0 &&
-                    rdk.header_get_last(hdrs, self->reply_header, &hv, &hlen) == 0 && hv) {
-                    PyObject *row = PyLong_FromSsize_t(g);
-                    PyObject *address = PyBytes_FromStringAndSize(hv, (Py_ssize_t)hlen);
-                    if (!replies)
-                        replies = PyDict_New();
-                    if (!row || !address || !replies || PyDict_SetItem(replies, row, address) < 0)
-                        failed = 1;
-                    Py_XDECREF(row);
-                    Py_XDECREF(address);
-                    if (failed)
-                        break;
+                if (rdk.message_headers(m, &hdrs) == 0 && add_reply(self, hdrs, g, &replies) < 0) {
+                    failed = 1;
+                    break;
                 }
             }
             g++;
@@ -287,7 +347,7 @@ static void Queue_dealloc(Queue *self) {
     queue_close(self);
     free(self->msgs);
     free(self->topic);
-    free(self->reply_header);
+    free_names(self->reply_headers, self->n_reply_headers);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -26,7 +26,7 @@ import confluent_kafka
 import numpy as np
 
 from stream.kafka.records import Records
-from stream.kafka.replies import REPLY_HEADER
+from stream.kafka.replies import ADDRESS_HEADERS
 
 try:
     from stream.kafka import _nativeconsume, _nativeproduce
@@ -168,7 +168,7 @@ class NativeInput:
             raise TypeError(f"a confluent_kafka.Consumer is needed, got {type(consumer).__name__}")
         assert _nativeconsume is not None
         self.topic = topic
-        self._queue = _nativeconsume.Queue(consumer, topic, REPLY_HEADER)
+        self._queue = _nativeconsume.Queue(consumer, topic, ADDRESS_HEADERS)
         self._closed = False
 
     def route(self, partitions: list[int]) -> None:

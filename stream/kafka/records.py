@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from confluent_kafka import Message
 
-from stream.kafka.replies import REPLY_HEADER
+from stream.kafka.replies import ADDRESS_HEADERS, AddressHeaders
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
@@ -26,8 +26,9 @@ class Records:
     keys: list[bytes | None]
     partitions: np.ndarray  # int32
     offsets: np.ndarray  # int64
-    # {row: the reply address (`stream.kafka.replies`)} of the records a caller waits for; None when none has one
-    replies: dict[int, bytes] | None = None
+    # {row: its reply headers' values (`stream.kafka.replies.ADDRESS_HEADERS`)} of the records carrying any of them;
+    # None when none does
+    replies: dict[int, AddressHeaders] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -38,7 +39,7 @@ class Records:
 
     @classmethod
     def build(cls, values: Sequence[bytes | None], keys: list[bytes | None], partitions: Sequence[int],
-              offsets: Sequence[int], replies: dict[int, bytes] | None = None) -> Records:
+              offsets: Sequence[int], replies: dict[int, AddressHeaders] | None = None) -> Records:
         n = len(values)
         lengths = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=n)
         sizes = np.maximum(lengths, 0)
@@ -49,13 +50,14 @@ class Records:
     @classmethod
     def from_messages(cls, messages: Sequence[Message]) -> Records:
         """Records of consumed, error-free ``Message``s (each has a partition and an offset)."""
-        replies = {}
+        replies: dict[int, AddressHeaders] = {}
         for i, m in enumerate(messages):
             headers = m.headers()
             if headers:
-                address = next((v for k, v in reversed(headers) if k == REPLY_HEADER), None)
-                if isinstance(address, bytes):
-                    replies[i] = address
+                pairs = headers.items() if isinstance(headers, dict) else headers  # a consumed one's: a list
+                last = {k: v for k, v in pairs if k in ADDRESS_HEADERS and isinstance(v, bytes)}
+                if last:
+                    replies[i] = tuple(last.get(name) for name in ADDRESS_HEADERS)
         return cls.build([m.value() for m in messages], [m.key() for m in messages],
                          [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
                          replies)
@@ -70,7 +72,7 @@ class Records:
             return parts[0]
         shifts = np.cumsum([0] + [len(p.buffer) for p in parts[:-1]])
         keys: list[bytes | None] = []
-        replies: dict[int, bytes] = {}
+        replies: dict[int, AddressHeaders] = {}
         for p in parts:
             if p.replies:
                 replies.update((len(keys) + row, address) for row, address in p.replies.items())

@@ -1,13 +1,19 @@
-"""Reply addresses: how a caller that waits (the gateway, `stream.gateway.client`) gets the prediction of its own
-input record.
+"""Reply addresses: how a caller that waits gets the prediction of its own input record. Two styles:
 
-The caller produces the input record with a header ``stream.reply`` whose value is ``<topic>:<partition>:<id>``:
-the reply topic, the partition of it that caller reads, and a correlation id of its choosing (ASCII, no colon
-needed: everything after the second colon is the id; topic names cannot hold a colon). The worker publishes the
-record's prediction (or its dead-letter record) to the output (or dead-letter) topic as always, and a copy of it to
-that topic and partition, carrying the same header; under exactly-once, in the same transaction. The input
-offsets are committed only once the copy is acknowledged too, so a worker that dies before replying leaves the
-record to the next one, which replies in its stead.
+* this project's own (the gateway, `stream.gateway.client`): a header ``stream.reply`` whose value is
+  ``<topic>:<partition>:<id>``: the reply topic, the partition of it that caller reads, and a correlation id of its
+  choosing (ASCII, no colon needed: everything after the second colon is the id; topic names cannot hold a colon).
+  The reply carries the same header.
+* Spring Kafka's (``ReplyingKafkaTemplate``): ``kafka_replyTopic`` (the topic's name), optionally
+  ``kafka_replyPartition`` (a 4-byte big-endian int; without it the reply goes where the producer's partitioner
+  puts its key), and ``kafka_correlationId`` (any bytes), which the reply carries back byte for byte. A record with
+  both styles is answered in this project's.
+
+The worker publishes the record's prediction (or its dead-letter record) to the output (or dead-letter) topic as
+always, and a copy of it to that address; under exactly-once, in the same transaction. A dead-letter copy carries
+the dead-letter headers (``stream.dlq.stage`` and the rest), which a caller tests to tell an error from a
+prediction. The input offsets are committed only once the copy is acknowledged too, so a worker that dies before
+replying leaves the record to the next one, which replies in its stead.
 
 A worker only replies to the topics it is told to (``--reply-topics``; by default ``<input topic>.replies``): any
 other address is logged, counted (``stream_replies_refused_total``) and not answered, so that a producer of input
@@ -24,6 +30,14 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 REPLY_HEADER = "stream.reply"
+SPRING_REPLY_TOPIC = "kafka_replyTopic"
+SPRING_REPLY_PARTITION = "kafka_replyPartition"
+SPRING_CORRELATION_ID = "kafka_correlationId"
+# The headers the consumer hands over per record (`stream.kafka.records.Records.replies`), in this order.
+ADDRESS_HEADERS = (REPLY_HEADER, SPRING_REPLY_TOPIC, SPRING_REPLY_PARTITION, SPRING_CORRELATION_ID)
+# One record's values of ADDRESS_HEADERS (the last of each name; None: absent).
+AddressHeaders = tuple["bytes | None", ...]
+ANY_PARTITION = -1  # a reply partition left to the producer's partitioner
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,38 @@ class ReplyAddress:
         return cls(topic, int(partition), correlation_id)
 
 
+@dataclass(frozen=True)
+class Reply:
+    """Where one record's reply goes, and the headers that tell its caller which request it answers."""
+
+    topic: str
+    partition: int  # ANY_PARTITION: where the partitioner puts the record's key
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def parse_reply(values: AddressHeaders) -> Reply | None:
+    """The reply a record asks for by its ADDRESS_HEADERS values; None when it asks for none (a Spring correlation
+    id alone); ValueError naming what is wrong with an address."""
+    own, topic, partition, correlation = values
+    if own is not None:
+        address = ReplyAddress.parse(own)
+        return Reply(address.topic, address.partition, ((REPLY_HEADER, own),))
+    if topic is None:
+        return None
+    try:
+        name = topic.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{SPRING_REPLY_TOPIC} {topic[:200]!r} is not UTF-8") from None
+    if not name:
+        raise ValueError(f"{SPRING_REPLY_TOPIC} is empty")
+    at = ANY_PARTITION
+    if partition is not None:
+        if len(partition) != 4 or int.from_bytes(partition, "big", signed=True) < 0:
+            raise ValueError(f"{SPRING_REPLY_PARTITION} {partition[:20]!r} is not a 4-byte big-endian partition number")
+        at = int.from_bytes(partition, "big")
+    return Reply(name, at, () if correlation is None else ((SPRING_CORRELATION_ID, correlation),))
+
+
 class ReplyRouter:
     """The worker's side: which records of a batch get a reply copy, and where.
 
@@ -64,32 +110,34 @@ class ReplyRouter:
         self._known: dict[str, tuple[int | None, float]] = {}  # topic -> (partitions, when asked)
         self._warned: set[str] = set()
 
-    def route(self, replies: dict[int, bytes]) -> dict[int, tuple[ReplyAddress, bytes]]:
-        """{row: (its address, the header's raw value)} of the rows whose address is allowed and exists."""
-        routed: dict[int, tuple[ReplyAddress, bytes]] = {}
+    def route(self, replies: dict[int, AddressHeaders]) -> dict[int, Reply]:
+        """{row: its reply} of the rows asking for one whose address is allowed and exists."""
+        routed: dict[int, Reply] = {}
         refused = 0
-        for row, raw in replies.items():
+        for row, values in replies.items():
             try:
-                address = ReplyAddress.parse(raw)
+                reply = parse_reply(values)
             except ValueError as exc:
                 refused += 1
                 self._warn_once("malformed", f"{exc}: the record is processed, no reply is sent")
                 continue
-            if address.topic not in self.topics:
+            if reply is None:
+                continue
+            if reply.topic not in self.topics:
                 refused += 1
-                self._warn_once(f"topic:{address.topic}",
-                                f"reply address names topic {address.topic!r}, not one of --reply-topics "
+                self._warn_once(f"topic:{reply.topic}",
+                                f"reply address names topic {reply.topic!r}, not one of --reply-topics "
                                 f"({', '.join(sorted(self.topics))}): no reply is sent")
                 continue
-            partitions = self._partitions(address.topic)
-            if partitions is None or address.partition >= partitions:
+            partitions = self._partitions(reply.topic)
+            if partitions is None or reply.partition >= partitions:
                 refused += 1
-                self._warn_once(f"partition:{address.topic}:{address.partition}",
-                                f"reply address names partition {address.partition} of {address.topic!r}, which "
+                self._warn_once(f"partition:{reply.topic}:{reply.partition}",
+                                f"reply address names partition {reply.partition} of {reply.topic!r}, which "
                                 f"{'does not exist' if partitions is None else f'has {partitions}'}: no reply is "
                                 "sent")
                 continue
-            routed[row] = (address, raw)
+            routed[row] = reply
         if refused:
             self._on_refused(refused)
         return routed

@@ -40,7 +40,7 @@ from stream.kafka.publish import (
     Publisher,
 )
 from stream.kafka.records import Records
-from stream.kafka.replies import REPLY_HEADER, ReplyAddress, ReplyRouter
+from stream.kafka.replies import Reply, ReplyRouter
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline import faults
 from stream.pipeline.inference import InferenceEngine, InFlight, Prepared
@@ -295,7 +295,7 @@ class BatchProcessor:
 
     # ------------------------------------------------------------------ publishing
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray],
-                             replies: dict[int, tuple[ReplyAddress, bytes]],
+                             replies: dict[int, Reply],
                              copies: list[tuple[int, bytes | None, Headers]]) -> None:
         if not len(decoded):
             return
@@ -338,7 +338,7 @@ class BatchProcessor:
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
         copies += [(int(decoded.index[j]), payloads[j], []) for j in reply_rows]
 
-    def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord], replies: dict[int, tuple[ReplyAddress, bytes]],
+    def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord], replies: dict[int, Reply],
                      copies: list[tuple[int, bytes | None, Headers]]) -> None:
         records = batch.records
         first = dead[0]
@@ -379,22 +379,23 @@ class BatchProcessor:
             self._metrics.dead_letters.labels(d.stage, d.reason).inc()
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
 
-    def _send_replies(self, batch: Dispatched, replies: dict[int, tuple[ReplyAddress, bytes]],
+    def _send_replies(self, batch: Dispatched, replies: dict[int, Reply],
                       copies: list[tuple[int, bytes | None, Headers]]) -> None:
         """A copy of each reply-addressed record's prediction or dead-letter record to its address, with the
-        address and the input record's provenance in headers; acknowledged as part of its span."""
+        headers naming its request (`stream.kafka.replies.Reply`) and the input record's provenance; acknowledged as
+        part of its span."""
         by_topic: dict[str, list[tuple[int, bytes | None, Headers]]] = {}
         for copy in copies:
-            by_topic.setdefault(replies[copy[0]][0].topic, []).append(copy)
+            by_topic.setdefault(replies[copy[0]].topic, []).append(copy)
         for topic, some in by_topic.items():
             headers: list[Headers | None] = []
             for row, _value, hdrs in some:
                 provenance = hdrs or self._provenance(int(batch.partitions[row]), int(batch.offsets[row]))
-                headers.append([(REPLY_HEADER, replies[row][1]), *provenance])
+                headers.append([*replies[row].headers, *provenance])
             self._publisher.produce_many(
                 topic, [v for _, v, _ in some], [batch.records.keys[row] for row, _, _ in some], headers,
                 [batch.deliveries[int(batch.partitions[row])] for row, _, _ in some],
-                partitions=[replies[row][0].partition for row, _, _ in some])
+                partitions=[replies[row].partition for row, _, _ in some])
         self._metrics.replies.labels("sent").inc(len(copies))
 
     def _provenance(self, partition: int, offset: int) -> Headers:

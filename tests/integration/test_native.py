@@ -96,7 +96,7 @@ def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[
 
 
 def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: float,
-          eof: set[int] | None = None, replies: dict[tuple[int, int], bytes] | None = None
+          eof: set[int] | None = None, replies: dict[tuple[int, int], tuple[bytes | None, ...]] | None = None
           ) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """One round as the worker does it: serve the consumer's queue (it must hold no record), then take records."""
     assert [m for m in consumer.consume(100, 0) if m.error() is None] == []
@@ -120,23 +120,33 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
     # below are taken to be the order of production.
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True})
     sent = {}
-    addresses = {}  # value -> the reply address it was sent with (every 13th record; others have other headers)
+    # i -> the reply headers' values it was sent with (ADDRESS_HEADERS: this project's on every 13th record, Spring's
+    # on every 19th, with a first value of each name that the last one replaces; others have other headers or none)
+    addresses: dict[int, tuple[bytes | None, ...]] = {}
     for i in range(n):
         key = None if i % 7 == 0 else b"k%d" % i
         value = None if i % 11 == 0 else b"v%d" % i * (1 + i % 5)
-        headers = [("stream.reply", b"r:%d:id-%d" % (i % 3, i))] if i % 13 == 0 else None
+        own = b"r:%d:id-%d" % (i % 3, i) if i % 13 == 0 else None
+        headers = [("stream.reply", own)] if own else []
+        if i % 19 == 0:
+            correlation = bytes([i % 256, 0, 255]) + b"%d" % i
+            partition = (i % 3).to_bytes(4, "big") if i % 2 else None
+            headers += [("kafka_correlationId", b"first"), ("kafka_replyTopic", b"spring.replies"),
+                        ("kafka_correlationId", correlation)]
+            headers += [("kafka_replyPartition", partition)] if partition else []
+            addresses[i] = (own, b"spring.replies", partition, correlation)
+        elif own:
+            addresses[i] = (own, None, None, None)
         if i % 17 == 0:
-            headers = [*(headers or []), ("unrelated", b"x")]
-        producer.produce(topic, value, key, partition=i % PARTITIONS, headers=headers)
+            headers.append(("unrelated", b"x"))
+        producer.produce(topic, value, key, partition=i % PARTITIONS, headers=headers or None)
         sent[i] = (i % PARTITIONS, key, value)
-        if i % 13 == 0:
-            addresses[i] = b"r:%d:id-%d" % (i % 3, i)
     assert producer.flush(30) == 0
     log: list[str] = []
     consumer, source = _subscribe(broker.bootstrap, topic, unique_name("g"), log)
     got: list[tuple[int, int, bytes | None, bytes | None]] = []
     eof: set[int] = set()
-    replies: dict[tuple[int, int], bytes] = {}
+    replies: dict[tuple[int, int], tuple[bytes | None, ...]] = {}
     try:
         for _ in range(600):
             got += _take(consumer, source, 1000, 0.1, eof, replies)
@@ -151,7 +161,8 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
         offsets = [o for q, o, _, _ in got if q == p]
         assert offsets == list(range(len(offsets)))  # in order, none skipped
     assert Counter((p, k, v) for p, _, v, k in got) == Counter(sent.values())
-    # the reply-address header of each record that had one, at that record (its offset is i // PARTITIONS)
+    # the reply headers of each record that had any, at that record (its offset is i // PARTITIONS)
+    assert any(a[0] and a[1] for a in addresses.values()) and any(a[2] for a in addresses.values())
     assert replies == {(i % PARTITIONS, i // PARTITIONS): a for i, a in addresses.items()}
     with pytest.raises(RuntimeError, match="closed"):
         source.consume(1, 0)

@@ -58,15 +58,16 @@ def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split
     consumer = Consumer([Msg(0, 5, headers=[("other", b"x")]), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)),
                          Msg(1, 7, headers=[("stream.reply", b"old"), ("stream.reply", b"t:3:abc")]), Msg(1, 8)])
     records = Intake(consumer, None, lambda: 0.0).take(10, 0.5)  # type: ignore[arg-type]
-    assert records.replies == {1: b"t:3:abc"}  # the last such header, at the row of its record
+    address = (b"t:3:abc", None, None, None)
+    assert records.replies == {1: address}  # the last such header, at the row of its record
     head, rest = records.split(2)
-    assert head.replies == {1: b"t:3:abc"} and rest.replies is None
+    assert head.replies == {1: address} and rest.replies is None
     head, rest = records.split(1)
-    assert head.replies is None and rest.replies == {0: b"t:3:abc"}
-    assert records.select(np.array([2, 1])).replies == {1: b"t:3:abc"}
+    assert head.replies is None and rest.replies == {0: address}
+    assert records.select(np.array([2, 1])).replies == {1: address}
     assert records.select(np.array([0, 2])).replies is None
     joined = Records.concat([records, records])
-    assert joined.replies == {1: b"t:3:abc", 4: b"t:3:abc"} and joined.offsets.tolist() == [5, 7, 8] * 2
+    assert joined.replies == {1: address, 4: address} and joined.offsets.tolist() == [5, 7, 8] * 2
 
 
 def test_end_of_partition_and_retriable_errors_go_on_others_stop_the_worker() -> None:

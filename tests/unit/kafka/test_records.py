@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from confluent_kafka import Message
 
 from stream.kafka.records import Records
 from stream.pipeline.batching import MicroBatcher
@@ -49,3 +50,18 @@ def test_batcher_counts_records_of_chunks_and_drops_revoked_partitions() -> None
     batcher.add([chunk(2, 0, 2)])
     assert batcher.discard(lambda r: r.without_partitions({2})) == 2
     assert len(batcher) == 0 and batcher.deadline() is None
+
+
+def test_consumed_messages_keep_the_last_value_of_each_reply_header_as_the_native_consumer_does() -> None:
+    messages = [
+        Message(topic="in", partition=0, offset=0, key=b"a", value=b"x"),
+        Message(topic="in", partition=0, offset=1, key=None, value=None, headers=[
+            ("kafka_correlationId", b"first"), ("kafka_replyTopic", b"spring.replies"), ("other", b"o"),
+            ("kafka_correlationId", b"\x00\xff last"), ("kafka_replyPartition", b"\x00\x00\x00\x02")]),
+        Message(topic="in", partition=1, offset=7, key=b"c", value=b"z", headers=[("stream.reply", b"r:0:id")]),
+        Message(topic="in", partition=1, offset=8, key=b"d", value=b"w", headers=[("other", b"o")]),
+    ]
+    records = Records.from_messages(messages)
+    assert rows(records) == [(0, 0, b"x", b"a"), (0, 1, None, None), (1, 7, b"z", b"c"), (1, 8, b"w", b"d")]
+    assert records.replies == {1: (None, b"spring.replies", b"\x00\x00\x00\x02", b"\x00\xff last"),
+                               2: (b"r:0:id", None, None, None)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from stream.config import default_reply_topic
-from stream.kafka.replies import ReplyAddress, ReplyRouter
+from stream.kafka.replies import ANY_PARTITION, Reply, ReplyAddress, ReplyRouter, parse_reply
 
 
 def test_an_address_is_topic_partition_and_an_id_that_may_hold_colons() -> None:
@@ -14,6 +14,27 @@ def test_an_address_is_topic_partition_and_an_id_that_may_hold_colons() -> None:
         with pytest.raises(ValueError, match="reply address"):
             ReplyAddress.parse(bad)
     assert default_reply_topic("events") == "events.replies"
+
+
+def own(address: bytes) -> tuple[bytes | None, ...]:
+    return (address, None, None, None)
+
+
+def test_spring_kafka_headers_ask_for_a_reply_that_carries_the_correlation_id_back_byte_for_byte() -> None:
+    correlation = bytes(range(16))  # ReplyingKafkaTemplate's default: a UUID's 16 bytes
+    assert parse_reply((None, b"in.replies", b"\x00\x00\x00\x02", correlation)) == Reply(
+        "in.replies", 2, (("kafka_correlationId", correlation),))
+    assert parse_reply((None, b"in.replies", None, correlation)).partition == ANY_PARTITION  # type: ignore[union-attr]
+    assert parse_reply((None, b"in.replies", None, None)) == Reply("in.replies", ANY_PARTITION, ())
+    assert parse_reply((None, None, None, correlation)) is None, "a correlation id alone asks for nothing"
+    assert parse_reply((b"in.replies:1:x", b"other", None, correlation)) == Reply(
+        "in.replies", 1, (("stream.reply", b"in.replies:1:x"),)), "both styles: this project's"
+    for partition in (b"\x00\x02", b"\xff\xff\xff\xff", b"12345"):
+        with pytest.raises(ValueError, match="kafka_replyPartition"):
+            parse_reply((None, b"in.replies", partition, correlation))
+    for topic in (b"", b"\xff"):
+        with pytest.raises(ValueError, match="kafka_replyTopic"):
+            parse_reply((None, topic, None, correlation))
 
 
 def test_the_router_answers_only_its_topics_partitions_that_exist_and_asks_for_them_once_a_while() -> None:
@@ -28,13 +49,14 @@ def test_the_router_answers_only_its_topics_partitions_that_exist_and_asks_for_t
 
     router = ReplyRouter(frozenset({"in.replies", "other.replies"}), partitions_of, refused.append,
                          clock=lambda: now[0], refresh_s=30.0)
-    routed = router.route({0: b"in.replies:1:a", 1: b"in.replies:2:b", 2: b"elsewhere:0:c", 3: b"junk",
-                           4: b"other.replies:0:d", 5: b"in.replies:0:e"})
-    assert {row: a.correlation_id for row, (a, _raw) in routed.items()} == {0: "a", 5: "e"}
-    assert routed[0][1] == b"in.replies:1:a"
+    routed = router.route({0: own(b"in.replies:1:a"), 1: own(b"in.replies:2:b"), 2: own(b"elsewhere:0:c"),
+                           3: own(b"junk"), 4: own(b"other.replies:0:d"), 5: own(b"in.replies:0:e")})
+    assert {row: r.headers for row, r in routed.items()} == {
+        0: (("stream.reply", b"in.replies:1:a"),), 5: (("stream.reply", b"in.replies:0:e"),)}
+    assert routed[0].partition == 1
     assert refused == [4] and asked == ["in.replies", "other.replies"]
     partitions["in.replies"] = 3  # grown: seen once the refresh interval has passed
-    assert list(router.route({0: b"in.replies:2:b"})) == []
+    assert list(router.route({0: own(b"in.replies:2:b")})) == []
     now[0] = 31.0
-    assert list(router.route({0: b"in.replies:2:b"})) == [0]
+    assert list(router.route({0: own(b"in.replies:2:b")})) == [0]
     assert asked == ["in.replies", "other.replies", "in.replies"]

@@ -25,6 +25,7 @@ from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.kafka.records import Records
+from stream.kafka.replies import AddressHeaders
 from stream.models.demo import EVENT_SCHEMA
 from stream.ops.metrics import StreamMetrics
 from stream.ops.verify import input_source
@@ -124,7 +125,7 @@ def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retri
     return processor, publisher
 
 
-def batch_of(values: list[bytes | None], publisher: FakePublisher, replies: dict[int, bytes] | None = None
+def batch_of(values: list[bytes | None], publisher: FakePublisher, replies: dict[int, AddressHeaders] | None = None
              ) -> tuple[Dispatched, OffsetTracker]:
     tracker = OffsetTracker()
     tracker.assign([("in", 0)])
@@ -174,32 +175,52 @@ def test_provenance_headers_when_asked_for_or_when_the_schema_has_no_input_field
     assert pub.sources() == [("in", 0, 0), ("in", 0, 1), ("in", 0, 2)]
 
 
+def own(address: bytes) -> AddressHeaders:
+    """A record's reply headers with only this project's address (`stream.kafka.replies`)."""
+    return (address, None, None, None)
+
+
+def spring(topic: bytes | None, partition: bytes | None, correlation: bytes | None) -> AddressHeaders:
+    """A record's reply headers as Spring's ReplyingKafkaTemplate sends them."""
+    return (None, topic, partition, correlation)
+
+
 def test_a_reply_addressed_record_gets_a_copy_at_its_address_and_commits_only_once_the_copy_is_delivered(
         model_dir: Path) -> None:
     processor, pub = make(model_dir, reply_topics=frozenset({"in.replies"}))
     pub.held_topics.add("in.replies")
-    replies = {3: b"in.replies:2:poisoned", 5: b"in.replies:1:five", 7: b"in.replies:2:seven",
-               9: b"elsewhere:0:refused", 11: b"no address", 13: b"in.replies:4:no-such-partition"}
+    correlation = bytes(range(250, 256)) + b"\x00:id"  # any bytes, returned as they came
+    replies = {3: own(b"in.replies:2:poisoned"), 5: own(b"in.replies:1:five"), 7: own(b"in.replies:2:seven"),
+               9: own(b"elsewhere:0:refused"), 11: own(b"no address"), 13: own(b"in.replies:4:no-such-partition"),
+               14: spring(b"in.replies", b"\x00\x00\x00\x03", correlation),
+               15: spring(b"in.replies", None, b"any-partition"),
+               16: spring(b"elsewhere", None, b"refused"), 17: spring(None, None, b"a correlation id alone"),
+               18: spring(b"in.replies", b"\x03", b"short partition"),
+               19: (b"in.replies:0:both", b"in.replies", b"\x00\x00\x00\x01", b"ours wins")}
     batch, tracker = batch_of(events(20, poison_rows=[3]), pub, replies)
     processor.process(batch)
     out = {offset: v for (_, _, offset), v in zip(pub.sources(), [v for t, v, *_ in pub.sent if t == "out"],
                                                    strict=True)}
     copies = [(p, v, k, h) for (t, v, k, h), p in zip(pub.sent, pub.partitions, strict=True) if t == "in.replies"]
-    assert [(p, h["stream.reply"], k) for p, _, k, h in copies] == [
-        (1, b"in.replies:1:five", b"k5"), (2, b"in.replies:2:seven", b"k7"), (2, b"in.replies:2:poisoned", b"k3")]
+    address = [(p, h.get("stream.reply"), h.get("kafka_correlationId"), k) for p, _, k, h in copies]
+    assert address == [
+        (1, b"in.replies:1:five", None, b"k5"), (2, b"in.replies:2:seven", None, b"k7"),
+        (3, None, correlation, b"k14"), (-1, None, b"any-partition", b"k15"), (0, b"in.replies:0:both", None, b"k19"),
+        (2, b"in.replies:2:poisoned", None, b"k3")]
     assert copies[0][1] == out[5] and copies[1][1] == out[7], "the prediction itself, byte for byte"
-    assert [h[HEADER_OFFSET] for *_, h in copies] == [b"5", b"7", b"3"]
-    assert copies[2][3][DLQ_STAGE] == b"model", "a dead-lettered record's copy carries the dead letter's headers"
+    assert copies[2][1] == out[14] and copies[3][1] == out[15]
+    assert [h[HEADER_OFFSET] for *_, h in copies] == [b"5", b"7", b"14", b"15", b"19", b"3"]
+    assert copies[-1][3][DLQ_STAGE] == b"model", "a dead-lettered record's copy carries the dead letter's headers"
     assert tracker.committable() == {}, "the span waits for its copies"
     pub.release()
     assert tracker.committable() == {("in", 0): 20}
     metrics = processor._metrics.replies
-    assert metrics.labels("sent")._value.get() == 3 and metrics.labels("refused")._value.get() == 3
+    assert metrics.labels("sent")._value.get() == 6 and metrics.labels("refused")._value.get() == 5
 
 
 def test_without_reply_topics_no_address_is_answered(model_dir: Path) -> None:
     processor, pub = make(model_dir)
-    batch, tracker = batch_of(events(4), pub, {1: b"in.replies:0:x"})
+    batch, tracker = batch_of(events(4), pub, {1: own(b"in.replies:0:x"), 2: spring(b"in.replies", None, b"y")})
     processor.process(batch)
     assert pub.topics() == ["out"] * 4 and tracker.committable() == {("in", 0): 4}
 
