@@ -21,12 +21,14 @@ class Gateway:
     """A gateway process on a free port of 127.0.0.1."""
 
     def __init__(self, bootstrap: str, input_topic: str, log: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, input_schema: str | None = EVENT_SCHEMA) -> None:
+        """``input_schema`` None: none given, the default (as the worker's)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        schema = ["--input-schema", input_schema] if input_schema else []
         self.process = WorkerProcess(
-            ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--port", str(self.port),
-             "--input-schema", EVENT_SCHEMA, *extra], log, env, command="gateway")
+            ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--port", str(self.port), *schema,
+             *extra], log, env, command="gateway")
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -8,8 +8,8 @@ Why Starlette on uvicorn: an asyncio server holds thousands of waiting callers o
 future the client's reply thread settles), both are small, maintained and typed, and neither brings a framework
 the worker does not need (FastAPI's request models would duplicate the Avro schema, which is the contract here).
 
-Layer: imports `stream.errors`, `stream.config`, `stream.kafka`, `stream.codec` and `stream.ops`, never the
-pipeline (a gateway runs without torch); only the commands import it.
+Layer: imports `stream.errors`, `stream.config`, `stream.models` (names only), `stream.kafka`, `stream.codec` and
+`stream.ops`, never the pipeline (a gateway runs without torch); only the commands import it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--schemas-dir", default=None, help="the schema folder (default: the repository's schemas/)")
     g.add_argument("--input-schema", default=None,
                    help="the events' schema: an .avsc file (registered under <input-topic>-value), or a subject "
-                        "(registry) / record name (folder); default with a registry: <input-topic>-value")
+                        "(registry) / record name (folder); default as the worker's: with a registry "
+                        "<input-topic>-value, else the --model's own")
+    g.add_argument("--model", default=os.environ.get("STREAM_MODEL", "demo"),
+                   help="the workers' --model (STREAM_MODEL; default demo), whose input schema is the default "
+                        "--input-schema without a registry, as for the worker (the model is not loaded)")
     g.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="the event loop: asyncio's own, or uvloop (libuv; install it yourself: it measured no "
                         "faster here, docs/gateway.md); auto: uvloop when installed")
@@ -135,13 +139,19 @@ def _check(args: argparse.Namespace) -> None:
 
 def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:
     """The events' schema, registered (its id goes in front of each event): an .avsc file registered under
-    ``<input-topic>-value`` (or found in the folder), else a subject or record name, else that subject."""
+    ``<input-topic>-value`` (or found in the folder), else a subject or record name, else the worker's default:
+    that subject with a registry, the model's own input schema without."""
     from stream.codec.registry import reader_schema
+    from stream.models.declared import declared_input_schema
 
     subject = f"{args.input_topic}-value"
     if args.input_schema and args.input_schema.endswith(".avsc"):
         return source.register(subject, reader_schema(source, args.input_schema, None).raw)
-    if not args.input_schema and not args.schema_registry_url:
-        raise ConfigError("no input schema: pass --input-schema (an .avsc file or a record name in the schema "
-                          "folder), or --schema-registry-url (the subject <input-topic>-value)")
-    return reader_schema(source, args.input_schema, subject)
+    if args.input_schema or args.schema_registry_url:
+        return reader_schema(source, args.input_schema, subject)
+    declared = declared_input_schema(args.model)
+    if declared is None:
+        raise ConfigError(f"no input schema: --model {args.model} declares none; pass --input-schema (an .avsc "
+                          "file or a record name in the schema folder), or --schema-registry-url (the subject "
+                          "<input-topic>-value)")
+    return reader_schema(source, declared, None)

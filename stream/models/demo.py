@@ -17,18 +17,17 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 
 from stream.errors import UnrecoverableModelError
+from stream.models.demo_names import EVENT_SCHEMA as EVENT_SCHEMA
+from stream.models.demo_names import PREDICTION_SCHEMA as PREDICTION_SCHEMA
+from stream.models.demo_names import TEXT_COPY_FIELDS as TEXT_COPY_FIELDS
+from stream.models.demo_names import TEXT_EMBEDDING_SCHEMA as TEXT_EMBEDDING_SCHEMA
+from stream.models.demo_names import TEXT_EVENT_SCHEMA as TEXT_EVENT_SCHEMA
 from stream.models.files import read_model_file
 from stream.models.spec import InputSpec, OutputSpec
 
 # The repository's artifacts/ folder (`make model`); an installed package (the image) has none: STREAM_MODEL_DIR.
 DEFAULT_MODEL_DIR = Path(os.environ.get("STREAM_MODEL_DIR") or Path(__file__).resolve().parents[2] / "artifacts"
                          / "demo-fraud")
-EVENT_SCHEMA = "stream.demo.FraudEvent"  # the demo's schemas, in the repository's schemas/ folder
-PREDICTION_SCHEMA = "stream.demo.FraudPrediction"
-# the text demo's (--model minilm) input and output, in the schemas folder too
-TEXT_EVENT_SCHEMA = "stream.demo.TextEvent"
-TEXT_EMBEDDING_SCHEMA = "stream.demo.TextEmbedding"
-TEXT_COPY_FIELDS = "event_id,event_ts_ms=ts_ms"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 

@@ -25,8 +25,9 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
     dlq = unique_name("dlq")
     worker = pipeline.worker("--dlq-topic", dlq, "--max-batch-size", "64", "--max-wait-ms", "20",
                              "--batch-policy", "fixed")
+    # Neither the worker nor this gateway is given an input schema: both take the model's own.
     first = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw-0.log", "--max-input-bytes", "4000",
-                    "--timeout-ms", "10000")
+                    "--timeout-ms", "10000", input_schema=None)
     second = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw-1.log", "--reply-partition", "1")
     try:
         wait_for_assignment(worker)
@@ -126,6 +127,13 @@ def test_the_gateway_refuses_a_bad_configuration_with_one_line(broker: BrokerInf
     try:
         assert gateway.process.wait(60) == 2
         assert "--reply-partition 4" in gateway.process.output()
+    finally:
+        gateway.process.kill()
+    # A model that declares no input schema, and none given: refused, saying what to pass.
+    gateway = Gateway(broker.bootstrap, topic, tmp_path / "gw-minilm.log", "--model", "minilm", input_schema=None)
+    try:
+        assert gateway.process.wait(60) == 2
+        assert "no input schema: --model minilm declares none; pass --input-schema" in gateway.process.output()
     finally:
         gateway.process.kill()
 
