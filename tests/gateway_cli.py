@@ -3,6 +3,7 @@ waited for until ready, and callers that send events and check what comes back."
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,14 @@ class Gateway:
     """A gateway process on a free port of 127.0.0.1."""
 
     def __init__(self, bootstrap: str, input_topic: str, log: Path, *extra: str,
-                 env: dict[str, str] | None = None, input_schema: str | None = EVENT_SCHEMA) -> None:
-        """``input_schema`` None: none given, the default (as the worker's)."""
+                 env: dict[str, str] | None = None, input_schema: str | None = EVENT_SCHEMA,
+                 api_key: str | None = None, ca: Path | None = None) -> None:
+        """``input_schema`` None: none given, the default (as the worker's); ``api_key``: the one this helper
+        sends; ``ca``: the certificate its HTTPS (``--ssl-certfile``) is checked against."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         schema = ["--input-schema", input_schema] if input_schema else []
         self.process = WorkerProcess(
             ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--port", str(self.port), *schema,
@@ -35,7 +40,7 @@ class Gateway:
         while time.monotonic() < deadline:
             assert self.process.proc.poll() is None, self.process.output()[-3000:]
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -44,7 +49,7 @@ class Gateway:
 
     def metric(self, name: str, labels: str = "") -> float:
         """A sample of its /metrics (0 when absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        text = httpx.get(f"{self.url}/metrics", timeout=5, verify=self.verify, headers=self.headers).text
         for line in text.splitlines():
             if line.startswith(f"{name}{labels} ") or (not labels and line.startswith(f"{name} ")):
                 return float(line.split()[-1])

@@ -60,6 +60,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--model", default=os.environ.get("STREAM_MODEL", "demo"),
                    help="the workers' --model (STREAM_MODEL; default demo), whose input schema is the default "
                         "--input-schema without a registry, as for the worker (the model is not loaded)")
+    g.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="a key callers send as Authorization: Bearer KEY (repeat it for several; also "
+                        "STREAM_GATEWAY_API_KEYS, comma-separated); every route but /healthz, /readyz and the v2 "
+                        "health ones needs one; without any key, anyone who can reach the port may call")
+    g.add_argument("--api-key-file", action="append", default=[], metavar="PATH",
+                   help="a file of keys, one a line (# comments), e.g. a mounted Kubernetes secret")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
+    g.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
     g.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="the event loop: asyncio's own, or uvloop (libuv; install it yourself: it measured no "
                         "faster here, docs/gateway.md); auto: uvloop when installed")
@@ -74,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     _check(args)
     from pathlib import Path
+
+    from stream.gateway.auth import ApiKeys, load_keys
+
+    keys = load_keys(args.api_key, args.api_key_file)
 
     import uvicorn
 
@@ -100,11 +112,18 @@ def run(args: argparse.Namespace) -> int:
         producer_config=producer_env, consumer_config=consumer_env)
     metrics = GatewayMetrics(client)
     app = build_app(client, metrics, args.max_input_bytes)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+    served = ApiKeys(app, keys) if keys else app
+    server = uvicorn.Server(uvicorn.Config(served, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off", loop=args.loop,
+                                           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
                                            timeout_graceful_shutdown=int(max(1, args.shutdown_timeout_s))))
-    log.info("gateway on http://%s:%d: events to %s as %s (id %d), replies from %s[%d]", args.host, args.port,
+    scheme = "https" if args.ssl_certfile else "http"
+    log.info("gateway on %s://%s:%d: events to %s as %s (id %d), replies from %s[%d]", scheme, args.host, args.port,
              args.input_topic, schema.name, schema.schema_id, reply_topic, args.reply_partition)
+    if keys:
+        log.info("callers need one of %d API key(s) (Authorization: Bearer)", len(keys))
+    else:
+        log.warning("no --api-key: anyone who can reach %s:%d may call this gateway", args.host, args.port)
     # uvicorn serves SIGTERM/SIGINT itself (stops listening, waits for the requests in flight up to the bound),
     # then raises the signal again under the handler it found: one that does nothing lets the client close next.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,6 +154,15 @@ def _check(args: argparse.Namespace) -> None:
                           f"{args.reply_partitions} partitions (--reply-partitions)")
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port")
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise ConfigError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
+    if args.ssl_certfile:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--ssl-certfile {args.ssl_certfile} / --ssl-keyfile {args.ssl_keyfile}: {exc}") from None
 
 
 def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:

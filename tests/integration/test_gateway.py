@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +72,7 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
         # Its collector's pauses are exported (thousands of requests: young collections happened).
         text = httpx.get(f"{first.url}/metrics", timeout=5).text
         assert re.search(r'^stream_gateway_gc_pause_seconds_count\{generation="0"\} [1-9]', text, re.M), text
+        assert "no --api-key: anyone who can reach" in first.process.output()
         assert first.stop() == 0 and second.stop() == 0
         assert worker.terminate() == 0
     finally:
@@ -129,13 +132,18 @@ def test_the_gateway_refuses_a_bad_configuration_with_one_line(broker: BrokerInf
         assert "--reply-partition 4" in gateway.process.output()
     finally:
         gateway.process.kill()
-    # A model that declares no input schema, and none given: refused, saying what to pass.
-    gateway = Gateway(broker.bootstrap, topic, tmp_path / "gw-minilm.log", "--model", "minilm", input_schema=None)
-    try:
-        assert gateway.process.wait(60) == 2
-        assert "no input schema: --model minilm declares none; pass --input-schema" in gateway.process.output()
-    finally:
-        gateway.process.kill()
+    # A model that declares no input schema, and none given; half of HTTPS; a guessable key: each refused, saying
+    # what to pass.
+    for i, (args, says) in enumerate([
+            (["--model", "minilm"], "no input schema: --model minilm declares none; pass --input-schema"),
+            (["--ssl-certfile", str(tmp_path / "cert.pem")], "HTTPS needs both --ssl-certfile and --ssl-keyfile"),
+            (["--api-key", "secret"], "an API key must be at least 16 characters")]):
+        gateway = Gateway(broker.bootstrap, topic, tmp_path / f"gw-{i}.log", *args, input_schema=None)
+        try:
+            assert gateway.process.wait(60) == 2
+            assert says in gateway.process.output()
+        finally:
+            gateway.process.kill()
 
 
 def test_a_worker_killed_mid_load_under_exactly_once_answers_every_caller_rightly_or_with_504(
@@ -226,3 +234,46 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
         if gateway is not None:
             gateway.process.kill()
         broker.stop()
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made with the openssl command."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_over_https_only_callers_with_a_key_get_in_and_the_probes_stay_open(
+        pipeline: Pipeline, model_dir: Path, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    from_file, from_env = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    (tmp_path / "keys").write_text(f"# the callers' keys\n{from_file}\n")
+    worker = pipeline.worker("--max-wait-ms", "5")
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--api-key-file",
+                      str(tmp_path / "keys"), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
+                      env={"STREAM_GATEWAY_API_KEYS": from_env}, api_key=from_file, ca=cert)
+    try:
+        wait_for_assignment(worker)
+        gateway.wait_ready()
+        sent = events(2, seed=47)
+        expected = expected_scores(model_dir, sent)
+        with httpx.Client(base_url=gateway.url, verify=gateway.verify, timeout=30) as http:
+            for event, k in zip(sent, (from_file, from_env), strict=True):
+                answer = http.post("/v1/predict", json=event, headers={"Authorization": f"Bearer {k}"})
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["fraud_score"] == pytest.approx(expected[event["event_id"]], abs=1e-5)
+            for headers in ({}, {"Authorization": f"Bearer {from_file[:-1]}"}, {"Authorization": from_env}):
+                refused = http.post("/v1/predict", json=sent[0], headers=headers)
+                assert refused.status_code == 401 and "API key" in refused.json()["error"], refused.text
+                assert http.get("/metrics", headers=headers).status_code == 401
+            assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
+        assert gateway.metric("stream_gateway_requests_total", '{status="200"}') == 2, "refusals never got in"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{gateway.port}/healthz", timeout=5)  # plain HTTP is not served
+        assert "API key" in gateway.process.output() and "anyone who can reach" not in gateway.process.output()
+        assert gateway.stop() == 0
+        assert worker.terminate() == 0
+    finally:
+        gateway.process.kill()
