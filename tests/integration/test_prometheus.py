@@ -60,9 +60,12 @@ def test_dashboard_queries_and_alerts_answer_against_running_workers(pipeline: P
                                     "KAFKA_CONSUMER_STATISTICS_INTERVAL_MS": "1000"})
                for port in ports]
     ports.append(free_port())
+    # A third worker in a group of its own, whose batches take 30 s: its partitions stall. It dead-letters the
+    # unreadable values too: without a dead-letter topic, a first batch of them alone (no model pass to wait in)
+    # stopped it before anything could stall.
     workers.append(pipeline.worker("--metrics-port", str(ports[-1]), "--group-id", f"{pipeline.group}-stalls",
-                                   "--model", "tests.handlers:SlowHandler", "--max-batch-size", "8",
-                                   "--stall-timeout-s", "2", env={"STREAM_TEST_BATCH_SLEEP_S": "30"}))
+                                   "--dlq-topic", dlq, "--model", "tests.handlers:SlowHandler", "--max-batch-size",
+                                   "8", "--stall-timeout-s", "2", env={"STREAM_TEST_BATCH_SLEEP_S": "30"}))
     for worker in workers:
         wait_for_assignment(worker)
     queries = [(title, expr) for title, expr in dashboard_queries() if CUDA_ONLY not in expr]
@@ -87,6 +90,8 @@ def test_dashboard_queries_and_alerts_answer_against_running_workers(pipeline: P
                 time.sleep(1.0)
             assert not empty, f"dashboard queries without series: {empty}"
             assert not quiet, f"alert signals without series: {quiet}"
+            for worker in workers:
+                assert worker.proc.poll() is None, worker.output()[-3000:]
             assert not not_true, f"alert conditions the load should have brought about: {not_true}"
             for expr in expressions.values():
                 prometheus.query(expr)  # parses and evaluates (an error raises)
