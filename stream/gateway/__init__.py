@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import signal
@@ -25,7 +26,11 @@ from typing import TYPE_CHECKING
 from stream.errors import ConfigError
 
 if TYPE_CHECKING:
+    from starlette.routing import Route
+
     from stream.codec.registry import SchemaSource, WriterSchema
+    from stream.gateway.app import GatewayMetrics
+    from stream.gateway.client import PredictionClient
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--model", default=os.environ.get("STREAM_MODEL", "demo"),
                    help="the workers' --model (STREAM_MODEL; default demo), whose input schema is the default "
                         "--input-schema without a registry, as for the worker (the model is not loaded)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model name OpenAI's API serves (/v1/models; a request naming another gets 404); "
+                        "default: the --model's own name (minilm: all-MiniLM-L6-v2), else --model")
+    g.add_argument("--text-field", default=None,
+                   help="/v1/embeddings: the input schema's field that gets each text (default: text); the other "
+                        "fields get fresh ids (strings), the time (timestamps) or their defaults")
+    g.add_argument("--text-event-field", action="append", default=[], metavar="NAME=VALUE",
+                   help="/v1/embeddings: a value for another field of each text's event (repeatable)")
+    g.add_argument("--embedding-field", default="embedding",
+                   help="/v1/embeddings: the prediction's float-vector field (embedding)")
+    g.add_argument("--max-texts", type=int, default=512,
+                   help="/v1/embeddings: most texts in one request (512; at most --max-pending); more: 400")
     g.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="a key callers send as Authorization: Bearer KEY (repeat it for several; also "
                         "STREAM_GATEWAY_API_KEYS, comma-separated); every route but /healthz, /readyz and the v2 "
@@ -111,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_ms / 1000.0, max_pending=args.max_pending, max_input_bytes=args.max_input_bytes,
         producer_config=producer_env, consumer_config=consumer_env)
     metrics = GatewayMetrics(client)
-    app = build_app(client, metrics, args.max_input_bytes)
+    app = build_app(client, metrics, args.max_input_bytes, _embeddings_routes(args, client, schema, metrics))
     served = ApiKeys(app, keys) if keys else app
     server = uvicorn.Server(uvicorn.Config(served, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off", loop=args.loop,
@@ -146,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> None:
     if not args.bootstrap_servers:
         raise ConfigError("no brokers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
-    for name in ("timeout_ms", "max_pending", "max_input_bytes", "reply_partitions", "shutdown_timeout_s"):
+    for name in ("timeout_ms", "max_pending", "max_input_bytes", "reply_partitions", "shutdown_timeout_s",
+                 "max_texts"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}")
     if not 0 <= args.reply_partition < args.reply_partitions:
@@ -163,6 +181,34 @@ def _check(args: argparse.Namespace) -> None:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"--ssl-certfile {args.ssl_certfile} / --ssl-keyfile {args.ssl_keyfile}: {exc}") from None
+
+
+def _embeddings_routes(args: argparse.Namespace, client: PredictionClient, schema: WriterSchema,
+                       metrics: GatewayMetrics) -> list[Route]:
+    """OpenAI's embeddings API (`stream.gateway.openai`) when the input schema can take a text; else routes that
+    say why not (a --text-field or --text-event-field that does not fit the schema stops the start instead)."""
+    from stream.gateway.app import read_body, timed
+    from stream.gateway.openai import EmbeddingsApi, unavailable_routes
+    from stream.gateway.texts import TextEvents, parse_field_values
+    from stream.models.declared import declared
+
+    values = parse_field_values(args.text_event_field)
+    try:
+        raw = json.loads(schema.raw) if isinstance(schema.raw, str) else schema.raw  # logical types kept
+        texts = TextEvents(raw, args.text_field, values)
+    except ConfigError as exc:
+        if args.text_field or values:
+            raise
+        log.info("OpenAI's embeddings API is off: %s", exc)
+        return unavailable_routes(str(exc))
+    model = declared(args.model)
+    api = EmbeddingsApi(client, texts, model_name=args.served_model_name or model.name or args.model,
+                        embedding_field=args.embedding_field, dimensions=model.vector_size,
+                        max_texts=min(args.max_texts, args.max_pending),
+                        read_body=lambda request: read_body(request, args.max_input_bytes))
+    log.info("OpenAI's embeddings API: /v1/embeddings serves %s, texts into %s.%s", api.model_name, schema.name,
+             texts.text_field)
+    return api.routes(lambda handler: timed(handler, metrics.embeddings, metrics.embeddings_latency))
 
 
 def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -53,6 +53,11 @@ class GatewayMetrics:
         self.latency = Histogram("stream_gateway_request_seconds",
                                  "Time from a /v1/predict request's arrival to its answer.",
                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.embeddings = Counter("stream_gateway_embeddings_requests",
+                                  "HTTP requests to /v1/embeddings (OpenAI's API), by status.", ["status"], registry=r)
+        self.embeddings_latency = Histogram("stream_gateway_embeddings_request_seconds",
+                                            "Time from a /v1/embeddings request's arrival to its answer.",
+                                            buckets=LATENCY_BUCKETS, registry=r)
         self.pending = Gauge("stream_gateway_pending", "Events sent and waiting for their predictions.",
                              registry=r)
         self.pending.set_function(lambda: client.pending)
@@ -91,22 +96,38 @@ def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
     return 500, {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def build_app(client: PredictionClient, metrics: GatewayMetrics, max_body_bytes: int) -> Starlette:
-    async def read_body(request: Request) -> bytes | None:
-        """The body, or None once it passes ``max_body_bytes`` (not read further)."""
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+async def read_body(request: Request, max_body_bytes: int) -> bytes | None:
+    """The body, or None once it passes ``max_body_bytes`` (not read further)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
             return None
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
+
+def timed(handler: Callable[[Request], Awaitable[Response]], requests: Counter, latency: Histogram
+          ) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` counting its answers by status and timing them."""
+    async def route(request: Request) -> Response:
+        started = time.perf_counter()
+        response = await handler(request)
+        latency.observe(time.perf_counter() - started)
+        requests.labels(str(response.status_code)).inc()
+        return response
+
+    return route
+
+
+def build_app(client: PredictionClient, metrics: GatewayMetrics, max_body_bytes: int,
+              more: Sequence[Route] = ()) -> Starlette:
+    """The gateway's routes (``more``: another protocol's, `stream.gateway.openai`)."""
     async def answer(request: Request) -> Response:
-        body = await read_body(request)
+        body = await read_body(request, max_body_bytes)
         if body is None:
             return _error(413, f"the request body is over --max-input-bytes ({max_body_bytes})")
         try:
@@ -148,13 +169,6 @@ def build_app(client: PredictionClient, metrics: GatewayMetrics, max_body_bytes:
                  for r in results]
         return JSONResponse(items)
 
-    async def predict(request: Request) -> Response:
-        started = time.perf_counter()
-        response = await answer(request)
-        metrics.latency.observe(time.perf_counter() - started)
-        metrics.requests.labels(str(response.status_code)).inc()
-        return response
-
     async def healthz(_request: Request) -> Response:
         alive = client.alive()
         return JSONResponse({"alive": alive}, status_code=200 if alive else 503)
@@ -168,8 +182,8 @@ def build_app(client: PredictionClient, metrics: GatewayMetrics, max_body_bytes:
     async def prometheus(_request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
-    routes = [Route("/v1/predict", predict, methods=["POST"]), Route("/healthz", healthz),
-              Route("/readyz", readyz), Route("/metrics", prometheus)]
+    routes = [Route("/v1/predict", timed(answer, metrics.requests, metrics.latency), methods=["POST"]),
+              Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus), *more]
     return Starlette(routes=routes)
 
 

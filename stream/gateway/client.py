@@ -36,7 +36,7 @@ from stream.codec import MAGIC, strip_logical_types
 from stream.codec.registry import SchemaSource, WireDecoder, WriterSchema
 from stream.errors import StreamError
 from stream.kafka.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
-from stream.kafka.replies import REPLY_HEADER, ReplyAddress
+from stream.kafka.replies import REPLY_HEADER, USAGE_TOKENS_HEADER, ReplyAddress
 from stream.ops.verify import headers_of
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class Prediction:
     record: dict[str, Any]  # the output record, JSON-ready (bytes as base64)
     partition: int  # the input record's partition and offset
     offset: int
+    tokens: int | None = None  # the tokens the model took of the event, when it reports them
 
 
 @dataclass
@@ -345,7 +346,9 @@ class PredictionClient:
             return
         partition = pending.partition if pending.partition is not None else -1
         offset = pending.offset if pending.offset is not None else -1
-        _settle(pending.future, Prediction(_json_ready(record), partition, offset))
+        used = headers.get(USAGE_TOKENS_HEADER)
+        tokens = int(used) if used is not None and used.isdigit() else None
+        _settle(pending.future, Prediction(_json_ready(record), partition, offset, tokens))
 
     def _expire(self, now: float) -> int:
         expired = []

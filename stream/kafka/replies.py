@@ -38,6 +38,9 @@ ADDRESS_HEADERS = (REPLY_HEADER, SPRING_REPLY_TOPIC, SPRING_REPLY_PARTITION, SPR
 # One record's values of ADDRESS_HEADERS (the last of each name; None: absent).
 AddressHeaders = tuple["bytes | None", ...]
 ANY_PARTITION = -1  # a reply partition left to the producer's partitioner
+# On a reply: the tokens the model took of its input (decimal ASCII), when the model reports them (a text model's
+# ``prepare`` does: `stream.pipeline.inference.ModelHandler`); the gateway's OpenAI route sums them as its usage.
+USAGE_TOKENS_HEADER = "stream.usage.tokens"
 
 
 @dataclass(frozen=True)

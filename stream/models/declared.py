@@ -1,23 +1,38 @@
-"""What a model declares about its input without being loaded: the schema it reads by default (a handler's
-``input_schema``), for the gateway, which takes the same default as the worker (`stream.pipeline.schemas`) and
-runs without torch. The built-in models are answered from their names' modules; a ``package.module:Class`` handler
-is imported (its class attribute read, nothing constructed)."""
+"""What a model declares without being loaded: the schema it reads by default (a handler's ``input_schema``),
+its name, and the size of its one vector output when it has one. For the gateway, which takes the same default
+input schema as the worker (`stream.pipeline.schemas`), serves the model's name and checks an embedding request's
+``dimensions`` before any text reaches the topic, and runs without torch. The built-in models are answered from a
+table here (`tests/unit/models/test_declared.py` holds it to the handlers); a ``package.module:Class`` handler is
+imported (its class attributes read, nothing constructed)."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 from stream.errors import ConfigError
 from stream.models.demo_names import EVENT_SCHEMA
 
 
-def declared_input_schema(model: str) -> str | None:
-    """The input schema (a record name in the schema folder) that ``--model`` reads when none is given; None when
-    it declares none (``minilm``, ``export:``, ``torchscript:``)."""
-    if model == "demo":
-        return EVENT_SCHEMA
-    if model == "minilm" or model.split(":", 1)[0] in ("export", "torchscript"):
-        return None
+@dataclass(frozen=True)
+class Declared:
+    input_schema: str | None = None  # a record name in the schema folder; None: the model names none
+    name: str | None = None  # the handler's name (what predictions carry as model_name)
+    vector_size: int | None = None  # the size of its one array<float> output (an embedding), if it has one
+
+
+BUILT_IN = {
+    "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp"),
+    "minilm": Declared(None, "all-MiniLM-L6-v2", 384),
+}
+
+
+def declared(model: str) -> Declared:
+    """What ``--model`` declares (nothing for ``export:`` and ``torchscript:`` files)."""
+    if model in BUILT_IN:
+        return BUILT_IN[model]
+    if model.split(":", 1)[0] in ("export", "torchscript"):
+        return Declared()
     module_name, sep, cls_name = model.partition(":")
     if not sep:
         raise ConfigError(f"--model {model!r}: unknown model (built-in: demo, minilm; export:PATH.pt2, "
@@ -28,4 +43,10 @@ def declared_input_schema(model: str) -> str | None:
         raise ConfigError(f"--model {model}: cannot import {cls_name} from {module_name} ({exc}); or pass "
                           "--input-schema") from exc
     schema = getattr(cls, "input_schema", None)
-    return schema if isinstance(schema, str) and schema else None
+    return Declared(schema if isinstance(schema, str) and schema else None)
+
+
+def declared_input_schema(model: str) -> str | None:
+    """The input schema that ``--model`` reads when none is given; None when it declares none (``minilm``,
+    ``export:``, ``torchscript:``)."""
+    return declared(model).input_schema

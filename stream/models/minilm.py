@@ -270,9 +270,10 @@ class MiniLMHandler:
 
     def prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Host side, before the copy to the device: tokenize, sort by length, plan the passes and lay the ids
-        out as one flat int32 buffer (each pass's rows padded to its length); ``truncated``: the texts cut."""
+        out as one flat int32 buffer (each pass's rows padded to its length); ``truncated``: the texts cut;
+        ``tokens``: each text's token count as the model takes it ([CLS] and [SEP] included)."""
         tokens, lengths, cut = self.tokenize_flat(inputs["text"])
-        return {**self.layout_flat(tokens, lengths), "truncated": cut}
+        return {**self.layout_flat(tokens, lengths), "truncated": cut, "tokens": lengths}
 
     def layout(self, ids: list[list[int]], bucketing: bool | None = None) -> dict[str, Any]:
         """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only

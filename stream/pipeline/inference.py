@@ -39,7 +39,9 @@ class ModelHandler(Protocol):
     # Optional: ``prepare(inputs) -> dict`` runs first, on the host (tokenizing, say), on one of the worker's
     # prepare threads, several batches at a time: it must be safe to call from several threads at once. Its numeric
     # numpy arrays are what the engine stages in page-locked memory for ``collate`` on CUDA; an int under the key
-    # ``"truncated"`` is the count of the batch's inputs the model cut to fit (stream_inputs_truncated_total).
+    # ``"truncated"`` is the count of the batch's inputs the model cut to fit (stream_inputs_truncated_total); an
+    # int array under ``"tokens"`` (one per input, taken out before ``collate``) is how many tokens the model took
+    # of each: a caller that waits gets it with its reply (``stream.usage.tokens``; the gateway's OpenAI usage).
 
     def collate(self, inputs: Mapping[str, Any], device: torch.device) -> Any:
         """The batch's inputs by name (numeric ones as numpy arrays of ``(n, *shape)``, strings and bytes as lists)
@@ -141,6 +143,7 @@ class Prepared:
     inputs: Mapping[str, Any]
     truncated: int = 0  # the batch's inputs the handler cut to fit
     error: ModelError | None = None  # prepare failed: raised by the batch's result
+    tokens: np.ndarray | None = None  # the tokens the model takes of each input, when the handler says
 
 
 @dataclass
@@ -238,8 +241,16 @@ class InferenceEngine:
             prepared = self._prepare(inputs)
         except Exception as exc:
             return Prepared(inputs, error=self._classify(exc, input_rows(inputs)))
-        truncated = prepared.get("truncated", 0) if isinstance(prepared, Mapping) else 0
-        return Prepared(prepared, truncated if isinstance(truncated, int) else 0)
+        if not isinstance(prepared, Mapping):
+            return Prepared(prepared)
+        truncated = prepared.get("truncated", 0)
+        tokens = prepared.get("tokens")
+        if tokens is not None:
+            prepared = {k: v for k, v in prepared.items() if k != "tokens"}
+            tokens = np.array(tokens, dtype=np.int64)  # a copy: the handler's array may be reused
+            if tokens.shape != (input_rows(inputs),):
+                tokens = None  # not one count per input: not reported
+        return Prepared(prepared, truncated if isinstance(truncated, int) else 0, tokens=tokens)
 
     def submit(self, inputs: Mapping[str, Any] | np.ndarray, prepared: Prepared | None = None) -> InFlight:
         """Start a forward pass over ``inputs`` (the handler's inputs by name, one row per record; an array alone

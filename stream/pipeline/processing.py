@@ -40,7 +40,7 @@ from stream.kafka.publish import (
     Publisher,
 )
 from stream.kafka.records import Records
-from stream.kafka.replies import Reply, ReplyRouter
+from stream.kafka.replies import USAGE_TOKENS_HEADER, Reply, ReplyRouter
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline import faults
 from stream.pipeline.inference import InferenceEngine, InFlight, Prepared
@@ -228,7 +228,9 @@ class BatchProcessor:
         if len(copies) != len(replies):  # each is expected by its span: one missing would hold it forever
             raise StreamError(f"internal: {len(replies)} records to reply to, {len(copies)} replies made")
         if copies:
-            self._send_replies(batch, replies, copies)
+            tokens = begun.prepared.tokens if begun.prepared is not None else None
+            usage = dict(zip(begun.decoded.index.tolist(), tokens.tolist(), strict=True)) if tokens is not None else {}
+            self._send_replies(batch, replies, copies, usage)
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
@@ -380,9 +382,10 @@ class BatchProcessor:
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
 
     def _send_replies(self, batch: Dispatched, replies: dict[int, Reply],
-                      copies: list[tuple[int, bytes | None, Headers]]) -> None:
+                      copies: list[tuple[int, bytes | None, Headers]], usage: dict[int, int]) -> None:
         """A copy of each reply-addressed record's prediction or dead-letter record to its address, with the
-        headers naming its request (`stream.kafka.replies.Reply`) and the input record's provenance; acknowledged as
+        headers naming its request (`stream.kafka.replies.Reply`), the input record's provenance and, when the
+        model reported it (``usage``: {row: tokens}), the tokens it took (``stream.usage.tokens``); acknowledged as
         part of its span."""
         by_topic: dict[str, list[tuple[int, bytes | None, Headers]]] = {}
         for copy in copies:
@@ -391,7 +394,9 @@ class BatchProcessor:
             headers: list[Headers | None] = []
             for row, _value, hdrs in some:
                 provenance = hdrs or self._provenance(int(batch.partitions[row]), int(batch.offsets[row]))
-                headers.append([*replies[row].headers, *provenance])
+                used = usage.get(row)
+                headers.append([*replies[row].headers, *provenance,
+                                *(() if used is None else ((USAGE_TOKENS_HEADER, b"%d" % used),))])
             self._publisher.produce_many(
                 topic, [v for _, v, _ in some], [batch.records.keys[row] for row, _, _ in some], headers,
                 [batch.deliveries[int(batch.partitions[row])] for row, _, _ in some],

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from stream.errors import ConfigError
-from stream.models.declared import declared_input_schema
+from stream.models.declared import BUILT_IN, declared, declared_input_schema
 from stream.models.demo import DemoFraudHandler
 from stream.models.minilm import MiniLMHandler
 
@@ -22,6 +22,14 @@ def test_each_model_declares_what_its_handler_reads_by_default() -> None:
         declared_input_schema("resnet")
     with pytest.raises(ConfigError, match=r"cannot import Nope from tests\.handlers.*--input-schema"):
         declared_input_schema("tests.handlers:Nope")
+
+
+def test_the_built_in_table_says_what_the_handlers_say() -> None:
+    demo, minilm = DemoFraudHandler(None), MiniLMHandler(None)
+    assert BUILT_IN["demo"].name == demo.name and BUILT_IN["minilm"].name == minilm.name
+    assert declared("demo").vector_size is None
+    [embedding] = minilm.outputs
+    assert embedding.type == "array<float>" and declared("minilm").vector_size == embedding.size
 
 
 def test_the_built_in_answers_need_no_torch() -> None:

@@ -93,6 +93,9 @@ def test_texts_over_max_tokens_are_cut_and_counted() -> None:
     assert h.truncated == 2
     h.embed([long_text])
     assert h.truncated == 3
+    # what prepare reports as each text's usage: the tokens the model takes, [CLS] and [SEP] and the cut included
+    prepared = h.prepare({"text": ["hello world", long_text, "a"]})
+    assert prepared["tokens"].tolist() == [4, 16, 3] and prepared["truncated"] == 1
 
 
 @settings(max_examples=200, deadline=None)

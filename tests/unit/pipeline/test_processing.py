@@ -218,6 +218,30 @@ def test_a_reply_addressed_record_gets_a_copy_at_its_address_and_commits_only_on
     assert metrics.labels("sent")._value.get() == 6 and metrics.labels("refused")._value.get() == 5
 
 
+class CountingHandler(PoisonHandler):
+    """Reports a token count per input from its ``prepare`` (as a text model does): the features' first value."""
+
+    def prepare(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {**inputs, "tokens": np.abs(inputs["features"][:, 1] * 100).astype(np.int32) + 1}
+
+
+def test_a_reply_carries_the_tokens_the_model_reported_for_its_own_input(model_dir: Path) -> None:
+    processor, pub = make(model_dir, handler=CountingHandler(model_dir), reply_topics=frozenset({"in.replies"}))
+    values = events(12, poison_rows=[4])
+    batch, _ = batch_of(values, pub, {2: own(b"in.replies:0:a"), 4: own(b"in.replies:0:b"),
+                                      9: spring(b"in.replies", None, b"c")})
+    processor.process(batch)
+    expected = {i: int(abs(decode(REGISTRY, v)[1]["features"][1] * 100)) + 1  # type: ignore[arg-type]
+                for i, v in enumerate(values)}
+    copies = {int(h[HEADER_OFFSET]): h for t, _, _, h in pub.sent if t == "in.replies"}
+    assert sorted(copies) == [2, 4, 9]
+    assert [copies[i]["stream.usage.tokens"] for i in (2, 4, 9)] == [b"%d" % expected[i] for i in (2, 4, 9)]
+    assert all("stream.usage.tokens" not in h for t, _, _, h in pub.sent if t != "in.replies"), "replies only"
+    processor, pub = make(model_dir, reply_topics=frozenset({"in.replies"}))  # a model that reports none
+    processor.process(batch_of(events(3), pub, {1: own(b"in.replies:0:a")})[0])
+    assert next(h for t, _, _, h in pub.sent if t == "in.replies").get("stream.usage.tokens") is None
+
+
 def test_without_reply_topics_no_address_is_answered(model_dir: Path) -> None:
     processor, pub = make(model_dir)
     batch, tracker = batch_of(events(4), pub, {1: own(b"in.replies:0:x"), 2: spring(b"in.replies", None, b"y")})

@@ -1,0 +1,73 @@
+"""OpenAI's embeddings API on `python -m stream gateway`, called by the ``openai`` SDK as its users call it, in
+front of `python -m stream worker --model minilm` on Kafka: each text's embedding as the model computes it
+directly, usage as the worker counted it, a wrong key refused, and a timeout answered without the SDK's retries
+putting the texts on the topic again."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import secrets
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from producers.texts import generate_texts
+from stream.kafka.topics import end_offsets
+from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+from stream.models.minilm import PACKAGE, PACKAGE_ZIP, MiniLMHandler
+from tests.gateway_cli import Gateway
+from tests.integration.harness import Pipeline, wait_for_assignment
+
+pytestmark = pytest.mark.integration
+MODEL = "all-MiniLM-L6-v2"
+
+
+def topic_size(pipeline: Pipeline) -> int:
+    return sum(end_offsets(pipeline.bootstrap, pipeline.input).values())
+
+
+def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm_after_a_timeout(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    key = secrets.token_urlsafe(24)
+    weights = importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP)  # the installed weights' zip
+    worker = pipeline.worker("--model", "minilm", "--model-dir", str(weights),  # (after the harness's demo dir)
+                             "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema",
+                             TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--dlq-topic",
+                             pipeline.input.replace("-in-", "-dlq-"), "--max-wait-ms", "20")
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--model", "minilm",
+                      "--timeout-ms", "8000", "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
+    try:
+        wait_for_assignment(worker)
+        gateway.wait_ready()
+        handler = MiniLMHandler()
+        handler.load(torch.device("cpu"))
+        texts = list(generate_texts(12, seed=5).texts)
+        expected = handler.embed(texts)
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key)
+        assert [m.id for m in client.models.list()] == [MODEL]
+        one = client.embeddings.create(model=MODEL, input=texts[0])  # the SDK's default: base64, decoded by it
+        assert np.asarray(one.data[0].embedding) == pytest.approx(expected[0], abs=1e-5)
+        assert one.usage.prompt_tokens == len(handler.tokenize(texts[:1])[0])
+        many = client.embeddings.create(model=MODEL, input=texts, encoding_format="float", dimensions=384)
+        assert [d.index for d in many.data] == list(range(len(texts)))
+        assert np.asarray([d.embedding for d in many.data]) == pytest.approx(expected, abs=1e-5)
+        assert many.usage.prompt_tokens == many.usage.total_tokens == sum(len(t) for t in handler.tokenize(texts))
+        with pytest.raises(openai.BadRequestError, match="dimensions"):
+            client.embeddings.create(model=MODEL, input="x", dimensions=128)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-" + key).embeddings.create(model=MODEL,
+                                                                                               input="x")
+        # No worker: the one text waits on the topic; the SDK gets 504 and does not send it again.
+        assert worker.terminate() == 0
+        before = topic_size(pipeline)
+        with pytest.raises(openai.APIStatusError) as late:
+            client.embeddings.create(model=MODEL, input="nobody predicts this in time")
+        assert late.value.status_code == 504 and "input[0]" in late.value.message
+        assert topic_size(pipeline) == before + 1, "one event: the SDK's two retries were told not to"
+        assert gateway.metric("stream_gateway_embeddings_requests_total", '{status="504"}') == 1
+        assert gateway.stop() == 0
+    finally:
+        gateway.process.kill()
