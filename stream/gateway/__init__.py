@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stream.errors import ConfigError
 
@@ -73,6 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "fields get fresh ids (strings), the time (timestamps) or their defaults")
     g.add_argument("--text-event-field", action="append", default=[], metavar="NAME=VALUE",
                    help="/v1/embeddings: a value for another field of each text's event (repeatable)")
+    g.add_argument("--output-schema", default=None,
+                   help="the workers' prediction schema (a record name in the schema folder, or a subject), for the "
+                        "v2 model metadata's outputs; default: the --model's own (demo's), else none listed")
     g.add_argument("--embedding-field", default="embedding",
                    help="/v1/embeddings: the prediction's float-vector field (embedding)")
     g.add_argument("--max-texts", type=int, default=512,
@@ -128,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_ms / 1000.0, max_pending=args.max_pending, max_input_bytes=args.max_input_bytes,
         producer_config=producer_env, consumer_config=consumer_env)
     metrics = GatewayMetrics(client)
-    app = build_app(client, metrics, args.max_input_bytes, _embeddings_routes(args, client, schema, metrics))
+    app = build_app(client, metrics, args.max_input_bytes,
+                    [*_embeddings_routes(args, client, schema, metrics),
+                     *_inference_routes(args, client, schema, source, metrics)])
     served = ApiKeys(app, keys) if keys else app
     server = uvicorn.Server(uvicorn.Config(served, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off", loop=args.loop,
@@ -194,8 +199,7 @@ def _embeddings_routes(args: argparse.Namespace, client: PredictionClient, schem
 
     values = parse_field_values(args.text_event_field)
     try:
-        raw = json.loads(schema.raw) if isinstance(schema.raw, str) else schema.raw  # logical types kept
-        texts = TextEvents(raw, args.text_field, values)
+        texts = TextEvents(_raw(schema.raw), args.text_field, values)
     except ConfigError as exc:
         if args.text_field or values:
             raise
@@ -209,6 +213,28 @@ def _embeddings_routes(args: argparse.Namespace, client: PredictionClient, schem
     log.info("OpenAI's embeddings API: /v1/embeddings serves %s, texts into %s.%s", api.model_name, schema.name,
              texts.text_field)
     return api.routes(lambda handler: timed(handler, metrics.embeddings, metrics.embeddings_latency))
+
+
+def _inference_routes(args: argparse.Namespace, client: PredictionClient, schema: WriterSchema,
+                      source: SchemaSource, metrics: GatewayMetrics) -> list[Route]:
+    """The Open Inference Protocol's routes (`stream.gateway.kserve`)."""
+    from stream.gateway.app import read_body, timed
+    from stream.gateway.kserve import InferenceApi
+    from stream.models.declared import declared
+
+    model = declared(args.model)
+    output_name = args.output_schema or model.output_schema
+    output = _raw(source.latest(output_name).raw) if output_name else None
+    api = InferenceApi(client, _raw(schema.raw), output, model_name=args.served_model_name or model.name or args.model,
+                       read_body=lambda request: read_body(request, args.max_input_bytes))
+    log.info("the Open Inference Protocol (v2): /v2/models/%s, inputs %s", api.model_name,
+             ", ".join(f.name for f in api.inputs))
+    return api.routes(lambda handler: timed(handler, metrics.infer, metrics.infer_latency))
+
+
+def _raw(raw: Any) -> Any:
+    """A registry's schema JSON as an object, logical types kept."""
+    return json.loads(raw) if isinstance(raw, str) else raw
 
 
 def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:

@@ -55,6 +55,12 @@ class GatewayMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.embeddings = Counter("stream_gateway_embeddings_requests",
                                   "HTTP requests to /v1/embeddings (OpenAI's API), by status.", ["status"], registry=r)
+        self.infer = Counter("stream_gateway_infer_requests",
+                             "HTTP requests to /v2/models/*/infer (the Open Inference Protocol), by status.",
+                             ["status"], registry=r)
+        self.infer_latency = Histogram("stream_gateway_infer_request_seconds",
+                                       "Time from a v2 infer request's arrival to its answer.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
         self.embeddings_latency = Histogram("stream_gateway_embeddings_request_seconds",
                                             "Time from a /v1/embeddings request's arrival to its answer.",
                                             buckets=LATENCY_BUCKETS, registry=r)

@@ -31,7 +31,7 @@ def _branches(avro_type: Any) -> list[Any]:
     return list(avro_type) if isinstance(avro_type, list) else [avro_type]
 
 
-def _kind(avro_type: Any) -> str:
+def kind_of(avro_type: Any) -> str:
     """A field's type reduced to what matters here: its primitive name or logical type, of its non-null branch
     when it is a union with null ('record', 'array', ... for the rest)."""
     rest = [b for b in _branches(avro_type) if b != "null"]
@@ -70,10 +70,32 @@ def parse_field_values(items: Sequence[str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class _Fill:
+class Fill:
+    """How a field of an event made by the gateway (not given by its caller) gets its value."""
+
     name: str
     how: str  # text, value, time, id, default
     value: Any = None
+
+    def make(self, now: float) -> Any:
+        if self.how == "time":
+            return int(now * self.value)
+        if self.how == "id":
+            return uuid.uuid4().hex
+        return self.value
+
+
+def auto_fill(field: Mapping[str, Any]) -> Fill | None:
+    """What the gateway puts in a field its caller left out: the time in a timestamp, a fresh id in a string
+    without a default, its default; None when none of these fits."""
+    kind = kind_of(field["type"])
+    if kind in _TIMESTAMPS:
+        return Fill(field["name"], "time", _TIMESTAMPS[kind])
+    if kind == "string" and "default" not in field:
+        return Fill(field["name"], "id")
+    if "default" in field:
+        return Fill(field["name"], "default", field["default"])
+    return None
 
 
 class TextEvents:
@@ -88,26 +110,23 @@ class TextEvents:
             raise ConfigError(f"the input schema {schema.get('name')} has no field {self.text_field!r} for the "
                               f"text{'' if text_field else ' (--text-field names another)'}; it has "
                               f"{', '.join(fields)}")
-        if _kind(fields[self.text_field]["type"]) != "string":
-            raise ConfigError(f"--text-field {self.text_field}: a {_kind(fields[self.text_field]['type'])} field, "
+        if kind_of(fields[self.text_field]["type"]) != "string":
+            raise ConfigError(f"--text-field {self.text_field}: a {kind_of(fields[self.text_field]['type'])} field, "
                               "not a string")
         unknown = sorted(set(values) - set(fields))
         if unknown:
             raise ConfigError(f"--text-event-field {', '.join(unknown)}: no such field in {schema.get('name')}")
-        fills: list[_Fill] = []
+        fills: list[Fill] = []
         unfilled: list[str] = []
         for name, f in fields.items():
-            kind = _kind(f["type"])
+            kind = kind_of(f["type"])
+            auto = auto_fill(f)
             if name == self.text_field:
-                fills.append(_Fill(name, "text"))
+                fills.append(Fill(name, "text"))
             elif name in values:
-                fills.append(_Fill(name, "value", _convert(kind, name, values[name])))
-            elif kind in _TIMESTAMPS:
-                fills.append(_Fill(name, "time", _TIMESTAMPS[kind]))
-            elif kind == "string" and "default" not in f:
-                fills.append(_Fill(name, "id"))
-            elif "default" in f:
-                fills.append(_Fill(name, "default", f["default"]))
+                fills.append(Fill(name, "value", _convert(kind, name, values[name])))
+            elif auto is not None:
+                fills.append(auto)
             else:
                 unfilled.append(f"{name} ({kind})")
         if unfilled:
@@ -117,14 +136,4 @@ class TextEvents:
 
     def event(self, text: str) -> dict[str, Any]:
         now = time.time()
-        out: dict[str, Any] = {}
-        for f in self._fills:
-            if f.how == "text":
-                out[f.name] = text
-            elif f.how == "time":
-                out[f.name] = int(now * f.value)
-            elif f.how == "id":
-                out[f.name] = uuid.uuid4().hex
-            else:
-                out[f.name] = f.value
-        return out
+        return {f.name: text if f.how == "text" else f.make(now) for f in self._fills}

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 
 from stream.errors import ConfigError
-from stream.models.demo_names import EVENT_SCHEMA
+from stream.models.demo_names import EVENT_SCHEMA, PREDICTION_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,11 @@ class Declared:
     input_schema: str | None = None  # a record name in the schema folder; None: the model names none
     name: str | None = None  # the handler's name (what predictions carry as model_name)
     vector_size: int | None = None  # the size of its one array<float> output (an embedding), if it has one
+    output_schema: str | None = None  # the prediction schema it writes by default (a handler's output_schema)
 
 
 BUILT_IN = {
-    "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp"),
+    "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp", None, PREDICTION_SCHEMA),
     "minilm": Declared(None, "all-MiniLM-L6-v2", 384),
 }
 
@@ -42,8 +43,9 @@ def declared(model: str) -> Declared:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--model {model}: cannot import {cls_name} from {module_name} ({exc}); or pass "
                           "--input-schema") from exc
-    schema = getattr(cls, "input_schema", None)
-    return Declared(schema if isinstance(schema, str) and schema else None)
+    schemas = [getattr(cls, attr, None) for attr in ("input_schema", "output_schema")]
+    given = [s if isinstance(s, str) and s else None for s in schemas]
+    return Declared(given[0], output_schema=given[1])
 
 
 def declared_input_schema(model: str) -> str | None:

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http
 
 from stream.bench.callers import call_at_rate
 from stream.kafka.topics import create_topics
@@ -72,6 +74,23 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
         # Its collector's pauses are exported (thousands of requests: young collections happened).
         text = httpx.get(f"{first.url}/metrics", timeout=5).text
         assert re.search(r'^stream_gateway_gc_pause_seconds_count\{generation="0"\} [1-9]', text, re.M), text
+        # tritonclient with its defaults (binary tensors) on the same gateway: the Open Inference Protocol.
+        triton = tritonclient.http.InferenceServerClient(url=f"127.0.0.1:{first.port}")
+        assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready("demo-fraud-mlp")
+        meta = triton.get_model_metadata("demo-fraud-mlp")
+        assert {"features", "event_id"} <= {i["name"] for i in meta["inputs"]}
+        v2_events = events(20, seed=48)
+        x = np.asarray([e["features"] for e in v2_events], dtype=np.float32)
+        given = tritonclient.http.InferInput("features", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        ids = tritonclient.http.InferInput("event_id", [len(v2_events)], "BYTES")
+        ids.set_data_from_numpy(np.asarray([e["event_id"].encode() for e in v2_events], dtype=np.object_))
+        result = triton.infer("demo-fraud-mlp", [given, ids])
+        v2_expected = expected_scores(model_dir, v2_events)
+        assert result.as_numpy("fraud_score").tolist() == pytest.approx(
+            [v2_expected[e["event_id"]] for e in v2_events], abs=1e-5)
+        assert [v.decode() for v in result.as_numpy("event_id").tolist()] == [e["event_id"] for e in v2_events]
+        triton.close()
         assert "no --api-key: anyone who can reach" in first.process.output()
         assert first.stop() == 0 and second.stop() == 0
         assert worker.terminate() == 0

@@ -13,6 +13,8 @@ import numpy as np
 import openai
 import pytest
 import torch
+import tritonclient.http
+import tritonclient.utils
 
 from producers.texts import generate_texts
 from stream.kafka.topics import end_offsets
@@ -55,6 +57,15 @@ def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm
         assert [d.index for d in many.data] == list(range(len(texts)))
         assert np.asarray([d.embedding for d in many.data]) == pytest.approx(expected, abs=1e-5)
         assert many.usage.prompt_tokens == many.usage.total_tokens == sum(len(t) for t in handler.tokenize(texts))
+        # tritonclient on the same gateway: a BYTES tensor of texts, the embeddings as a matrix.
+        triton = tritonclient.http.InferenceServerClient(url=f"127.0.0.1:{gateway.port}")
+        given = tritonclient.http.InferInput("text", [len(texts)], "BYTES")
+        given.set_data_from_numpy(np.asarray([t.encode() for t in texts], dtype=np.object_))
+        result = triton.infer(MODEL, [given], headers={"Authorization": f"Bearer {key}"})
+        assert result.as_numpy("embedding") == pytest.approx(expected, abs=1e-5)
+        with pytest.raises(tritonclient.utils.InferenceServerException, match="API key"):
+            triton.infer(MODEL, [given])
+        triton.close()
         with pytest.raises(openai.BadRequestError, match="dimensions"):
             client.embeddings.create(model=MODEL, input="x", dimensions=128)
         with pytest.raises(openai.AuthenticationError):
