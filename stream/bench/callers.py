@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,9 +96,11 @@ class Callers:
 
 
 async def call_at_rate(host: str, port: int, events: list[dict[str, Any]], rate: float,
-                       time_field: str | None = "ts_ms", connections: int = 256) -> list[Answer]:
-    """POST each event to /v1/predict, one every 1/rate seconds whatever the answers (an open loop, as
-    independent callers), its ``time_field`` set to the time it is sent (ms); the answers in order."""
+                       time_field: str | None = "ts_ms", connections: int = 256, path: str = "/v1/predict",
+                       body: Callable[[dict[str, Any]], Any] | None = None) -> list[Answer]:
+    """POST each event to ``path``, one every 1/rate seconds whatever the answers (an open loop, as
+    independent callers), its ``time_field`` set to the time it is sent (ms); the answers in order. ``body``:
+    what is sent for an event (default: the event itself)."""
     callers = Callers(host, port, connections)
 
     async def one(event: dict[str, Any]) -> Answer:
@@ -105,8 +108,8 @@ async def call_at_rate(host: str, port: int, events: list[dict[str, Any]], rate:
         if time_field is not None:
             event = {**event, time_field: int(sent_ms)}
         started = time.perf_counter()
-        status, body, waited = await callers.post("/v1/predict", event)
-        return Answer(event, status, body, time.perf_counter() - started, sent_ms, waited)
+        status, answer, waited = await callers.post(path, event if body is None else body(event))
+        return Answer(event, status, answer, time.perf_counter() - started, sent_ms, waited)
 
     try:
         tasks = []

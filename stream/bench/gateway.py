@@ -22,6 +22,13 @@ output topic (``read_committed``) times when each prediction becomes readable th
 Then a **burst** beyond capacity, against a worker whose (simulated) device takes a set time a record, so that the
 worker is the bound as a real model's would be: the statuses (503 once ``--max-pending`` are waiting), and the
 answered requests' p99 against the timeout.
+
+Then **OpenAI's route**: the same texts at the same rates through ``/v1/predict`` (a ``stream.demo.TextEvent`` as
+JSON) and ``/v1/embeddings`` (``{"model", "input": text}``, the SDK's default base64 answer) of one gateway,
+taking turns, in front of one worker whose model is MiniLM's host path with a free device
+(`stream.bench.simulated.SimulatedDevice`, 0 ns a token: its tokenizing and 384-float answers, no arithmetic), so
+that what differs is the route: the text made an event, the answer in the API's shape. Per rate: each route's HTTP
+p50/p99 and the differences.
 """
 
 from __future__ import annotations
@@ -49,7 +56,13 @@ from stream.codec import SchemaRegistry, decode
 from stream.kafka.topics import create_topics
 from stream.local.broker import free_port, start_broker
 from stream.local.children import WorkerProcess
-from stream.models.demo import DEFAULT_MODEL_DIR, EVENT_SCHEMA
+from stream.models.demo import (
+    DEFAULT_MODEL_DIR,
+    EVENT_SCHEMA,
+    TEXT_COPY_FIELDS,
+    TEXT_EMBEDDING_SCHEMA,
+    TEXT_EVENT_SCHEMA,
+)
 from stream.models.train_demo import ensure_trained
 from stream.ops.gc_pauses import GcPauses, pauses_between, snapshot_from_samples
 from stream.ops.top import scrape
@@ -187,9 +200,10 @@ def burst_figures(answers: list[Answer], timeout_ms: float, rate: float) -> dict
 @contextmanager
 def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max_pending: int,
              worker_extra: tuple[str, ...] = (), worker_env: dict[str, str] | None = None,
-             loops: tuple[str, ...] = ("auto",)) -> Iterator[tuple[list[int], str]]:
+             loops: tuple[str, ...] = ("auto",), gateway_extra: tuple[str, ...] = ("--input-schema", EVENT_SCHEMA),
+             probe: list[dict[str, Any]] | None = None) -> Iterator[tuple[list[int], str]]:
     """(the gateways' ports, one per event loop, and the output topic) of a worker and its gateways on topics of
-    their own."""
+    their own; ``probe``: the event that shows them answering (a demo event)."""
     procs: list[WorkerProcess] = []
     try:
         run = f"{tag}-{int(time.time())}"
@@ -205,18 +219,19 @@ def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max
         for i, (port, loop) in enumerate(zip(ports, loops, strict=True)):
             procs.append(WorkerProcess(
                 ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--port", str(port),
-                 "--input-schema", EVENT_SCHEMA, "--timeout-ms", str(args.timeout_ms), "--max-pending",
-                 str(max_pending), "--loop", loop, "--reply-partition", str(i)],
+                 "--timeout-ms", str(args.timeout_ms), "--max-pending", str(max_pending), "--loop", loop,
+                 "--reply-partition", str(i), *gateway_extra],
                 work / f"gateway-{tag}-{i}.log", command="gateway"))
         for port in ports:
-            _wait_answering(port, procs, work)
+            _wait_answering(port, procs, work, probe or demo_events(1, seed=0))
         yield ports, topics["output"]
     finally:
         for p in procs:
             p.terminate(30)
 
 
-def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, timeout_s: float = 120.0) -> None:
+def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, probe: list[dict[str, Any]],
+                    timeout_s: float = 120.0) -> None:
     """Until one event is answered (the worker has its partitions, the gateway reads its replies)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -224,7 +239,7 @@ def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, timeout_s
             if p.proc.poll() is not None:
                 raise RuntimeError(f"{p.log_path.name} exited:\n{p.output()[-3000:]}")
         try:
-            answers = asyncio.run(call_at_rate("127.0.0.1", port, demo_events(1, seed=0), rate=1.0))
+            answers = asyncio.run(call_at_rate("127.0.0.1", port, probe, rate=1.0))
             if answers[0].status == 200:
                 return
         except OSError:
@@ -296,12 +311,72 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["burst"] = burst_figures(answers, args.timeout_ms, args.burst_rate)
             report["burst"].update(device_ms_per_record=args.burst_device_ms_per_record,
                                    max_pending=args.burst_max_pending)
+        if args.openai_rounds:
+            report["openai"] = openai_section(broker.bootstrap, work, args)
     finally:
         broker.stop()
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(report, indent=1))
     return report
+
+
+SERVED = "free-model"  # the simulated device's name (stream.bench.simulated.SimulatedDevice, 0 ns a token)
+
+
+def text_events(count: int, seed: int) -> list[dict[str, Any]]:
+    from producers.texts import generate_texts
+
+    block = generate_texts(count, seed=seed)
+    return [{"event_id": f"t{seed}-{i}", "key": f"k{i % 100}", "ts_ms": 0, "text": t}
+            for i, t in enumerate(block.texts)]
+
+
+def openai_section(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same texts at the same rates through /v1/predict and /v1/embeddings of one gateway (see the module's
+    docstring): per rate and round, each route's HTTP p50/p99."""
+    from stream.bench.simulated import write_spec
+
+    spec = write_spec(work / "free-model.json", 0.0)
+    model = "stream.bench.simulated:SimulatedDevice"
+    worker = ("--model", model, "--model-dir", str(spec), "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema",
+              TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS)
+    gateway = ("--model", model, "--input-schema", TEXT_EVENT_SCHEMA, "--served-model-name", SERVED)
+    routes = {"predict": ("/v1/predict", None),
+              "embeddings": ("/v1/embeddings", lambda e: {"model": SERVED, "input": e["text"],
+                                                         "encoding_format": "base64"})}
+    cells: list[dict[str, Any]] = []
+    with pipeline(bootstrap, work, args, "openai", args.max_pending, worker, loops=("asyncio",),
+                  gateway_extra=gateway, probe=text_events(1, seed=0)) as (ports, _):
+        port = ports[0]
+        for rate in args.rates:  # warm-up, each route
+            for path, body in routes.values():
+                asyncio.run(call_at_rate("127.0.0.1", port, text_events(int(rate * args.warmup_seconds), seed=1),
+                                         rate=rate, path=path, body=body))
+        seed = 100
+        for r in range(args.openai_rounds):
+            order = list(routes.items())[::-1] if r % 2 else list(routes.items())
+            for rate in args.rates:
+                for name, (path, body) in order:
+                    seed += 1
+                    texts = text_events(int(rate * args.seconds), seed=seed)
+                    print(f"bench-gateway: openai round {r + 1}, {len(texts)} texts at {rate:,.0f}/s through "
+                          f"{path} ...", flush=True)
+                    answers = asyncio.run(call_at_rate("127.0.0.1", port, texts, rate=rate, path=path, body=body))
+                    ok = [a.seconds * 1000.0 for a in answers if a.status == 200]
+                    statuses: dict[str, int] = {}
+                    for a in answers:
+                        statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
+                    cells.append({"round": r + 1, "rate": rate, "route": name, "requests": len(answers),
+                                  "statuses": statuses, "http_ms": {"p50": _pct(ok, 50), "p99": _pct(ok, 99)}})
+    by_rate = []
+    for rate in args.rates:
+        mine = {route: [c for c in cells if c["rate"] == rate and c["route"] == route] for route in routes}
+        figures = {route: {q: float(np.median([c["http_ms"][q] for c in cs if c["http_ms"][q] is not None]))
+                           for q in ("p50", "p99")} for route, cs in mine.items()}
+        by_rate.append({"rate": rate, **figures, "embeddings_minus_predict_ms": {
+            q: figures["embeddings"][q] - figures["predict"][q] for q in ("p50", "p99")}})
+    return {"cells": cells, "by_rate": by_rate, "rounds": args.openai_rounds}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -327,6 +402,16 @@ def format_report(report: dict[str, Any]) -> str:
             over = sum(g["over"].get("5", 0) for c in cells for g in c[who].values())
             return f"{who} {count:,} collections, {total:.1f} ms in all, {over} over 5 ms"
         lines.append(f"\ncollector pauses during the cells: {gc_line('gateway')}; {gc_line('callers')}")
+    o = report.get("openai")
+    if o:
+        lines.append(f"\nOpenAI's route against /v1/predict, same texts, same rates, one gateway, a free model "
+                     f"(median of {o['rounds']} rounds):\n\n| rate/s | /v1/predict p50 / p99 ms | /v1/embeddings p50 / "
+                     "p99 ms | difference p50 / p99 ms |\n| --- | --- | --- | --- |")
+        for f in o["by_rate"]:
+            d = f["embeddings_minus_predict_ms"]
+            lines.append(f"| {f['rate']:,.0f} | {ms(f['predict']['p50'])} / {ms(f['predict']['p99'])} | "
+                         f"{ms(f['embeddings']['p50'])} / {ms(f['embeddings']['p99'])} | {d['p50']:+.2f} / "
+                         f"{d['p99']:+.2f} |")
     b = report.get("burst")
     if b:
         lines.append(f"\nburst: {b['requests']:,} callers at {b['rate']:,.0f}/s: {b['statuses']}; answered p99 "
@@ -359,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
     parser.add_argument("--timeout-ms", type=float, default=2000.0, help="the gateway's (2000)")
     parser.add_argument("--max-pending", type=int, default=1000, help="the gateway's (1000)")
+    parser.add_argument("--openai-rounds", type=int, default=3,
+                        help="rounds of OpenAI's route against /v1/predict at each rate (3; 0: leave it out)")
     parser.add_argument("--results", type=Path, default=None, help="write the figures here (JSON)")
     args = parser.parse_args(argv)
     report = run(args)

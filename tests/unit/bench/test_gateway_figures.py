@@ -34,3 +34,12 @@ def test_without_a_second_reader_its_figures_are_empty() -> None:
     f = steady_figures([_answer(0, 0.0, 20.0)], {"0": 19.0}, 100.0)
     assert f["second_reader_ms"] == {"p50": None, "p99": None, "timed": 0}
     assert f["gateway_cost_ms"]["p99_over_p99"] == pytest.approx(1.0)
+
+
+def test_the_report_shows_openai_s_route_beside_predict_s_at_each_rate() -> None:
+    from stream.bench.gateway import format_report
+
+    by_rate = [{"rate": 100.0, "predict": {"p50": 3.0, "p99": 9.0}, "embeddings": {"p50": 3.5, "p99": 8.0},
+                "embeddings_minus_predict_ms": {"p50": 0.5, "p99": -1.0}}]
+    text = format_report({"steady": [], "openai": {"rounds": 3, "by_rate": by_rate, "cells": []}})
+    assert "| 100 | 3.0 / 9.0 | 3.5 / 8.0 | +0.50 / -1.00 |" in text and "median of 3 rounds" in text
