@@ -53,10 +53,12 @@ def load_keys(given: Iterable[str], files: Iterable[str], environ: MutableMappin
 
 def unauthorized_body(path: str, message: str) -> dict[str, Any]:
     """A 401's body in the shape of the protocol ``path`` speaks: OpenAI's for ``/v1/embeddings`` and
-    ``/v1/models``, the inference protocol's for ``/v2``, the gateway's own elsewhere."""
-    if path.startswith(("/v1/embeddings", "/v1/models", "/embed")):
+    ``/v1/models``, TEI's for ``/embed``, the inference protocol's for ``/v2`` (the gateway's own elsewhere)."""
+    if path.startswith(("/v1/embeddings", "/v1/models")):
         return {"error": {"message": message, "type": "invalid_request_error", "param": None,
                           "code": "invalid_api_key"}}
+    if path == "/embed":  # text-embeddings-inference's
+        return {"error": message, "error_type": "unauthorized"}
     return {"error": message}
 
 

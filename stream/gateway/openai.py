@@ -1,6 +1,7 @@
 """OpenAI's embeddings API on the gateway: ``POST /v1/embeddings``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 for a model whose prediction holds one float vector per event (``--embedding-field``, default ``embedding``:
-``--model minilm``'s). The OpenAI SDKs, LangChain and LlamaIndex call it unmodified.
+``--model minilm``'s). The OpenAI SDKs, LangChain and LlamaIndex call it unmodified. Beside it, TEI's
+(text-embeddings-inference) ``POST /embed`` (`EmbeddingsApi.tei_embed`).
 
 Each text becomes one event of the input schema (`stream.gateway.texts`) on the input topic, batched by the
 workers with everything else there; the answer waits for every text's prediction. All or nothing: one text
@@ -27,7 +28,7 @@ import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
@@ -49,12 +50,76 @@ from stream.gateway.texts import TextEvents
 NO_RETRY = {"x-should-retry": "false"}
 
 
+class ErrorShape(Protocol):
+    """How a protocol answers a request that fails (`EmbeddingsApi._predict`); nothing was sent for ``refused``,
+    ``oversized`` and ``busy``."""
+
+    def refused(self, i: int, message: str) -> Response: ...
+    def oversized(self, i: int, message: str) -> Response: ...
+    def busy(self, message: str) -> Response: ...
+    def failed(self, i: int, exc: BaseException) -> Response: ...
+
+
+class OpenAIErrors:
+    def __init__(self, api: EmbeddingsApi) -> None:
+        self.api = api
+
+    def refused(self, i: int, message: str) -> Response:
+        return openai_error(400, f"input[{i}]: {message}", param="input")
+
+    def oversized(self, i: int, message: str) -> Response:
+        return openai_error(400, f"input[{i}]: {message}", param="input", code="context_length_exceeded")
+
+    def busy(self, message: str) -> Response:
+        return openai_error(429, message, type_="rate_limit_exceeded", code="rate_limit_exceeded",
+                            headers={"Retry-After": "1"})
+
+    def failed(self, i: int, exc: BaseException) -> Response:
+        if isinstance(exc, DeadLettered):
+            if exc.stage == "decode":
+                return openai_error(400, f"input[{i}]: the model cannot take this text: {exc}", param="input",
+                                    headers=NO_RETRY)
+            return openai_error(500, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
+        if isinstance(exc, RequestTimeout):
+            return openai_error(504, f"input[{i}]: {exc}", type_="timeout", headers=NO_RETRY)
+        if isinstance(exc, NotSent | Overloaded):
+            return openai_error(503, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
+        return openai_error(500, f"input[{i}]: {type(exc).__name__}: {exc}", type_="server_error", headers=NO_RETRY)
+
+
+def tei_error(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
+
+
+class TeiErrors:
+    """TEI's statuses: 413 too long, 422 a text it cannot take, 424 the model failed, 429 overloaded."""
+
+    def refused(self, i: int, message: str) -> Response:
+        return tei_error(422, f"inputs[{i}]: {message}", "validation")
+
+    def oversized(self, i: int, message: str) -> Response:
+        return tei_error(413, f"inputs[{i}]: {message}", "validation")
+
+    def busy(self, message: str) -> Response:
+        return tei_error(429, message, "overloaded", {"Retry-After": "1"})
+
+    def failed(self, i: int, exc: BaseException) -> Response:
+        if isinstance(exc, DeadLettered):
+            if exc.stage == "decode":
+                return tei_error(422, f"inputs[{i}]: the model cannot take this text: {exc}", "validation")
+            return tei_error(424, f"inputs[{i}]: {exc}", "backend")
+        if isinstance(exc, RequestTimeout):
+            return tei_error(504, f"inputs[{i}]: {exc}", "backend")
+        return tei_error(503, f"inputs[{i}]: {exc}", "backend")
+
+
 def unavailable_routes(why: str) -> list[Route]:
     """The API's routes on a gateway whose input schema cannot take a text: each answers 404 saying why."""
     async def off(_request: Request) -> Response:
         return openai_error(404, f"the embeddings API is off on this gateway: {why}", code="not_available")
 
-    return [Route("/v1/embeddings", off, methods=["POST"]), Route("/v1/models", off, methods=["GET"]),
+    return [Route("/v1/embeddings", off, methods=["POST"]), Route("/embed", off, methods=["POST"]),
+            Route("/v1/models", off, methods=["GET"]),
             Route("/v1/models/{model:path}", off, methods=["GET"])]
 
 
@@ -83,6 +148,7 @@ class EmbeddingsApi:
                                     Callable[[Request], Awaitable[Response]]]) -> list[Route]:
         """The routes, ``/v1/embeddings``'s handler passed through ``wrap`` (the gateway's metrics)."""
         return [Route("/v1/embeddings", wrap(self.embeddings), methods=["POST"]),
+                Route("/embed", self.tei_embed, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/models/{model:path}", self.model, methods=["GET"])]
 
@@ -115,34 +181,71 @@ class EmbeddingsApi:
         if isinstance(checked, Response):
             return checked
         texts, as_base64 = checked
+        results = await self._predict(texts, OpenAIErrors(self))
+        if isinstance(results, Response):
+            return results
+        return self._answer(results, as_base64, payload)
+
+    async def tei_embed(self, request: Request) -> Response:
+        """TEI's ``POST /embed``: ``inputs`` a string or strings, ``normalize`` (true: this model's are; false
+        is refused), ``truncate`` (accepted: the worker cuts every text to its ``--max-tokens``); a list of
+        vectors back, errors as TEI's ``{"error", "error_type"}``."""
+        body = await self._read_body(request)
+        if body is None:
+            return tei_error(413, "the request body is over --max-input-bytes", "validation")
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            return tei_error(422, f"the body is not JSON: {exc}", "validation")
+        given = payload.get("inputs") if isinstance(payload, dict) else None
+        texts = [given] if isinstance(given, str) else given
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            return tei_error(422, "inputs must be a string or a non-empty list of strings", "validation")
+        if len(texts) > self.max_texts:
+            return tei_error(422, f"{len(texts)} inputs: at most {self.max_texts} (--max-texts)", "validation")
+        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
+        if empty is not None:
+            return tei_error(422, f"inputs[{empty}] is empty", "empty")
+        if payload.get("normalize", True) is not True:
+            return tei_error(422, "normalize=false is not served: this gateway answers the model's own vectors",
+                             "validation")
+        results = await self._predict(texts, TeiErrors())
+        if isinstance(results, Response):
+            return results
+        vectors = [p.record.get(self.embedding_field) for p in results]
+        if not all(isinstance(v, list) for v in vectors):
+            return tei_error(500, f"the prediction has no float vector {self.embedding_field!r}: set "
+                                  "--embedding-field", "backend")
+        return JSONResponse(vectors)
+
+    async def _predict(self, texts: list[str], errors: ErrorShape) -> list[Prediction] | Response:
+        """Each text's prediction, in order, or the answer that fails the request (in ``errors``' shape)."""
         values = []
         for i, text in enumerate(texts):
             try:
                 values.append(self.client.encode(self.texts.event(text)))
             except Refused as exc:
-                return openai_error(400, f"input[{i}]: {exc}: {'; '.join(exc.problems)}", param="input")
+                return errors.refused(i, f"{exc}: {'; '.join(exc.problems)}")
             except Oversized as exc:
-                return openai_error(400, f"input[{i}]: {exc}", param="input", code="context_length_exceeded")
+                return errors.oversized(i, str(exc))
         if self.client.pending + len(values) > self.client.max_pending:
-            return openai_error(429, f"{self.client.pending} texts are waiting for their embeddings (--max-pending "
-                                     f"{self.client.max_pending}): try again shortly", type_="rate_limit_exceeded",
-                                code="rate_limit_exceeded", headers={"Retry-After": "1"})
+            return errors.busy(f"{self.client.pending} texts are waiting for their embeddings (--max-pending "
+                               f"{self.client.max_pending}): try again shortly")
         futures: list[Awaitable[Prediction]] = []
         for value in values:
             try:
                 futures.append(asyncio.wrap_future(self.client.submit_encoded(value)))
             except Overloaded as exc:
                 if not futures:
-                    return openai_error(429, str(exc), type_="rate_limit_exceeded", code="rate_limit_exceeded",
-                                        headers={"Retry-After": "1"})
+                    return errors.busy(str(exc))
                 for f in futures:  # the ones sent are still predicted; this request fails as a whole
                     f.cancel()  # type: ignore[attr-defined]
-                return openai_error(503, f"input[{len(futures)}]: {exc}", type_="server_error", headers=NO_RETRY)
+                return errors.failed(len(futures), exc)
         results = await asyncio.gather(*futures, return_exceptions=True)
         for i, result in enumerate(results):
             if not isinstance(result, Prediction):
-                return self._failure(i, result)
-        return self._answer(results, as_base64, payload)  # type: ignore[arg-type]
+                return errors.failed(i, result)
+        return results  # type: ignore[return-value]
 
     def _check(self, payload: dict[str, Any]) -> tuple[list[str], bool] | Response:
         """The request's texts and whether to answer in base64, or its 400/404."""
@@ -177,18 +280,6 @@ class EmbeddingsApi:
                                      f"{self.dimensions or 'a fixed number of'} dimensions and are not shortened",
                                 param="dimensions")
         return texts, encoding == "base64"
-
-    def _failure(self, i: int, exc: BaseException) -> Response:
-        if isinstance(exc, DeadLettered):
-            if exc.stage == "decode":
-                return openai_error(400, f"input[{i}]: the model cannot take this text: {exc}", param="input",
-                                    headers=NO_RETRY)
-            return openai_error(500, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
-        if isinstance(exc, RequestTimeout):
-            return openai_error(504, f"input[{i}]: {exc}", type_="timeout", headers=NO_RETRY)
-        if isinstance(exc, NotSent | Overloaded):
-            return openai_error(503, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
-        return openai_error(500, f"input[{i}]: {type(exc).__name__}: {exc}", type_="server_error", headers=NO_RETRY)
 
     def _answer(self, results: list[Prediction], as_base64: bool, payload: dict[str, Any]) -> Response:
         data = []

@@ -9,6 +9,7 @@ import importlib.metadata
 import secrets
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -57,6 +58,10 @@ def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm
         assert [d.index for d in many.data] == list(range(len(texts)))
         assert np.asarray([d.embedding for d in many.data]) == pytest.approx(expected, abs=1e-5)
         assert many.usage.prompt_tokens == many.usage.total_tokens == sum(len(t) for t in handler.tokenize(texts))
+        # TEI's /embed on the same gateway.
+        tei = httpx.post(f"{gateway.url}/embed", json={"inputs": texts[:3]}, timeout=30,
+                         headers={"Authorization": f"Bearer {key}"})
+        assert tei.status_code == 200 and np.asarray(tei.json()) == pytest.approx(expected[:3], abs=1e-5)
         # tritonclient on the same gateway: a BYTES tensor of texts, the embeddings as a matrix.
         triton = tritonclient.http.InferenceServerClient(url=f"127.0.0.1:{gateway.port}")
         given = tritonclient.http.InferInput("text", [len(texts)], "BYTES")

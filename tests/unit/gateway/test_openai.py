@@ -133,6 +133,19 @@ def test_a_full_queue_is_429_with_retry_after_before_anything_is_sent() -> None:
     assert busy.json()["error"]["code"] == "rate_limit_exceeded" and queue.sent == []
 
 
+def test_tei_s_embed_answers_a_list_of_vectors_and_its_own_errors() -> None:
+    queue = Queue()
+    _, http = sdk(queue)
+    assert http.post("/embed", json={"inputs": "one"}).json() == [pytest.approx(vector("one"))]
+    got = http.post("/embed", json={"inputs": ["one", "two words"], "normalize": True, "truncate": True}).json()
+    assert got == [pytest.approx(vector("one")), pytest.approx(vector("two words"))]
+    for body, status, kind in [({"inputs": []}, 422, "validation"), ({"inputs": ["a", ""]}, 422, "empty"),
+                               ({"inputs": "a", "normalize": False}, 422, "validation"),
+                               ({"inputs": ["POISON"]}, 424, "backend"), ({"inputs": ["SLOW"]}, 504, "backend")]:
+        answer = http.post("/embed", json=body)
+        assert answer.status_code == status and answer.json()["error_type"] == kind, (body, answer.text)
+
+
 def test_without_a_text_field_the_routes_say_why() -> None:
     http = TestClient(Starlette(routes=unavailable_routes("the input schema stream.demo.FraudEvent has no field "
                                                           "'text'")))
