@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    g = sub.add_parser("gateway", help="an HTTP service answering callers with their prediction (POST /v1/predict)")
+    g = sub.add_parser("gateway", help="an HTTP service answering callers with their prediction: POST /v1/predict, "
+                                       "OpenAI's /v1/embeddings, TEI's /embed, KServe v2 / Triton's /v2")
     g.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
                    help="Kafka brokers (KAFKA_BOOTSTRAP_SERVERS; other KAFKA_* variables as for the worker)")
     g.add_argument("--input-topic", required=True, help="the workers' input topic")
