@@ -1,4 +1,6 @@
-"""``python -m stream gateway``: an HTTP front for callers that wait for their prediction.
+"""``python -m stream gateway``: an HTTP front for callers that wait for their prediction, in the protocols their
+clients speak: its own ``/v1/predict``, OpenAI's embeddings API and TEI's ``/embed`` (`stream.gateway.openai`), the
+Open Inference Protocol (`stream.gateway.kserve`); API keys and HTTPS (`stream.gateway.auth`).
 
 Each request becomes a record of the input topic (the durable queue the workers batch from) with a reply address;
 the worker that predicts it publishes a copy of the prediction to this gateway's reply partition, where the
@@ -67,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="the workers' --model (STREAM_MODEL; default demo), whose input schema is the default "
                         "--input-schema without a registry, as for the worker (the model is not loaded)")
     g.add_argument("--served-model-name", default=None,
-                   help="the model name OpenAI's API serves (/v1/models; a request naming another gets 404); "
+                   help="the model name OpenAI's API and the v2 protocol serve (/v1/models, /v2/models/NAME; a "
+                        "request naming another gets 404); "
                         "default: the --model's own name (minilm: all-MiniLM-L6-v2), else --model")
     g.add_argument("--text-field", default=None,
                    help="/v1/embeddings: the input schema's field that gets each text (default: text); the other "
