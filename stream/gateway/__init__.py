@@ -227,8 +227,17 @@ def _inference_routes(args: argparse.Namespace, client: PredictionClient, schema
     from stream.models.declared import declared
 
     model = declared(args.model)
-    output_name = args.output_schema or model.output_schema
-    output = _raw(source.latest(output_name).raw) if output_name else None
+    # The model's own names a record in the schema folder; with a registry the workers register theirs under a
+    # subject of the output topic's, which the gateway does not know: --output-schema names it.
+    output_name = args.output_schema or (None if args.schema_registry_url else model.output_schema)
+    output = None
+    if output_name:
+        try:
+            output = _raw(source.latest(output_name).raw)
+        except ConfigError as exc:
+            if args.output_schema:
+                raise
+            log.info("the v2 model metadata lists no outputs: %s (--output-schema names the workers')", exc)
     api = InferenceApi(client, _raw(schema.raw), output, model_name=args.served_model_name or model.name or args.model,
                        read_body=lambda request: read_body(request, args.max_input_bytes))
     log.info("the Open Inference Protocol (v2): /v2/models/%s, inputs %s", api.model_name,
