@@ -194,18 +194,19 @@ def _check(args: argparse.Namespace) -> None:
 
 def _embeddings_routes(args: argparse.Namespace, client: PredictionClient, schema: WriterSchema,
                        metrics: GatewayMetrics) -> list[Route]:
-    """OpenAI's embeddings API (`stream.gateway.openai`) when the input schema can take a text; else routes that
-    say why not (a --text-field or --text-event-field that does not fit the schema stops the start instead)."""
+    """OpenAI's embeddings API and TEI's /embed (`stream.gateway.openai`). An input schema with no text field
+    (and no --text-field) turns them off: they answer 404 saying why. One whose other required fields a text
+    cannot fill stops the start, as does a --text-field or --text-event-field that does not fit it."""
     from stream.gateway.app import read_body, timed
     from stream.gateway.openai import EmbeddingsApi, unavailable_routes
-    from stream.gateway.texts import TextEvents, parse_field_values
+    from stream.gateway.texts import NoTextField, TextEvents, parse_field_values
     from stream.models.declared import declared
 
     values = parse_field_values(args.text_event_field)
     try:
         texts = TextEvents(_raw(schema.raw), args.text_field, values)
-    except ConfigError as exc:
-        if args.text_field or values:
+    except NoTextField as exc:
+        if values:
             raise
         log.info("OpenAI's embeddings API is off: %s", exc)
         return unavailable_routes(str(exc))

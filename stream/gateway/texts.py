@@ -56,6 +56,10 @@ def _convert(kind: str, name: str, value: str) -> Any:
     raise ConfigError(f"--text-event-field {name}={value}: a {kind} field cannot be given as text")
 
 
+class NoTextField(ConfigError):
+    """The input schema has no field for a text (no ``--text-field`` named one): the text routes are off."""
+
+
 def parse_field_values(items: Sequence[str]) -> dict[str, str]:
     """``NAME=VALUE`` flags as a dict (ConfigError for a malformed or repeated one)."""
     out: dict[str, str] = {}
@@ -107,9 +111,9 @@ class TextEvents:
         fields = {f["name"]: f for f in schema["fields"]}
         self.text_field = text_field or "text"
         if self.text_field not in fields:
-            raise ConfigError(f"the input schema {schema.get('name')} has no field {self.text_field!r} for the "
-                              f"text{'' if text_field else ' (--text-field names another)'}; it has "
-                              f"{', '.join(fields)}")
+            error = ConfigError if text_field else NoTextField
+            raise error(f"the input schema {schema.get('name')} has no field {self.text_field!r} for the "
+                        f"text{'' if text_field else ' (--text-field names another)'}; it has {', '.join(fields)}")
         if kind_of(fields[self.text_field]["type"]) != "string":
             raise ConfigError(f"--text-field {self.text_field}: a {kind_of(fields[self.text_field]['type'])} field, "
                               "not a string")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stream.errors import ConfigError
-from stream.gateway.texts import TextEvents, parse_field_values
+from stream.gateway.texts import NoTextField, TextEvents, parse_field_values
 
 
 def schema(*fields: dict[str, Any]) -> dict[str, Any]:
@@ -33,8 +33,11 @@ def test_each_field_gets_the_text_a_value_the_time_a_fresh_id_or_its_default() -
 def test_what_a_text_cannot_fill_is_refused_at_start_up_naming_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"required fields a text cannot fill: priority \(int\).*--text-event-field"):
         TextEvents(schema({"name": "text", "type": "string"}, {"name": "priority", "type": "int"}), None, {})
-    with pytest.raises(ConfigError, match=r"has no field 'text'.*--text-field names another"):
-        TextEvents(schema({"name": "body", "type": "string"}), None, {})
+    with pytest.raises(NoTextField, match=r"has no field 'text'.*--text-field names another"):
+        TextEvents(schema({"name": "body", "type": "string"}), None, {})  # the gateway turns the routes off
+    with pytest.raises(ConfigError, match="has no field 'body'") as named:
+        TextEvents(schema({"name": "text", "type": "string"}), "body", {})
+    assert not isinstance(named.value, NoTextField), "a --text-field that is not there stops the start"
     with pytest.raises(ConfigError, match="--text-field n: a int field"):
         TextEvents(schema({"name": "n", "type": "int"}), "n", {})
     with pytest.raises(ConfigError, match="--text-event-field nope: no such field"):
