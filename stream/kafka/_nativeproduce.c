@@ -29,6 +29,7 @@ typedef struct {
     int fail_code[MAX_KEPT_FAILURES];
     Py_ssize_t nfail;
     Py_ssize_t failed_total;
+    Py_ssize_t queued; /* records librdkafka took whose delivery report has not come yet */
     int fatal;
     rd_kafka_message_t *msgs;
     Py_ssize_t msgs_cap;
@@ -50,6 +51,7 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
     int32_t slot = (int32_t)(intptr_t)m->_private;
     (void)rk;
     pthread_mutex_lock(&self->lock);
+    self->queued--;
     if (m->err)
         record_failure(self, slot, m->err);
     else if (--self->outstanding[slot] == 0)
@@ -258,6 +260,8 @@ static PyObject *Producer_produce(Producer *self, PyObject *args) {
             }
             if (msgs[i].err)
                 record_failure(self, slot[i], msgs[i].err);
+            else
+                self->queued++;
         }
         pthread_mutex_unlock(&self->lock);
         at = retry_from;
@@ -369,7 +373,9 @@ static PyObject *Producer_abort(Producer *self, PyObject *noargs) {
 }
 
 /* close(timeout_s) -> records still undelivered: flushes for up to timeout_s, then destroys the handle (what is
- * still queued is dropped: never acknowledged). take_done()/failures() still report what the flush settled. */
+ * still queued is dropped: never acknowledged). take_done()/failures() still report what the flush settled. The
+ * count is of records with no delivery report yet, not librdkafka's outq_len, which also counts its own requests
+ * and events (with the broker unreachable, a metadata request could be counted as a record left). */
 static PyObject *Producer_close(Producer *self, PyObject *args) {
     double timeout_s;
     if (!PyArg_ParseTuple(args, "d", &timeout_s))
@@ -385,14 +391,16 @@ static PyObject *Producer_close(Producer *self, PyObject *args) {
         pthread_mutex_unlock(&self->use);
         return PyLong_FromLong(0);
     }
-    int left;
+    Py_ssize_t left;
     Py_BEGIN_ALLOW_THREADS
     rdk.flush(self->rk, wait_ms);
-    left = rdk.outq_len(self->rk);
+    pthread_mutex_lock(&self->lock);
+    left = self->queued;
+    pthread_mutex_unlock(&self->lock);
     destroy_handle(self);
     pthread_mutex_unlock(&self->use);
     Py_END_ALLOW_THREADS
-    return PyLong_FromLong(left);
+    return PyLong_FromSsize_t(left);
 }
 
 static PyMethodDef Producer_methods[] = {
