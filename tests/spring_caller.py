@@ -5,17 +5,15 @@ artifacts (`stream.local.maven`), the caller compiled with ``javac`` once per so
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from stream.errors import BrokerError
 from stream.local.broker import SLF4J_VERSION
-from stream.local.cache import cache_dir, fill_once
-from stream.local.maven import copy_dependencies, pom
+from stream.local.cache import cache_dir
+from stream.local.maven import compiled, copy_dependencies, pom
 
 SPRING_KAFKA_VERSION = "4.1.2"
 SOURCES = Path(__file__).resolve().parent / "spring"
@@ -30,22 +28,9 @@ def spring_libs() -> Path:
                              marker=SPRING_KAFKA_VERSION)
 
 
-def compiled() -> Path:
-    sources = sorted(SOURCES.glob("*.java"))
-    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:16]
-    out = cache_dir() / f"spring-kafka-{SPRING_KAFKA_VERSION}" / f"classes-{digest}"
-
-    def fill() -> str:
-        javac = shutil.which("javac")
-        if javac is None:
-            raise BrokerError("the Spring caller needs `javac` (a JDK 17+) on PATH")
-        proc = subprocess.run([javac, "-d", str(out), "-cp", f"{spring_libs()}/*", "--release", "17",
-                               *map(str, sources)], capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-        return digest
-
-    return fill_once(out, fill)
+def caller_classes() -> Path:
+    libs = spring_libs()
+    return compiled(SOURCES.glob("*.java"), libs, libs.parent, "classes", needs="the Spring caller needs")
 
 
 def call(bootstrap: str, input_topic: str, reply_topic: str, requests: list[tuple[bytes | None, bytes]],
@@ -56,7 +41,7 @@ def call(bootstrap: str, input_topic: str, reply_topic: str, requests: list[tupl
     listing.write_text("".join(f"{base64.b64encode(k or b'').decode()} {base64.b64encode(v).decode()}\n"
                                for k, v in requests))
     java = shutil.which("java") or "java"
-    classpath = f"{compiled()}:{spring_libs()}/*"
+    classpath = f"{caller_classes()}:{spring_libs()}/*"
     command = [java, "-Xmx256m", "-cp", classpath, "ReplyingCaller", bootstrap, input_topic, reply_topic, str(listing),
                "--timeout-s", str(int(reply_timeout_s)), *extra]
     try:

@@ -5,7 +5,6 @@ like the broker's; the compiled classes are cached by a hash of the sources."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -14,10 +13,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from stream.errors import BrokerError
 from stream.local.broker import KAFKA_VERSION, SLF4J_VERSION
-from stream.local.cache import cache_dir, fill_once
-from stream.local.maven import copy_dependencies, pom
+from stream.local.cache import cache_dir
+from stream.local.maven import compiled, copy_dependencies, pom
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "jvm"
@@ -37,22 +35,8 @@ def ensure_bench_jars() -> Path:
 
 def ensure_compiled() -> Path:
     """The contenders' classes, compiled with ``javac`` against the benchmark's jars (once per source hash)."""
-    sources = sorted(SOURCES.glob("*.java"))
-    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:16]
-    out = cache_dir() / f"kafka-{KAFKA_VERSION}" / f"bench-classes-{digest}"
-    javac = shutil.which("javac")
-
-    def fill() -> str:
-        if javac is None:
-            raise BrokerError("the JVM contenders need `javac` (a JDK 17+) on PATH")
-        libs = ensure_bench_jars()
-        proc = subprocess.run([javac, "-d", str(out), "-cp", f"{libs}/*", "--release", "17", *map(str, sources)],
-                              capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-        return digest
-
-    return fill_once(out, fill)
+    return compiled(SOURCES.glob("*.java"), ensure_bench_jars(), bench_libs_dir().parent, "bench-classes",
+                    needs="the JVM contenders need")
 
 
 def java_command(main_class: str, *args: str, heap_mib: int = 1024) -> list[str]:

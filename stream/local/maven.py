@@ -1,14 +1,15 @@
 """Jars from Maven Central into this project's cache (`stream.local.cache`), once: the local Kafka broker's, the
 benchmark's JVM contenders' and Apicurio Registry's runner. One way of asking Maven for them (a throwaway pom and
 ``dependency:copy-dependencies``, or ``dependency:copy`` of one artifact), under the cache's lock, one error naming
-what failed."""
+what failed; and one way of compiling Java sources against them (`compiled`)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stream.errors import BrokerError
@@ -67,3 +68,24 @@ def copy_artifact(coordinates: str, into: Path, *, what: str, needs: str) -> Non
     into.mkdir(parents=True, exist_ok=True)
     log.info("fetching %s with Maven into %s", what, into)
     _run([mvn, "-q", "-B", "dependency:copy", f"-Dartifact={coordinates}", f"-DoutputDirectory={into}"], into, what)
+
+
+def compiled(sources: Iterable[Path], libs: Path, out_parent: Path, prefix: str, *, needs: str) -> Path:
+    """``sources`` compiled with ``javac --release 17`` against the jars in ``libs``, once per hash of the sources,
+    into ``out_parent/<prefix>-<hash>``; returns that folder. ``needs`` begins the error when ``javac`` is missing
+    ("the JVM contenders need")."""
+    ordered = sorted(sources)
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in ordered)).hexdigest()[:16]
+    out = out_parent / f"{prefix}-{digest}"
+
+    def fill() -> str:
+        javac = shutil.which("javac")
+        if javac is None:
+            raise BrokerError(f"{needs} `javac` (a JDK 17+) on PATH")
+        proc = subprocess.run([javac, "-d", str(out), "-cp", f"{libs}/*", "--release", "17", *map(str, ordered)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise BrokerError(f"javac failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        return digest
+
+    return fill_once(out, fill)

@@ -1,6 +1,7 @@
 """The one way jars come from Maven Central (`stream.local.maven`): the pom it writes, a folder resolved once, and
-the error when Maven or Java is missing; the cache they go into (`stream.local.cache`), filled once by one process
-at a time. The downloads themselves run wherever a local broker starts."""
+the error when Maven or Java is missing; Java sources compiled once per hash (`compiled`); the cache they go into
+(`stream.local.cache`), filled once by one process at a time. The downloads themselves run wherever a local broker
+starts."""
 
 from __future__ import annotations
 
@@ -91,3 +92,27 @@ def test_a_failed_fill_leaves_the_entry_incomplete_and_a_fill_may_need_another_e
     # the lock was given back, and a fill that needs another entry takes it again without waiting on itself
     assert cache.fill_once(outer, lambda: (cache.fill_once(inner, lambda: "i"), "o")[1]) == outer
     assert cache.resolved(inner) and cache.resolved(outer)
+
+
+def test_sources_compile_once_per_hash_and_javac_s_errors_are_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, libs, out = tmp_path / "src", tmp_path / "libs", tmp_path / "out"
+    src.mkdir(), libs.mkdir()
+    hello = src / "Hello.java"
+    hello.write_text("public class Hello { public static void main(String[] a) { System.out.println(1); } }\n")
+    first = maven.compiled([hello], libs, out, "classes", needs="the test needs")
+    assert first.parent == out and first.name.startswith("classes-") and (first / "Hello.class").is_file()
+    assert cache.resolved(first)
+    (first / "Hello.class").unlink()  # a second ask with the same sources finds the entry complete: no javac
+    assert maven.compiled([hello], libs, out, "classes", needs="the test needs") == first
+    assert not (first / "Hello.class").exists()
+
+    hello.write_text("public class Hello { int x = ; }\n")  # another hash, and javac refuses it
+    with pytest.raises(BrokerError, match=r"(?s)^javac failed:.*Hello\.java"):
+        maven.compiled([hello], libs, out, "classes", needs="the test needs")
+    assert not any(cache.resolved(p) for p in out.iterdir() if p != first)
+
+    monkeypatch.setattr(maven.shutil, "which", lambda _name: None)
+    hello.write_text("public class Hello {}\n")
+    with pytest.raises(BrokerError, match=r"^the test needs `javac` \(a JDK 17\+\) on PATH"):
+        maven.compiled([hello], libs, out, "classes", needs="the test needs")
