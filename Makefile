@@ -30,7 +30,7 @@ help:
 	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
 	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
 	@echo "make ci-runs      CI's run (CI=true bash .ci/run) on RUNS (5) fresh clones of HEAD in a row, each part's time in"
-	@echo "                  docs/results/ci-fresh-<rev>.json (about 25 min a run; on a quiet machine)"
+	@echo "                  docs/results/ci-fresh-<rev>.json (26-34 min a run; on a quiet machine)"
 
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
 	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), f"Python 3.11 to 3.13 needed, found {sys.version.split()[0]}"'
