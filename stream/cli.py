@@ -118,8 +118,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
     p.add_argument("--retry-backoff-ms", type=float, help="first retry delay, doubled per retry (50)")
     p.add_argument("--dlq-max-fraction", type=float,
-                   help="stop when more than this fraction of the last --dlq-window records was dead-lettered (0.5)")
-    p.add_argument("--dlq-window", type=int, help="records in the circuit breaker's window (1000)")
+                   help="stop when the model failed on more than this fraction of the last --dlq-window records it "
+                        "was given (0.5; 1: never); records the decode stage dead-letters do not count")
+    p.add_argument("--dlq-window", type=int, help="records given to the model in the circuit breaker's window (1000)")
     p.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
                    help="exactly-once: Kafka transactions holding the outputs and the input offsets")
     p.add_argument("--transaction-interval-ms", type=float,

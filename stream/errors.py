@@ -98,3 +98,18 @@ class TransactionError(KafkaClientError):
         self.producer_replaced = producer_replaced
         requires_abort = getattr(error, "txn_requires_abort", None)
         self.requires_abort = bool(requires_abort()) if callable(requires_abort) else False
+
+
+class StoppedOnPurpose(StreamError):
+    """The worker stops itself rather than go on (the dead-letter breaker tripped; a bad record and no dead-letter
+    topic): nothing at or after ``partition``/``offset`` of the input topic is committed, and the worker leaves a
+    note of it in the group's committed offsets, which the next start reads (`stream.pipeline.stops`).
+    ``reason``: ``dead-letter-breaker`` or ``no-dlq-topic``."""
+
+    def __init__(self, reason: str, message: str, partition: int | None = None, offset: int | None = None,
+                 counts: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.partition = partition
+        self.offset = offset
+        self.counts = counts  # the breaker's: (records given to the model in its window, failed)

@@ -38,6 +38,20 @@ class SleepyHandler(DemoFraudHandler):
         return super().predict(inputs)
 
 
+class BrokenHandler(DemoFraudHandler):
+    """A broken model: raises on every batch (after sleeping ``STREAM_TEST_SLEEP_S`` seconds on its first)."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        super().__init__(model_dir)
+        self._slept = False
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self._slept:
+            self._slept = True
+            time.sleep(float(os.environ.get("STREAM_TEST_SLEEP_S", "0")))
+        raise RuntimeError("this model is broken")
+
+
 class SlowHandler(DemoFraudHandler):
     """The demo model plus ``STREAM_TEST_BATCH_SLEEP_S`` seconds per batch: a model slower than the input."""
 

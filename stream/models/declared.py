@@ -1,7 +1,8 @@
 """What a model declares without being loaded: the schema it reads by default (a handler's ``input_schema``),
-its name, and the size of its one vector output when it has one. For the gateway, which takes the same default
-input schema as the worker (`stream.pipeline.schemas`), serves the model's name and checks an embedding request's
-``dimensions`` before any text reaches the topic, and runs without torch. The built-in models are answered from a
+its name, its inputs, and the size of its one vector output when it has one. For the gateway, which takes the same
+default input schema as the worker (`stream.pipeline.schemas`), checks each event against the model's inputs
+(`stream.pipeline.contract`), serves the model's name and checks an embedding request's ``dimensions`` before any
+text reaches the topic, and runs without torch for the built-in models. The built-in models are answered from a
 table here (`tests/unit/models/test_declared.py` holds it to the handlers); a ``package.module:Class`` handler is
 imported (its class attributes read, nothing constructed)."""
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from stream.errors import ConfigError
 from stream.models.demo_names import EVENT_SCHEMA, PREDICTION_SCHEMA
+from stream.models.spec import InputSpec
 
 
 @dataclass(frozen=True)
@@ -20,11 +22,13 @@ class Declared:
     name: str | None = None  # the handler's name (what predictions carry as model_name)
     vector_size: int | None = None  # the size of its one array<float> output (an embedding), if it has one
     output_schema: str | None = None  # the prediction schema it writes by default (a handler's output_schema)
+    inputs: tuple[InputSpec, ...] | None = None  # what it takes; None: ask the handler (`stream.pipeline.contract`)
 
 
 BUILT_IN = {
-    "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp", None, PREDICTION_SCHEMA),
-    "minilm": Declared(None, "all-MiniLM-L6-v2", 384),
+    "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp", None, PREDICTION_SCHEMA,
+                     (InputSpec("features", "float32", (32,)),)),
+    "minilm": Declared(None, "all-MiniLM-L6-v2", 384, inputs=(InputSpec("text", "string", nonempty=True),)),
 }
 
 

@@ -6,7 +6,8 @@
   brokers back).
 - ``/readyz`` (readiness): the model is loaded, the worker has joined its group (an assignment arrived, even
   an empty one: with more replicas than partitions some hold none), the brokers can be reached, and no
-  partition is stalled (records waiting, no committed progress for ``--stall-timeout-s``).
+  partition is stalled (records waiting, no committed progress for ``--stall-timeout-s``), and it has got past
+  every position where the group's last run stopped on purpose on its partitions (`stream.pipeline.stops`).
 
 Both answer 200 ``ok`` or 503 with the reasons, one per line.
 """
@@ -40,6 +41,7 @@ class Health:
         self.failed: str | None = None
         self.unreachable: Callable[[], bool] = lambda: False
         self.stalled: Callable[[], int] = lambda: 0
+        self.stopped_before: Callable[[], list[str]] = list  # partitions held where the last run stopped on purpose
 
     def tick(self) -> None:
         """The poll loop went round."""
@@ -67,6 +69,7 @@ class Health:
         stalled = self.stalled()
         if stalled:
             reasons.append(f"{stalled} partition{'s' if stalled > 1 else ''} stalled")
+        reasons += self.stopped_before()
         return reasons
 
 

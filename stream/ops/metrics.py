@@ -122,6 +122,10 @@ class StreamMetrics:
             "stream_stalled_partitions",
             "Assigned input partitions with records waiting and no committed progress for --stall-timeout-s.",
             registry=r)
+        self.stopped_on_purpose = Gauge(
+            "stream_stopped_on_purpose_partitions",
+            "Assigned input partitions where the group's last run stopped on purpose (the dead-letter breaker, a bad "
+            "record and no dead-letter topic) and this worker has not committed past that position yet.", registry=r)
         self.in_flight = Gauge("stream_records_in_flight", "Records dispatched and not yet acknowledged.",
                                registry=r)
         self.open_batch = Gauge("stream_open_batch_records", "Records in the micro-batch being filled.", registry=r)

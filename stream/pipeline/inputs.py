@@ -117,22 +117,23 @@ class InputBinder:
         return {k: _take(v, good) for k, v in arrays.items()}, good, errors
 
 
-def input_side(handler: Any, source: SchemaSource, reader: WriterSchema, input_map: Mapping[str, str] | None = None,
-               copies: Sequence[tuple[str, str]] | None = None) -> tuple[ColumnDecoder, InputBinder]:
-    """A decoder for the columns ``handler``'s inputs and the copied fields (``copies``: (output field, input
-    path); default the handler's own ``copy_fields``) read from ``reader``, and the binder from those columns to
-    its inputs. ConfigError with one line per mismatch."""
+def input_side(inputs: Sequence[InputSpec], source: SchemaSource, reader: WriterSchema,
+               input_map: Mapping[str, str] | None = None, copies: Sequence[tuple[str, str]] = (),
+               ) -> tuple[ColumnDecoder, InputBinder]:
+    """A decoder for the columns a model's ``inputs`` and the copied fields (``copies``: (output field, input
+    path)) read from ``reader``, and the binder from those columns to the inputs. ConfigError with one line per
+    mismatch."""
     columns, _ = reader_columns(reader.normalized)
     what = f"input schema {reader.name}" + (f" (id {reader.schema_id})" if reader.schema_id >= 0 else "")
-    binder = InputBinder(handler.inputs, columns, input_map, what)
+    binder = InputBinder(inputs, columns, input_map, what)
     by_path = {c.path: c for c in columns}
     needed = {c.path: c for c in binder.columns}
-    for field, path in (getattr(handler, "copy_fields", ()) if copies is None else copies):
+    for field, path in copies:
         if path not in by_path:
             raise ConfigError(f"copied field {field} <- {path}: {what} has no field {path!r}")
         needed[path] = by_path[path]
     log.info("reading %s from %s; model inputs: %s", what, source.description,
-             ", ".join(f"{i.name} <- {b.path}" for i, b in zip(handler.inputs, binder.columns, strict=True)))
+             ", ".join(f"{i.name} <- {b.path}" for i, b in zip(inputs, binder.columns, strict=True)))
     return ColumnDecoder(source, reader, list(needed.values())), binder
 
 

@@ -24,7 +24,14 @@ from stream.codec.columns import Columns
 from stream.codec.decoder import ColumnDecoder
 from stream.codec.encoder import OutputEncoder
 from stream.codec.registry import RegistryUnavailable
-from stream.errors import DecodeError, DeviceMemoryError, ModelError, StreamError, UnrecoverableModelError
+from stream.errors import (
+    DecodeError,
+    DeviceMemoryError,
+    ModelError,
+    StoppedOnPurpose,
+    StreamError,
+    UnrecoverableModelError,
+)
 from stream.kafka.delivery import SpanDelivery
 from stream.kafka.publish import (
     DLQ_ERROR_CLASS,
@@ -43,6 +50,7 @@ from stream.kafka.records import Records
 from stream.kafka.replies import USAGE_TOKENS_HEADER, Reply, ReplyRouter
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline import faults
+from stream.pipeline.contract import Decoded, DecodeStage
 from stream.pipeline.inference import InferenceEngine, InFlight, Prepared
 from stream.pipeline.inputs import InputBinder, input_rows, take_inputs
 
@@ -99,16 +107,33 @@ class ProcessingPolicy:
 
 
 class DeadLetterBreaker:
-    """Trips when more than ``max_fraction`` of the last ``window`` records were dead-lettered."""
+    """Stops the worker when the model failed on more than ``max_fraction`` of the last ``window`` records it was
+    given (records dead-lettered at the model stage, among those that reached the model; at least
+    ``min(window, 100)`` of them).
+
+    What the decode stage dead-letters never counts: such records are their producer's fault, however many come
+    in a row, and the stream goes on past them (`RejectedInputs` reports them). A model or a deployment that fails
+    on everything it is given is what the breaker is for: it stops the worker before it dead-letters the stream."""
 
     def __init__(self, max_fraction: float, window: int) -> None:
         self.max_fraction = max_fraction
         self.window = window
-        self._recent: deque[tuple[int, int]] = deque()  # (records, dead) per batch
+        self._recent: deque[tuple[int, int]] = deque()  # (records given to the model, failed) per batch
         self._records = 0
         self._dead = 0
 
-    def record(self, records: int, dead: int) -> None:
+    def prime(self, records: int, dead: int) -> None:
+        """Start from the counts a previous run tripped with (`stream.pipeline.stops`): a restart that fails the
+        same way stops at its first failed batch instead of dead-lettering another window's worth."""
+        if records > 0 and not self._recent:
+            self._recent.append((records, dead))
+            self._records, self._dead = records, dead
+
+    def record(self, records: int, dead: int, where: tuple[int, int] | None = None) -> None:
+        """``records`` reached the model, ``dead`` of them failed it (``where``: the first failed one's input
+        partition and offset)."""
+        if records == 0:
+            return
         self._recent.append((records, dead))
         self._records += records
         self._dead += dead
@@ -116,10 +141,49 @@ class DeadLetterBreaker:
             r, d = self._recent.popleft()
             self._records -= r
             self._dead -= d
-        if self._records >= min(self.window, 100) and self._dead > self.max_fraction * self._records:
-            raise StreamError(
-                f"dead-letter circuit breaker: {self._dead} of the last {self._records} records failed "
-                f"(> {self.max_fraction:.0%}); stopping instead of dead-lettering the stream")
+        if dead and self._records >= min(self.window, 100) and self._dead > self.max_fraction * self._records:
+            partition, offset = where if where is not None else (None, None)
+            raise StoppedOnPurpose(
+                "dead-letter-breaker",
+                f"dead-letter circuit breaker: the model failed on {self._dead} of the last {self._records} "
+                f"records it was given (> {self.max_fraction:.0%}); stopping instead of dead-lettering the stream",
+                partition, offset, (self._records, self._dead))
+
+
+class RejectedInputs:
+    """The records the decode stage dead-letters (the input's fault): a WARNING at the first of them, then at most
+    one every ``every_s`` (and at shutdown), how many since the last one by reason and where the latest was; the
+    counts are also ``stream_dead_letters_total``'s ``stage="decode"`` series."""
+
+    def __init__(self, topic: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.topic = topic
+        self.every_s = every_s
+        self._clock = clock
+        self._since = clock()
+        self._logged_at = -float("inf")
+        self._reasons: dict[str, int] = {}
+        self._last: tuple[int, int] | None = None
+
+    def record(self, reasons: list[str], last: tuple[int, int]) -> None:
+        if not self._reasons:
+            self._since = self._clock()
+        for reason in reasons:
+            self._reasons[reason] = self._reasons.get(reason, 0) + 1
+        self._last = last
+        if self._clock() - self._logged_at >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        now = self._clock()
+        if self._reasons and self._last is not None:
+            total = sum(self._reasons.values())
+            by_reason = ", ".join(f"{r} {n:,}" for r, n in sorted(self._reasons.items(), key=lambda kv: -kv[1]))
+            log.warning("%s input records dead-lettered at the decode stage in the last %.0f s (%s), the latest at "
+                        "%s[%d]@%d: their producer sends what the model cannot take; they are in the dead-letter "
+                        "topic, and the records behind them are predicted", f"{total:,}", now - self._since,
+                        by_reason, self.topic, *self._last)
+            self._logged_at = now
+        self._reasons = {}
 
 
 @dataclass(frozen=True)
@@ -139,14 +203,14 @@ class BatchProcessor:
         None (`stream.kafka.access.reply_partitions`)."""
         self.policy = policy
         self._engine = engine
-        self._decoder = decoder
-        self._binder = binder
+        self._decode_stage = DecodeStage(decoder, binder, policy.max_input_bytes)
         self._encoder = encoder
         self._stopping = stopping
         self._publisher = publisher
         self._metrics = metrics
         self._sleep = sleep
-        self._breaker = DeadLetterBreaker(policy.dlq_max_fraction, policy.dlq_window)
+        self.breaker = DeadLetterBreaker(policy.dlq_max_fraction, policy.dlq_window)
+        self.rejected = RejectedInputs(policy.input_topic)
         self._topic_header = policy.input_topic.encode()
         # The input record's topic/partition/offset travel in the prediction's value when its schema has the
         # fields for them (version 2 on), as headers when asked for or when it has not.
@@ -165,14 +229,11 @@ class BatchProcessor:
         return self.submit(self.prepare(batch))
 
     def prepare(self, batch: Dispatched) -> Begun:
-        """Host work before the device (safe on several threads at once): decode, bind the model's inputs (the
-        records that cannot be decoded or bound are kept as dead), and the handler's own ``prepare``."""
-        decoded, errors = self._decode(batch)
-        inputs, good, bad = self._binder.bind(decoded)
-        if bad:
-            errors = sorted(errors + [(int(decoded.index[row]), err) for row, err in bad], key=lambda e: e[0])
-            decoded = decoded.take(good)
-        dead = [DeadRecord(i, "decode", e.reason, e) for i, e in errors]
+        """Host work before the device (safe on several threads at once): the decode stage (decode, bind the
+        model's inputs; the records it cannot take are kept as dead), and the handler's own ``prepare``."""
+        stage = self._decode(batch)
+        decoded, inputs = stage.columns, stage.inputs
+        dead = [DeadRecord(i, "decode", e.reason, e) for i, e in stage.errors]
         prepared = None
         if len(decoded):
             prepared = self._engine.prepare(inputs)
@@ -187,14 +248,14 @@ class BatchProcessor:
             begun.flight = self._engine.submit(begun.inputs, begun.prepared)
         return begun
 
-    def _decode(self, batch: Dispatched) -> tuple[Columns, list[tuple[int, DecodeError]]]:
-        """Decode, waiting out a schema registry that cannot be reached (its records are neither dead-lettered
-        nor acknowledged meanwhile, so nothing is committed past them; the finish stage serves earlier batches'
-        acknowledgements meanwhile)."""
+    def _decode(self, batch: Dispatched) -> Decoded:
+        """The decode stage (`stream.pipeline.contract`), waiting out a schema registry that cannot be reached (its
+        records are neither dead-lettered nor acknowledged meanwhile, so nothing is committed past them; the finish
+        stage serves earlier batches' acknowledgements meanwhile)."""
         delay_s = 0.1
         while True:
             try:
-                return self._decoder.decode_batch(batch.records, self.policy.max_input_bytes)
+                return self._decode_stage.run(batch.records)
             except RegistryUnavailable as exc:
                 if self._stopping():
                     raise Abandoned(f"stopping while the schema registry is unreachable: {exc}") from exc
@@ -213,18 +274,21 @@ class BatchProcessor:
             for p, n in zip(*np.unique(batch.partitions[list(replies)], return_counts=True), strict=True):
                 batch.deliveries[int(p)].expect(int(n))
         if begun.flight is not None:
+            reached = len(decoded)
             ok_rows, outputs, poison = self._infer_isolating(begun.inputs, begun.flight)
-            dead += [DeadRecord(int(decoded.index[row]), "model",
-                                "out-of-memory" if isinstance(err, DeviceMemoryError) else "model-error", err)
-                     for row, err in poison]
+            failed = [DeadRecord(int(decoded.index[row]), "model",
+                                 "out-of-memory" if isinstance(err, DeviceMemoryError) else "model-error", err)
+                      for row, err in poison]
+            if self.policy.dlq_topic is not None:  # without one, a failed record stops the worker (_dead_letter)
+                first = failed[0].index if failed else 0
+                self.breaker.record(reached, len(failed), (int(batch.partitions[first]), int(batch.offsets[first])))
+            dead += failed
             if poison:
                 decoded = decoded.take(ok_rows)
             self._publish_predictions(batch, decoded, outputs, replies, copies)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
             self._dead_letter(batch, dead, replies, copies)
-        else:
-            self._breaker.record(len(batch.records), 0)
         if len(copies) != len(replies):  # each is expected by its span: one missing would hold it forever
             raise StreamError(f"internal: {len(replies)} records to reply to, {len(copies)} replies made")
         if copies:
@@ -346,11 +410,15 @@ class BatchProcessor:
         first = dead[0]
         if self.policy.dlq_topic is None:
             err = first.error
+            partition, offset = int(batch.partitions[first.index]), int(batch.offsets[first.index])
             if isinstance(err, DecodeError):
-                err = err.at(self.policy.input_topic, int(batch.partitions[first.index]),
-                             int(batch.offsets[first.index]))
-            raise StreamError(f"bad record and no --dlq-topic to send it to ({first.stage}): {err}") from err
-        self._breaker.record(len(records), len(dead))
+                err = err.at(self.policy.input_topic, partition, offset)
+            raise StoppedOnPurpose("no-dlq-topic", f"bad record and no --dlq-topic to send it to ({first.stage}): "
+                                                   f"{err}", partition, offset) from err
+        rejected = [d for d in dead if d.stage == "decode"]
+        if rejected:
+            last = rejected[-1].index
+            self.rejected.record([d.reason for d in rejected], (int(batch.partitions[last]), int(batch.offsets[last])))
         handler = self._engine.handler
         values: list[bytes | None] = []
         keys: list[bytes | None] = []

@@ -40,7 +40,7 @@ def build_codecs(settings: WorkerSettings, handler: ModelHandler,
         reader = reader_schema(source, settings.input_schema, default)
         copies = (parse_copy_fields(settings.copy_fields) if settings.copy_fields is not None
                   else list(getattr(handler, "copy_fields", ())))
-        decoder, binder = input_side(handler, source, reader, parse_input_map(settings.input_map), copies)
+        decoder, binder = input_side(handler.inputs, source, reader, parse_input_map(settings.input_map), copies)
         by_path = {c.path: c for c in decoder.columns}
         copied = [(name, by_path[path]) for name, path in copies]
         writer = _output_schema(settings, handler, source, copied)

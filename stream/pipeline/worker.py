@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from stream.config import WorkerSettings
-from stream.errors import KafkaClientError, StreamError
+from stream.errors import KafkaClientError, StoppedOnPurpose, StreamError
 from stream.kafka.access import check_access, ensure_dlq_topic, reply_partitions
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.client_stats import ConsumerStats
@@ -51,6 +51,7 @@ from stream.pipeline.spans import Spans
 from stream.pipeline.stage import ProcessingStages
 from stream.pipeline.stall_check import StallCheck
 from stream.pipeline.stop_at_end import StopAtEnd
+from stream.pipeline.stops import GUIDE, PreviousStops, leave_notes, read_notes
 from stream.pipeline.transactions import Transactions
 
 __all__ = ["Worker", "WorkerSummary"]
@@ -60,6 +61,7 @@ _IDLE_POLL_S = 0.1
 _CLOSE_FLOOR_S = 10.0  # the consumer's close gets at least this long, whatever the shutdown deadline left
 _STALL_STEP_S = 0.05
 _GAUGE_EVERY_S = 0.1
+EXIT_STOPPED_ON_PURPOSE = 3  # the worker's exit status when it stopped itself (`stream.errors.StoppedOnPurpose`)
 _IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
 # whether the model went idle (the C consumer's take is woken instead)
 
@@ -118,8 +120,10 @@ class Worker:
         self._intake: Intake | None = None
         self._publisher: Publisher | None = None
         self._stage: ProcessingStages | None = None
+        self._processor: BatchProcessor | None = None
         self._stall_check: StallCheck | None = None
         self._end: StopAtEnd | None = None  # --stop-at-end
+        self._previous = PreviousStops(s.input_topic, {})  # where the group's last run stopped on purpose
         freeze_loaded()
 
     # ---------------------------------------------------------------------------- public
@@ -169,6 +173,13 @@ class Worker:
                              "error_cb": self._failure.on_consumer_error, "logger": client_logger("consumer"),
                              **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
         self._connect(consumer, publisher)
+        self._previous = PreviousStops(s.input_topic, read_notes(consumer, s.input_topic))
+        self._previous.log_found()
+        counts = self._previous.breaker_counts()
+        if counts is not None and self._processor is not None:
+            self._processor.breaker.prime(*counts)
+        self.health.stopped_before = lambda: self._previous.pending(self._tracker.assigned(), self._committer.position)
+        self.metrics.stopped_on_purpose.set_function(lambda: len(self.health.stopped_before()))
         assert self._stage is not None
         self._stage.start()
         try:
@@ -191,9 +202,17 @@ class Worker:
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
         self._shutdown()
-        if self._failure.error is not None:
-            self._summary.error = f"{type(self._failure.error).__name__}: {self._failure.error}"
+        error = self._failure.error
+        if error is not None:
+            self._summary.error = f"{type(error).__name__}: {error}"
             self._summary.exit_code = 1
+        if isinstance(error, StoppedOnPurpose):
+            where = (f"{s.input_topic}[{error.partition}]@{error.offset}" if error.partition is not None
+                     else s.input_topic)
+            log.error("stopped on purpose (%s) near %s: nothing at or after the committed positions is lost or "
+                      "skipped; a restart resumes there and stops again if the same records fail the same way. "
+                      "What to do: %s", error.reason, where, GUIDE)
+            self._summary.exit_code = EXIT_STOPPED_ON_PURPOSE
         self._summary.transactions = self._transactions.committed
         if self._stage is not None:
             self._summary.stage_busy_s = self._stage.busy_seconds()
@@ -215,6 +234,7 @@ class Worker:
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set,
                                    reply_partitions=lambda topic: reply_partitions(admin_config, topic))
+        self._processor = processor
         self._stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,
@@ -319,6 +339,8 @@ class Worker:
         # 2. Let the stages finish their queues.
         if stage is not None:
             stage.finish(deadline)
+        if self._processor is not None:
+            self._processor.rejected.flush()
         # 3. Wait for every delivery report, then commit the acknowledged watermark.
         if publisher is not None:
             undelivered = publisher.close(deadline.left(0.01))
@@ -332,7 +354,28 @@ class Worker:
                 self._committer.commit_settled(deadline)
             except KafkaClientError as exc:
                 self._fail(exc)
+            if isinstance(self._failure.error, StoppedOnPurpose):
+                self._leave_notes(consumer, self._failure.error)
             self._stop.set()
             if self._intake is not None:
                 self._intake.close()  # before the consumer's close, which destroys the client it uses
             self.close_abandoned = not close_within(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
+
+    def _leave_notes(self, consumer: Consumer, error: StoppedOnPurpose) -> None:
+        """Each held partition's committed position again, with a note of why the worker stopped
+        (`stream.pipeline.stops`); a partition the group never committed gets the position this run started at."""
+        topic = self.settings.input_topic
+        held = [p for t, p in self._tracker.assigned() if t == topic]
+        if not held:
+            return
+        try:
+            committed = consumer.committed([TopicPartition(topic, p) for p in held], timeout=10)
+        except KafkaException as exc:
+            log.warning("could not read the committed positions to leave a note of this stop: %s", exc)
+            return
+        positions = {}
+        for tp in committed:
+            position = tp.offset if tp.offset >= 0 else self._committer.position((topic, tp.partition))
+            if position is not None:
+                positions[tp.partition] = position
+        leave_notes(consumer, topic, positions, error, self._previous.notes)

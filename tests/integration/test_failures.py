@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from stream.local.children import WorkerProcess
 from stream.models.demo import EVENT_SCHEMA
 from stream.ops.verify import check_committed, input_source
 from stream.pipeline.processing import DLQ_ERROR_REASON, DLQ_STAGE
+from stream.pipeline.worker import EXIT_STOPPED_ON_PURPOSE
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
@@ -94,11 +96,81 @@ def test_without_a_dlq_a_bad_record_stops_the_worker_and_is_not_committed(pipeli
     producer.produce(pipeline.input, b"\x05junk", b"k")
     assert producer.flush(30) == 0
     worker = pipeline.worker("--stop-at-end")
-    assert worker.wait(120) == 1, worker.output()[-3000:]
+    assert worker.wait(120) == EXIT_STOPPED_ON_PURPOSE, worker.output()[-3000:]
     assert "no --dlq-topic" in worker.output() and "bad-magic" in worker.output()
+    assert "stopped on purpose (no-dlq-topic)" in worker.output()
     committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
     ends = end_offsets(pipeline.bootstrap, pipeline.input)
     assert sum(max(c, 0) for c in committed.values()) < sum(ends.values()), "the bad record was committed"
+
+
+def test_a_flood_of_records_the_model_cannot_take_is_dead_lettered_and_the_records_behind_are_predicted(
+        pipeline: Pipeline) -> None:
+    """A producer release that dropped a feature: 3,000 events of 31 features in a row on one partition, then good
+    ones. The decode stage dead-letters them (never the breaker: they are the records' fault), the worker goes on
+    within a bound, and its log says what is happening."""
+    dlq = pipeline.input.replace("-in-", "-dlq-")
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap, "linger.ms": 5})
+    short = [encode(EVENT, {**r, "features": r["features"][:31]}) for r in generate_events(3000, seed=65).records()]
+    for value in short:
+        producer.produce(pipeline.input, value, b"one-producer")
+    assert producer.flush(30) == 0
+    good = pipeline.produce(500, seed=66)
+    started = time.monotonic()
+    worker = pipeline.worker("--dlq-topic", dlq, "--stop-at-end", "--max-batch-size", "256")
+    assert worker.wait(90) == 0, worker.output()[-3000:]
+    assert time.monotonic() - started < 90
+    assert len(read_all(pipeline.bootstrap, dlq, 3000)) == 3000
+    reader = pipeline.reader()
+    try:
+        assert reader.read_until(good, timeout_s=30), f"{reader.missing(good)} never predicted"
+    finally:
+        reader.close()
+    assert pipeline.committed_problems() == []
+    assert re.search(r"[\d,]+ input records dead-lettered at the decode stage in the last \d+ s \(shape [\d,]+\)",
+                     worker.output()), worker.output()[-3000:]
+    assert "dead_lettered=3000" in worker.output() and "circuit breaker" not in worker.output()
+
+
+def test_a_model_that_fails_everything_stops_on_purpose_and_a_restart_says_so_until_it_is_past(
+        pipeline: Pipeline) -> None:
+    dlq = pipeline.input.replace("-in-", "-dlq-")
+    ids = pipeline.produce(400, seed=67)
+    broken = ("--dlq-topic", dlq, "--model", "tests.handlers:BrokenHandler", "--max-batch-size", "64")
+    first = pipeline.worker(*broken)
+    assert first.wait(120) == EXIT_STOPPED_ON_PURPOSE, first.output()[-3000:]
+    assert "dead-letter circuit breaker: the model failed on" in first.output()
+    assert "stopped on purpose (dead-letter-breaker)" in first.output()
+    committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
+    # A restart knows: its log and its /readyz say the last run stopped on purpose there, and it stops again.
+    port = free_port()
+    again = pipeline.worker(*broken, "--metrics-port", str(port), env={"STREAM_TEST_SLEEP_S": "3"})
+    readiness = []
+    while again.proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+                readiness.append((answer.status, answer.read().decode()))
+        except urllib.error.HTTPError as exc:
+            readiness.append((exc.code, exc.read().decode()))
+        except OSError:
+            pass
+        time.sleep(0.1)
+    assert again.wait(60) == EXIT_STOPPED_ON_PURPOSE, again.output()[-3000:]
+    assert re.search(r"the last run of this group stopped on purpose at offset \d+ .*dead-letter circuit breaker",
+                     again.output()), again.output()[-3000:]
+    assert "stopped on purpose 2 times in a row at the same positions" in again.output()
+    noted = [body for status, body in readiness if status == 503 and "stopped on purpose" in body]
+    assert noted and all(status == 503 for status, _ in readiness), readiness[-3:]
+    assert "docs/operations.md" in noted[0]
+    assert committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input) == committed, "nothing moved"
+    # The operator's way out that loses nothing: the breaker off for one run dead-letters what the model fails on.
+    out = pipeline.worker("--dlq-topic", dlq, "--model", "tests.handlers:BrokenHandler", "--dlq-max-fraction", "1",
+                          "--stop-at-end")
+    assert out.wait(120) == 0, out.output()[-3000:]
+    assert "(2 times in a row)" in out.output()
+    assert pipeline.committed_problems() == []
+    dead = read_all(pipeline.bootstrap, dlq, len(ids))
+    assert {h[DLQ_ERROR_REASON] for h, _, _ in dead} == {b"model-error"} and len(dead) >= len(ids)
 
 
 def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline: Pipeline) -> None:

@@ -44,7 +44,8 @@ def event_bytes(**overrides: object) -> bytes:
 
 
 def demo_side(impl: str) -> tuple[ColumnDecoder, InputBinder]:
-    decoder, binder = input_side(DemoFraudHandler(), FOLDER, EVENT)
+    handler = DemoFraudHandler()
+    decoder, binder = input_side(handler.inputs, FOLDER, EVENT, copies=handler.copy_fields)
     decoder._native = decoder_module._nativecodec if impl == "c" else None
     return decoder, binder
 

@@ -27,6 +27,7 @@ def test_each_model_declares_what_its_handler_reads_by_default() -> None:
 def test_the_built_in_table_says_what_the_handlers_say() -> None:
     demo, minilm = DemoFraudHandler(None), MiniLMHandler(None)
     assert BUILT_IN["demo"].name == demo.name and BUILT_IN["minilm"].name == minilm.name
+    assert BUILT_IN["demo"].inputs == demo.inputs and BUILT_IN["minilm"].inputs == minilm.inputs
     assert declared("demo").vector_size is None and declared("demo").output_schema == demo.output_schema
     assert declared("tests.handlers:PoisonHandler").output_schema == demo.output_schema
     [embedding] = minilm.outputs

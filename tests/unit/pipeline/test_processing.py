@@ -20,7 +20,7 @@ from stream.codec import (
 )
 from stream.codec import decoder as decoder_module
 from stream.config import load_settings
-from stream.errors import ModelError, StreamError, UnrecoverableModelError
+from stream.errors import ModelError, StoppedOnPurpose, StreamError, UnrecoverableModelError
 from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
@@ -322,15 +322,33 @@ def test_systemic_error_stops_without_acknowledging(model_dir: Path) -> None:
     assert pub.sent == [] and tracker.committable() == {}
 
 
-def test_circuit_breaker_trips_on_a_mostly_bad_stream(model_dir: Path) -> None:
+def test_a_flood_of_records_the_model_cannot_take_is_dead_lettered_and_the_stream_goes_on(
+        model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     processor, pub = make(model_dir, max_fraction=0.2)
+    short = encode(EVENT, {**generate_events(1, seed=3).records()[0], "features": [0.5] * 31})  # 31 of 32
+    for _ in range(30):  # 3,000 in a row: the decode stage's, never the breaker's
+        processor.process(batch_of([short] * 100, pub)[0])
+    batch, tracker = batch_of(events(50), pub)
+    processor.process(batch)
+    assert pub.topics() == ["dlq"] * 3000 + ["out"] * 50, "the records behind them are predicted"
+    assert tracker.committable() == {("in", 0): 50}
+    assert processor._metrics.dead_letters.labels("decode", "shape")._value.get() == 3000
+    processor.rejected.flush()
+    first, rest = [r.getMessage() for r in caplog.records if "decode stage" in r.getMessage()]
+    assert "100 input records dead-lettered at the decode stage" in first, "the first of them at once"
+    assert "2,900 input records dead-lettered at the decode stage" in rest and "(shape 2,900)" in rest, rest
+    assert "in[0]@99" in rest, "where the latest one was"
+
+
+def test_a_model_that_fails_on_every_record_still_trips_the_breaker(model_dir: Path) -> None:
+    processor, pub = make(model_dir, max_fraction=0.3)
     for _ in range(3):
-        batch, _ = batch_of(events(50), pub)
-        processor.process(batch)
-    with pytest.raises(StreamError, match="circuit breaker"):
-        for _ in range(5):
-            batch, _ = batch_of([b"\x01x"] * 50, pub)
-            processor.process(batch)
+        processor.process(batch_of(events(50), pub)[0])
+    # the model failed on 50 of the 200 records it was given: 25 %, under 30 %
+    processor.process(batch_of(events(50, poison_rows=range(50)), pub)[0])
+    with pytest.raises(StoppedOnPurpose, match="the model failed on 100 of the last 250") as stopped:
+        processor.process(batch_of(events(50, poison_rows=range(50)), pub)[0])
+    assert stopped.value.reason == "dead-letter-breaker" and (stopped.value.partition, stopped.value.offset) == (0, 0)
 
 
 def test_breaker_window_forgets_old_batches() -> None:
@@ -362,7 +380,7 @@ def test_an_unreachable_registry_is_waited_out_and_a_stop_abandons_the_batch(mod
     from stream.pipeline.processing import Abandoned
 
     processor, pub = make(model_dir)
-    real = processor._decoder
+    real = processor._decode_stage.decoder
     failures = [2]
 
     class Flaky:
@@ -372,7 +390,7 @@ def test_an_unreachable_registry_is_waited_out_and_a_stop_abandons_the_batch(mod
                 raise RegistryUnavailable("schema registry http://r: schema id 1: ConnectError")
             return real.decode_batch(values, max_bytes)
 
-    processor._decoder = Flaky()  # type: ignore[assignment]
+    processor._decode_stage.decoder = Flaky()  # type: ignore[assignment]
     batch, tracker = batch_of(events(5), pub)
     processor.process(batch)
     assert len(pub.sent) == 5 and failures == [0], "published once the registry answered"
@@ -524,12 +542,12 @@ def test_the_c_codec_decodes_and_encodes_a_batch_without_holding_the_gil(model_d
     encode run in C while the other stages' threads run Python."""
     processor, pub = make(model_dir)
     probe = GilProbe(decoder_module._nativecodec)
-    processor._decoder._native = probe
+    processor._decode_stage.decoder._native = probe
     processor._encoder._native = probe
     batch, _ = batch_of(events(20_000), pub)
-    decoded, errors = processor._decoder.decode_batch(batch.records)
+    decoded, errors = processor._decode_stage.decoder.decode_batch(batch.records)
     assert errors == [] and len(decoded) == 20_000
-    processor._decoder.decode_batch(batch.records.values())
+    processor._decode_stage.decoder.decode_batch(batch.records.values())
     assert probe.ran == [("run_plan", True), ("run_plan", False)], \
         "the joined records are decoded without the GIL, a list of bytes objects with it (the probe tells apart)"
     outputs = processor.engine.run({"features": np.zeros((20_000, 32), dtype=np.float32)}).outputs
