@@ -28,7 +28,8 @@ _CONSUMER_OWNED = {
 _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 # STREAM_* variables read elsewhere (broker cache, test fixtures and fault hooks), not worker settings.
 NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_REQUIRE_NATIVE"})
-NON_SETTING_PREFIX = "STREAM_TEST_"
+# STREAM_TEST_*: test fault hooks; STREAM_GATEWAY_*: the gateway's settings (`stream.gateway.settings`).
+NON_SETTING_PREFIXES = ("STREAM_TEST_", "STREAM_GATEWAY_")
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
@@ -405,17 +406,17 @@ def load_settings(overrides: Mapping[str, Any], environ: Mapping[str, str] | Non
         given["schema_registry_url"] = env["SCHEMA_REGISTRY_URL"]
     # Every STREAM_* variable must be a setting (typos fail loudly) except the few other tools read.
     stream_env = {k[len("STREAM_"):].lower(): v for k, v in env.items()
-                  if k.startswith("STREAM_") and k not in NON_SETTING_ENV and not k.startswith(NON_SETTING_PREFIX)}
+                  if k.startswith("STREAM_") and k not in NON_SETTING_ENV and not k.startswith(NON_SETTING_PREFIXES)}
     try:
         return WorkerSettings.model_validate({**stream_env, **given})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def format_validation_error(exc: ValidationError, what: str = "worker", env_prefix: str = "STREAM_") -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "settings"
         flag = "--" + where.replace("_", "-") if err["loc"] else where
-        lines.append(f"{flag} (STREAM_{where.upper()}): {err['msg']}")
-    return "invalid worker settings:\n  " + "\n  ".join(lines)
+        lines.append(f"{flag} ({env_prefix}{where.upper()}): {err['msg']}")
+    return f"invalid {what} settings:\n  " + "\n  ".join(lines)

@@ -1,17 +1,20 @@
 """``python -m stream gateway``: an HTTP front for callers that wait for their prediction, in the protocols their
-clients speak: its own ``/v1/predict``, OpenAI's embeddings API and TEI's ``/embed`` (`stream.gateway.openai`), the
-Open Inference Protocol (`stream.gateway.kserve`); API keys and HTTPS (`stream.gateway.auth`).
+clients speak: its own ``/v1/predict`` (`stream.gateway.app`), OpenAI's embeddings API and TEI's ``/embed``
+(`stream.gateway.openai`), the Open Inference Protocol (`stream.gateway.kserve`); API keys and HTTPS
+(`stream.gateway.auth`); every caller's resources bounded (`stream.gateway.server`).
 
-Each request becomes a record of the input topic (the durable queue the workers batch from) with a reply address;
-the worker that predicts it publishes a copy of the prediction to this gateway's reply partition, where the
-gateway picks it up and answers (`stream.kafka.replies`, `stream.gateway.client`, `stream.gateway.app`).
+Each request goes one way, whatever its protocol (`stream.gateway.door`): its events checked as the workers will
+check them, then produced to the input topic (the durable queue the workers batch from) with a reply address, all
+or none; the worker that predicts each publishes a copy of the prediction to this gateway's reply partition, where
+the gateway picks it up and answers (`stream.kafka.replies`, `stream.gateway.client`).
 
 Why Starlette on uvicorn: an asyncio server holds thousands of waiting callers on one thread (each waits on a
 future the client's reply thread settles), both are small, maintained and typed, and neither brings a framework
-the worker does not need (FastAPI's request models would duplicate the Avro schema, which is the contract here).
+the worker does not need.
 
-Layer: imports `stream.errors`, `stream.config`, `stream.models` (names only), `stream.kafka`, `stream.codec` and
-`stream.ops`, never the pipeline (a gateway runs without torch); only the commands import it.
+Layer: imports `stream.errors`, `stream.config`, `stream.models` (declarations only), `stream.kafka`,
+`stream.codec`, `stream.ops` and the pipeline's decode stage (`stream.pipeline.contract`, no torch for the
+built-in models); only the commands import it.
 """
 
 from __future__ import annotations
@@ -28,128 +31,84 @@ from typing import TYPE_CHECKING, Any
 from stream.errors import ConfigError
 
 if TYPE_CHECKING:
-    from starlette.routing import Route
-
     from stream.codec.registry import SchemaSource, WriterSchema
     from stream.gateway.app import GatewayMetrics
-    from stream.gateway.client import PredictionClient
+    from stream.gateway.auth import KeySource
+    from stream.gateway.door import Door
+    from stream.gateway.http import Operation
+    from stream.gateway.server import BodyBudget, Limits
+    from stream.gateway.settings import GatewaySettings
+    from stream.pipeline.contract import DecodeStage
 
 log = logging.getLogger(__name__)
+HEADROOM_BYTES = 1024  # what an event's record needs beside its value: its key, its reply header, the framing
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from stream.gateway.settings import add_arguments
+
     g = sub.add_parser("gateway", help="an HTTP service answering callers with their prediction: POST /v1/predict, "
-                                       "OpenAI's /v1/embeddings, TEI's /embed, KServe v2 / Triton's /v2")
-    g.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
-                   help="Kafka brokers (KAFKA_BOOTSTRAP_SERVERS; other KAFKA_* variables as for the worker)")
-    g.add_argument("--input-topic", required=True, help="the workers' input topic")
-    g.add_argument("--reply-topic", default=None,
-                   help="where workers send replies (default <input-topic>.replies, the workers' default "
-                        "--reply-topics); created if missing")
-    g.add_argument("--reply-partition", type=int, default=0,
-                   help="the partition of the reply topic this gateway reads: one per gateway replica (0)")
-    g.add_argument("--reply-partitions", type=int, default=4,
-                   help="partitions of the reply topic when it is created here (4: room for four replicas)")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0: every interface)")
-    g.add_argument("--port", type=int, default=8080)
-    g.add_argument("--timeout-ms", type=float, default=5000.0,
-                   help="answer 504 when no prediction came within this long (5000)")
-    g.add_argument("--max-pending", type=int, default=1000,
-                   help="answer 503 while this many events wait for their predictions (1000)")
-    g.add_argument("--max-input-bytes", type=int, default=1_048_576,
-                   help="answer 413 for a body, or an event encoded, over this size (1 MiB, as the worker)")
-    g.add_argument("--schema-registry-url", default=os.environ.get("SCHEMA_REGISTRY_URL"),
-                   help="a Confluent-compatible schema registry (SCHEMA_REGISTRY_URL); without it, --schemas-dir")
-    g.add_argument("--schemas-dir", default=None, help="the schema folder (default: the repository's schemas/)")
-    g.add_argument("--input-schema", default=None,
-                   help="the events' schema: an .avsc file (registered under <input-topic>-value), or a subject "
-                        "(registry) / record name (folder); default as the worker's: with a registry "
-                        "<input-topic>-value, else the --model's own")
-    g.add_argument("--model", default=os.environ.get("STREAM_MODEL", "demo"),
-                   help="the workers' --model (STREAM_MODEL; default demo), whose input schema is the default "
-                        "--input-schema without a registry, as for the worker (the model is not loaded)")
-    g.add_argument("--served-model-name", default=None,
-                   help="the model name OpenAI's API and the v2 protocol serve (/v1/models, /v2/models/NAME; a "
-                        "request naming another gets 404); "
-                        "default: the --model's own name (minilm: all-MiniLM-L6-v2), else --model")
-    g.add_argument("--text-field", default=None,
-                   help="/v1/embeddings: the input schema's field that gets each text (default: text); the other "
-                        "fields get fresh ids (strings), the time (timestamps) or their defaults")
-    g.add_argument("--text-event-field", action="append", default=[], metavar="NAME=VALUE",
-                   help="/v1/embeddings: a value for another field of each text's event (repeatable)")
-    g.add_argument("--output-schema", default=None,
-                   help="the workers' prediction schema (a record name in the schema folder, or a subject), for the "
-                        "v2 model metadata's outputs; default: the --model's own (demo's), else none listed")
-    g.add_argument("--embedding-field", default="embedding",
-                   help="/v1/embeddings: the prediction's float-vector field (embedding)")
-    g.add_argument("--max-texts", type=int, default=512,
-                   help="/v1/embeddings: most texts in one request (512; at most --max-pending); more: 400")
-    g.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="a key callers send as Authorization: Bearer KEY (repeat it for several; also "
-                        "STREAM_GATEWAY_API_KEYS, comma-separated); every route but /healthz, /readyz and the v2 "
-                        "health ones needs one; without any key, anyone who can reach the port may call")
-    g.add_argument("--api-key-file", action="append", default=[], metavar="PATH",
-                   help="a file of keys, one a line (# comments), e.g. a mounted Kubernetes secret")
-    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
-    g.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
-    g.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
-                   help="the event loop: asyncio's own, or uvloop (libuv; install it yourself: it measured no "
-                        "faster here, docs/gateway.md); auto: uvloop when installed")
-    g.add_argument("--shutdown-timeout-s", type=float, default=30.0,
-                   help="on SIGTERM, how long to wait for the requests in flight (30)")
-    g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                                       "OpenAI's /v1/embeddings, TEI's /embed, KServe v2 / Triton's /v2",
+                       description="Puts each caller's events on the input topic, with a reply address, and answers "
+                                   "with their predictions. Every flag has a STREAM_GATEWAY_* variable of its name.")
+    add_arguments(g)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; then stop taking requests and wait for the pending ones (bounded)."""
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    from stream.gateway.settings import GatewaySettings, load_gateway_settings
+
+    settings = load_gateway_settings({name: getattr(args, name, None) for name in GatewaySettings.model_fields})
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    _check(args)
-    from pathlib import Path
+    _check_tls(settings)
+    from stream.gateway.auth import load_keys
 
-    from stream.gateway.auth import ApiKeys, load_keys
-
-    keys = load_keys(args.api_key, args.api_key_file)
+    keys = load_keys([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
 
     import uvicorn
+    from uvicorn._compat import asyncio_run
 
     from stream.codec.registry import open_source
     from stream.config import default_reply_topic, kafka_admin_env_config, kafka_env_config
-    from stream.gateway.app import GatewayMetrics, build_app
     from stream.gateway.client import PredictionClient
+    from stream.gateway.server import protocol_class, with_tls_handshake_timeout
     from stream.kafka.topics import create_topics, partitions_of
 
-    reply_topic = args.reply_topic or default_reply_topic(args.input_topic)
+    reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
     consumer_env, producer_env = kafka_env_config(os.environ)
     admin_env = kafka_admin_env_config(os.environ)
-    create_topics(args.bootstrap_servers, [reply_topic], args.reply_partitions, client_config=admin_env)
-    partitions = partitions_of(args.bootstrap_servers, reply_topic, admin_env)
-    if args.reply_partition not in partitions:
-        raise ConfigError(f"--reply-partition {args.reply_partition}: {reply_topic} has {len(partitions)} "
+    create_topics(settings.bootstrap_servers, [reply_topic], settings.reply_partitions, client_config=admin_env)
+    partitions = partitions_of(settings.bootstrap_servers, reply_topic, admin_env)
+    if settings.reply_partition not in partitions:
+        raise ConfigError(f"--reply-partition {settings.reply_partition}: {reply_topic} has {len(partitions)} "
                           "partition(s) (it existed already; add partitions with kafka-topics --alter)")
-    source = open_source(args.schema_registry_url, Path(args.schemas_dir) if args.schemas_dir else None)
-    schema = _input_schema(source, args)
+    max_input_bytes = _max_input_bytes(settings, producer_env, admin_env)
+    source = open_source(settings.schema_registry_url, settings.schemas_dir)
     client = PredictionClient(
-        bootstrap_servers=args.bootstrap_servers, input_topic=args.input_topic, reply_topic=reply_topic,
-        reply_partition=args.reply_partition, source=source, input_schema=schema,
-        timeout_s=args.timeout_ms / 1000.0, max_pending=args.max_pending, max_input_bytes=args.max_input_bytes,
-        producer_config=producer_env, consumer_config=consumer_env)
-    metrics = GatewayMetrics(client)
-    app = build_app(client, metrics, args.max_input_bytes,
-                    [*_embeddings_routes(args, client, schema, metrics),
-                     *_inference_routes(args, client, schema, source, metrics)])
-    served = ApiKeys(app, keys) if keys else app
-    server = uvicorn.Server(uvicorn.Config(served, host=args.host, port=args.port, log_level="warning",
-                                           access_log=False, lifespan="off", loop=args.loop,
-                                           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                                           timeout_graceful_shutdown=int(max(1, args.shutdown_timeout_s))))
-    scheme = "https" if args.ssl_certfile else "http"
-    log.info("gateway on %s://%s:%d: events to %s as %s (id %d), replies from %s[%d]", scheme, args.host, args.port,
-             args.input_topic, schema.name, schema.schema_id, reply_topic, args.reply_partition)
+        bootstrap_servers=settings.bootstrap_servers, input_topic=settings.input_topic, reply_topic=reply_topic,
+        reply_partition=settings.reply_partition, source=source, timeout_s=settings.timeout_ms / 1000.0,
+        max_pending=settings.max_pending, worker_group=settings.worker_group, producer_config=producer_env,
+        consumer_config=consumer_env, admin_config=admin_env)
+    try:
+        served, limits = make_app(settings, source, client, max_input_bytes, keys)
+    except BaseException:
+        client.close(0)
+        raise
+    config = uvicorn.Config(served, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                            lifespan="off", loop=settings.loop, http=protocol_class(limits),
+                            timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+                            ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile,
+                            timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)))
+    server = uvicorn.Server(config)
+    scheme = "https" if settings.ssl_certfile else "http"
+    log.info("gateway on %s://%s:%d: events to %s, checked against --model %s, up to %d bytes; replies from "
+             "%s[%d]", scheme, settings.host, settings.port, settings.input_topic, settings.model, max_input_bytes,
+             reply_topic, settings.reply_partition)
     if keys:
         log.info("callers need one of %d API key(s) (Authorization: Bearer)", len(keys))
     else:
-        log.warning("no --api-key: anyone who can reach %s:%d may call this gateway", args.host, args.port)
+        log.warning("no --api-key: anyone who can reach %s:%d may call this gateway", settings.host, settings.port)
     # uvicorn serves SIGTERM/SIGINT itself (stops listening, waits for the requests in flight up to the bound),
     # then raises the signal again under the handler it found: one that does nothing lets the client close next.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,10 +117,12 @@ def run(args: argparse.Namespace) -> int:
     # walks only what requests allocate (it walked the imports too, every request waiting behind it).
     gc.collect()
     gc.freeze()
+    loop_factory = config.get_loop_factory()
     try:
-        server.run()
+        asyncio_run(server.serve(), loop_factory=with_tls_handshake_timeout(
+            loop_factory or _default_loop, settings.tls_handshake_timeout_s))
     finally:
-        left = client.close(wait_s=args.shutdown_timeout_s)
+        left = client.close(wait_s=settings.shutdown_timeout_s)
         if left:
             log.warning("stopped with %d request(s) unanswered (their events are in the input topic)", left)
         source.close()
@@ -169,81 +130,173 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> None:
-    if not args.bootstrap_servers:
-        raise ConfigError("no brokers: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
-    for name in ("timeout_ms", "max_pending", "max_input_bytes", "reply_partitions", "shutdown_timeout_s",
-                 "max_texts"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}")
-    if not 0 <= args.reply_partition < args.reply_partitions:
-        raise ConfigError(f"--reply-partition {args.reply_partition} is not one of the reply topic's "
-                          f"{args.reply_partitions} partitions (--reply-partitions)")
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port {args.port} is not a TCP port")
-    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
-        raise ConfigError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
-    if args.ssl_certfile:
+def make_app(settings: GatewaySettings, source: SchemaSource, client: Any, max_input_bytes: int,
+             keys: KeySource | None = None) -> tuple[Any, Limits]:
+    """The gateway's ASGI app over ``client`` (a `stream.gateway.client.PredictionClient`, or a stand-in with its
+    ``send``, ``max_pending``, ``pending``, ``alive`` and ``ready``), and the limits its server applies."""
+    from stream.gateway.app import GatewayMetrics, build_app, own_operations
+    from stream.gateway.auth import ApiKeys
+    from stream.gateway.door import Door
+    from stream.gateway.events import EventEncoder, json_schema
+    from stream.gateway.server import BodyBudget, Limits
+
+    schema = _input_schema(source, settings)
+    encoder = EventEncoder(schema, max_input_bytes)
+    stage = _decode_stage(settings, source, schema, max_input_bytes)
+    output = _output_schema(settings, source)
+    door = Door(encoder, stage, client)
+    limits = Limits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
+                    body_timeout_s=settings.body_timeout_s, tls_handshake_timeout_s=settings.tls_handshake_timeout_s,
+                    keep_alive_s=settings.keep_alive_s, max_body_bytes=settings.max_body_bytes,
+                    max_buffered_bytes=settings.max_buffered_bytes, max_connections=settings.max_connections)
+    budget = BodyBudget(limits)
+    metrics = GatewayMetrics(client)
+    components: dict[str, Any] = {}
+    operations = [*own_operations(door, client, budget, metrics, components,
+                                  json_schema(output) if output else None),
+                  *_embeddings_operations(settings, door, budget, schema, metrics, components),
+                  *_inference_operations(settings, door, budget, schema, output, client, metrics, components)]
+    app = build_app(operations, budget, components, version=_version(), secured=keys is not None)
+    log.info("events as %s (id %d)", schema.name, schema.schema_id)
+    return (ApiKeys(app, keys, {op.path for op in operations if op.open}) if keys else app), limits
+
+
+def _default_loop() -> Any:
+    import asyncio
+
+    return asyncio.new_event_loop()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kafka-microbatch-inference")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _check_tls(settings: GatewaySettings) -> None:
+    if settings.ssl_certfile:
         import ssl
 
         try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(settings.ssl_certfile,
+                                                                                settings.ssl_keyfile)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--ssl-certfile {args.ssl_certfile} / --ssl-keyfile {args.ssl_keyfile}: {exc}") from None
+            raise ConfigError(f"--ssl-certfile {settings.ssl_certfile} / --ssl-keyfile {settings.ssl_keyfile}: "
+                              f"{exc}") from None
 
 
-def _embeddings_routes(args: argparse.Namespace, client: PredictionClient, schema: WriterSchema,
-                       metrics: GatewayMetrics) -> list[Route]:
+def _max_input_bytes(settings: GatewaySettings, producer_env: dict[str, str], admin_env: dict[str, str]) -> int:
+    """``--max-input-bytes``, or what the producer and the input topic can take: an event the broker would refuse
+    must be a 413 at the door, never a 503 after it."""
+    try:
+        producer_max = int(producer_env.get("message.max.bytes", 1_000_000))
+    except ValueError:
+        raise ConfigError(f"message.max.bytes {producer_env['message.max.bytes']!r} is not a number") from None
+    topic_max = _topic_max_message_bytes(settings, admin_env)
+    can = min(producer_max, topic_max or producer_max) - HEADROOM_BYTES
+    why = f"the producer's message.max.bytes {producer_max:,}" + (
+        f" and the input topic's max.message.bytes {topic_max:,}" if topic_max else "")
+    if settings.max_input_bytes is None:
+        if can < 16:
+            raise ConfigError(f"{why} leave no room for an event")
+        return can
+    if settings.max_input_bytes > can:
+        raise ConfigError(f"--max-input-bytes {settings.max_input_bytes:,} is more than the broker takes: {why}, "
+                          f"less {HEADROOM_BYTES} bytes for the key and headers, is {can:,}")
+    return settings.max_input_bytes
+
+
+def _topic_max_message_bytes(settings: GatewaySettings, admin_env: dict[str, str]) -> int | None:
+    """The input topic's max.message.bytes, where the brokers tell (None: they do not, or not to us)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, **admin_env})
+    try:
+        [future] = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, settings.input_topic)],
+                                          request_timeout=10).values()
+        entry = future.result().get("max.message.bytes")
+        return int(entry.value) if entry is not None and entry.value else None
+    except (KafkaException, ValueError, TypeError) as exc:
+        log.info("the input topic's max.message.bytes is not known (%s): the producer's limit applies", exc)
+        return None
+
+
+def _decode_stage(settings: GatewaySettings, source: SchemaSource, schema: WriterSchema,
+                  max_input_bytes: int) -> DecodeStage:
+    """The workers' decode stage for ``--model``'s inputs, run on every event before it is sent."""
+    from stream.pipeline.contract import decode_stage, model_inputs
+    from stream.pipeline.inputs import parse_input_map
+
+    inputs = model_inputs(settings.model, settings.model_dir)
+    try:
+        stage = decode_stage(inputs, source, schema, parse_input_map(settings.input_map), max_input_bytes)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}\n(--model, --model-dir and --input-map name the workers' model: the gateway "
+                          "checks each event as they will)") from None
+    stage.decoder.plan_for(schema.schema_id)  # the writer's plan made now, not at the first request
+    return stage
+
+
+def _output_schema(settings: GatewaySettings, source: SchemaSource) -> Any:
+    """The prediction schema as JSON, when known: --output-schema, else the model's own without a registry (with
+    one the workers register theirs under a subject of the output topic's, which the gateway does not know)."""
+    from stream.models.declared import declared
+
+    name = settings.output_schema or (None if settings.schema_registry_url else declared(settings.model).output_schema)
+    if not name:
+        return None
+    try:
+        return _raw(source.latest(name).raw)
+    except ConfigError as exc:
+        if settings.output_schema:
+            raise
+        log.info("the prediction schema is not known: %s (--output-schema names the workers')", exc)
+        return None
+
+
+def _embeddings_operations(settings: GatewaySettings, door: Door, budget: BodyBudget, schema: WriterSchema,
+                           metrics: GatewayMetrics, components: dict[str, Any]) -> list[Operation]:
     """OpenAI's embeddings API and TEI's /embed (`stream.gateway.openai`). An input schema with no text field
     (and no --text-field) turns them off: they answer 404 saying why. One whose other required fields a text
     cannot fill stops the start, as does a --text-field or --text-event-field that does not fit it."""
-    from stream.gateway.app import read_body, timed
-    from stream.gateway.openai import EmbeddingsApi, unavailable_routes
+    from stream.gateway.openai import EmbeddingsApi, unavailable_operations
     from stream.gateway.texts import NoTextField, TextEvents, parse_field_values
     from stream.models.declared import declared
 
-    values = parse_field_values(args.text_event_field)
+    values = parse_field_values(settings.text_event_field)
     try:
-        texts = TextEvents(_raw(schema.raw), args.text_field, values)
+        texts = TextEvents(_raw(schema.raw), settings.text_field, values)
     except NoTextField as exc:
         if values:
             raise
         log.info("OpenAI's embeddings API is off: %s", exc)
-        return unavailable_routes(str(exc))
-    model = declared(args.model)
-    api = EmbeddingsApi(client, texts, model_name=args.served_model_name or model.name or args.model,
-                        embedding_field=args.embedding_field, dimensions=model.vector_size,
-                        max_texts=min(args.max_texts, args.max_pending),
-                        read_body=lambda request: read_body(request, args.max_input_bytes))
+        return unavailable_operations(str(exc))
+    model = declared(settings.model)
+    api = EmbeddingsApi(door, budget, texts, model_name=settings.served_model_name or model.name or settings.model,
+                        embedding_field=settings.embedding_field, dimensions=model.vector_size,
+                        max_texts=min(settings.max_texts, settings.max_pending))
     log.info("OpenAI's embeddings API: /v1/embeddings serves %s, texts into %s.%s", api.model_name, schema.name,
              texts.text_field)
-    return api.routes(lambda handler: timed(handler, metrics.embeddings, metrics.embeddings_latency))
+    return api.operations(components, (metrics.embeddings, metrics.embeddings_latency))
 
 
-def _inference_routes(args: argparse.Namespace, client: PredictionClient, schema: WriterSchema,
-                      source: SchemaSource, metrics: GatewayMetrics) -> list[Route]:
+def _inference_operations(settings: GatewaySettings, door: Door, budget: BodyBudget, schema: WriterSchema,
+                          output: Any, client: Any, metrics: GatewayMetrics, components: dict[str, Any]
+                          ) -> list[Operation]:
     """The Open Inference Protocol's routes (`stream.gateway.kserve`)."""
-    from stream.gateway.app import read_body, timed
     from stream.gateway.kserve import InferenceApi
     from stream.models.declared import declared
 
-    model = declared(args.model)
-    # The model's own names a record in the schema folder; with a registry the workers register theirs under a
-    # subject of the output topic's, which the gateway does not know: --output-schema names it.
-    output_name = args.output_schema or (None if args.schema_registry_url else model.output_schema)
-    output = None
-    if output_name:
-        try:
-            output = _raw(source.latest(output_name).raw)
-        except ConfigError as exc:
-            if args.output_schema:
-                raise
-            log.info("the v2 model metadata lists no outputs: %s (--output-schema names the workers')", exc)
-    api = InferenceApi(client, _raw(schema.raw), output, model_name=args.served_model_name or model.name or args.model,
-                       read_body=lambda request: read_body(request, args.max_input_bytes))
+    api = InferenceApi(door, budget, _raw(schema.raw), output,
+                       model_name=settings.served_model_name or declared(settings.model).name or settings.model,
+                       probes=client)
     log.info("the Open Inference Protocol (v2): /v2/models/%s, inputs %s", api.model_name,
              ", ".join(f.name for f in api.inputs))
-    return api.routes(lambda handler: timed(handler, metrics.infer, metrics.infer_latency))
+    return api.operations(components, (metrics.infer, metrics.infer_latency))
 
 
 def _raw(raw: Any) -> Any:
@@ -251,21 +304,21 @@ def _raw(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str) else raw
 
 
-def _input_schema(source: SchemaSource, args: argparse.Namespace) -> WriterSchema:
+def _input_schema(source: SchemaSource, settings: GatewaySettings) -> WriterSchema:
     """The events' schema, registered (its id goes in front of each event): an .avsc file registered under
     ``<input-topic>-value`` (or found in the folder), else a subject or record name, else the worker's default:
     that subject with a registry, the model's own input schema without."""
     from stream.codec.registry import reader_schema
     from stream.models.declared import declared_input_schema
 
-    subject = f"{args.input_topic}-value"
-    if args.input_schema and args.input_schema.endswith(".avsc"):
-        return source.register(subject, reader_schema(source, args.input_schema, None).raw)
-    if args.input_schema or args.schema_registry_url:
-        return reader_schema(source, args.input_schema, subject)
-    declared = declared_input_schema(args.model)
+    subject = f"{settings.input_topic}-value"
+    if settings.input_schema and settings.input_schema.endswith(".avsc"):
+        return source.register(subject, reader_schema(source, settings.input_schema, None).raw)
+    if settings.input_schema or settings.schema_registry_url:
+        return reader_schema(source, settings.input_schema, subject)
+    declared = declared_input_schema(settings.model)
     if declared is None:
-        raise ConfigError(f"no input schema: --model {args.model} declares none; pass --input-schema (an .avsc "
+        raise ConfigError(f"no input schema: --model {settings.model} declares none; pass --input-schema (an .avsc "
                           "file or a record name in the schema folder), or --schema-registry-url (the subject "
                           "<input-topic>-value)")
     return reader_schema(source, declared, None)

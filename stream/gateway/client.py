@@ -1,96 +1,56 @@
-"""The caller's side of the durable queue: ``submit(event) -> Future`` of its prediction.
+"""The gateway's side of the durable queue: framed events in, futures of their predictions out.
 
-`PredictionClient` encodes an event with the input schema (validated first: a refused event never reaches the
-topic), produces it to the input topic with a reply address (`stream.kafka.replies`: this client's reply topic and
-partition, and a correlation id), and reads its reply partition, and only that one, from the end it had at
-start: each reply settles the future of its correlation id with the prediction record (a dict, as the output
-schema decodes it) or with `DeadLettered`. A future not settled within ``timeout_s`` of its submission fails with
-`RequestTimeout`, naming the input record's partition and offset when the broker acknowledged it: the record is
-durable, a worker will still predict it, and its prediction will be in the output topic.
+`PredictionClient.send` produces events to the input topic with a reply address (`stream.kafka.replies`: this
+client's reply topic and partition, and a correlation id), all of a request's or none: it refuses at once, nothing
+sent, when ``max_pending`` events already wait or no worker serves the topic (`stream.gateway.presence`). It reads
+its reply partition, and only that one, from the end it had at start: each reply settles the future of its
+correlation id with the prediction record (a dict, as the output schema decodes it) or with `DeadLettered`. A
+future not settled within ``timeout_s`` of its sending fails with `RequestTimeout`, naming the input record's
+partition and offset when the broker acknowledged it: the record is durable, a worker will still predict it, and
+its prediction will be in the output topic.
 
 One background thread serves the producer's delivery reports, reads replies and expires futures; a second one
-checks every two seconds that the brokers answer (``ready``). The gateway (`stream.gateway.app`) is one user;
-a service that talks to Kafka itself is another.
+checks every two seconds that the brokers answer and whether a worker serves the topic (``ready``). What the
+broker's client says when it refuses an event goes to the log, never to a caller.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import logging
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from fastavro import parse_schema, schemaless_writer
-from fastavro.validation import ValidationError, validate
+from confluent_kafka.admin import AdminClient
 
-from stream.codec import MAGIC, strip_logical_types
-from stream.codec.registry import SchemaSource, WireDecoder, WriterSchema
+from stream.codec.registry import SchemaSource, WireDecoder
 from stream.errors import StreamError
+from stream.gateway.errors import (
+    BadReply,
+    NotSent,
+    NoWorkers,
+    Overloaded,
+    Oversized,
+    RequestTimeout,
+    dead_lettered,
+)
+from stream.gateway.presence import WorkerPresence
 from stream.kafka.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
 from stream.kafka.replies import REPLY_HEADER, USAGE_TOKENS_HEADER, ReplyAddress
 from stream.ops.verify import headers_of
 
 log = logging.getLogger(__name__)
 _NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
-
-
-class Refused(ValueError):
-    """The event was not sent: the input schema refuses it (``problems``: which field, why)."""
-
-    def __init__(self, message: str, problems: list[str]) -> None:
-        super().__init__(message)
-        self.problems = problems
-
-
-class Oversized(ValueError):
-    """The event was not sent: encoded, it is larger than ``max_input_bytes`` (the workers would dead-letter it)."""
-
-
-class Overloaded(StreamError):
-    """The event was not sent: ``max_pending`` requests are already waiting for their predictions."""
-
-
-class NotSent(StreamError):
-    """The broker did not acknowledge the event (its error says why); no worker will see it."""
-
-
-@dataclass(frozen=True)
-class RequestTimeout(StreamError):
-    """No reply within the timeout. With ``offset`` set the record is durable in the input topic at
-    ``partition``/``offset`` and will still be predicted (into the output topic)."""
-
-    timeout_s: float
-    partition: int | None
-    offset: int | None
-
-    def __str__(self) -> str:
-        where = (f"the event is at partition {self.partition}, offset {self.offset} of the input topic and will "
-                 "still be predicted into the output topic" if self.offset is not None
-                 else "the broker had not acknowledged the event")
-        return f"no prediction within {self.timeout_s * 1000:.0f} ms; {where}"
-
-
-@dataclass(frozen=True)
-class DeadLettered(StreamError):
-    """A worker could not predict the event and sent it to the dead-letter topic (``stage``: decode or model)."""
-
-    stage: str
-    reason: str
-    message: str
-    partition: int | None
-    offset: int | None
-
-    def __str__(self) -> str:
-        return f"dead-lettered at the {self.stage} stage ({self.reason}): {self.message}"
+_TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 
 
 @dataclass(frozen=True)
@@ -130,42 +90,23 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
-def _problems(exc: ValidationError) -> list[str]:
-    """fastavro's validation errors, one line each: the field's path and why."""
-    out = []
-    for err in exc.errors:
-        path = getattr(err, "field", None) or "the event"
-        datum = getattr(err, "datum", None)
-        schema = getattr(err, "schema", None)
-        expected = schema.get("type") if isinstance(schema, dict) else schema
-        out.append(f"{path}: {datum!r:.80} is not {expected}" if expected is not None else str(err))
-    return out or [str(exc)]
-
-
 class PredictionClient:
-    """Events in, futures of their predictions out (see the module's docstring). Thread-safe ``submit``."""
+    """Framed events in, futures of their predictions out (see the module's docstring). Thread-safe ``send``."""
 
     def __init__(self, *, bootstrap_servers: str, input_topic: str, reply_topic: str, reply_partition: int,
-                 source: SchemaSource, input_schema: WriterSchema, timeout_s: float = 5.0,
-                 max_pending: int = 10_000, max_input_bytes: int = 1_048_576,
-                 producer_config: Mapping[str, Any] | None = None,
-                 consumer_config: Mapping[str, Any] | None = None) -> None:
-        if input_schema.schema_id < 0:
-            raise StreamError("the input schema must be registered (it has no id to put in the wire format)")
+                 source: SchemaSource, timeout_s: float = 5.0, max_pending: int = 10_000,
+                 worker_group: str | None = None, producer_config: Mapping[str, Any] | None = None,
+                 consumer_config: Mapping[str, Any] | None = None,
+                 admin_config: Mapping[str, Any] | None = None) -> None:
         self.input_topic = input_topic
         self.address_prefix = f"{reply_topic}:{reply_partition}:"
         self.reply = TopicPartition(reply_topic, reply_partition)
         self.timeout_s = timeout_s
         self.max_pending = max_pending
-        self.max_input_bytes = max_input_bytes
-        self._source = source
-        self._schema: Any = parse_schema(strip_logical_types(input_schema.normalized))
-        self.schema_name = input_schema.name
-        self._header = bytes([MAGIC]) + input_schema.schema_id.to_bytes(4, "big")
         self._decode = WireDecoder(source)
         self._ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
         self._pending: dict[str, _Pending] = {}
-        self._deadlines: deque[tuple[float, str]] = deque()  # in submission order, hence in deadline order
+        self._deadlines: deque[tuple[float, str]] = deque()  # in sending order, hence in deadline order
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reachable = False
@@ -179,6 +120,8 @@ class PredictionClient:
                                    "enable.auto.commit": False, "fetch.wait.max.ms": 10,
                                    "fetch.queue.backoff.ms": 10, "error_cb": self._on_error,
                                    **(consumer_config or {})})
+        self.presence = WorkerPresence(
+            AdminClient({"bootstrap.servers": bootstrap_servers, **(admin_config or {})}), input_topic, worker_group)
         # Read from the end the partition has now, before any request can be sent: a reply to a request sent
         # after this cannot be skipped (OFFSET_END would be resolved later, possibly after such a reply).
         deadline = time.monotonic() + 30.0
@@ -193,66 +136,71 @@ class PredictionClient:
                     raise StreamError(f"reply partition {reply_topic}[{reply_partition}]: {err}") from exc
                 time.sleep(0.2)
         self._consumer.assign([TopicPartition(reply_topic, reply_partition, high if high >= 0 else OFFSET_END)])
+        self.presence.check()  # before the first request
         self._thread = threading.Thread(target=self._serve, name="gateway-replies", daemon=True)
         self._thread.start()
         self._checker = threading.Thread(target=self._check_brokers, name="gateway-brokers", daemon=True)
         self._checker.start()
 
     # -- callers ---------------------------------------------------------------------------------------------
-    def encode(self, event: Mapping[str, Any]) -> bytes:
-        """The event in the wire format the workers read; `Refused` or `Oversized` when it cannot be sent."""
-        if not isinstance(event, Mapping):
-            raise Refused("an event is a JSON object of its fields", [f"got {type(event).__name__}"])
-        try:
-            validate(dict(event), self._schema, raise_errors=True)
-        except ValidationError as exc:
-            raise Refused(f"the event does not match the input schema {self.schema_name}",
-                          _problems(exc)) from None
-        out = BytesIO()
-        out.write(self._header)
-        schemaless_writer(out, self._schema, dict(event))
-        value = out.getvalue()
-        if len(value) > self.max_input_bytes:
-            raise Oversized(f"the event is {len(value)} bytes encoded, over --max-input-bytes "
-                            f"{self.max_input_bytes}")
-        return value
-
-    def submit(self, event: Mapping[str, Any], key: bytes | None = None) -> Future[Prediction]:
-        """Send one event; the future settles with its `Prediction`, or `DeadLettered`, `RequestTimeout`,
-        `NotSent`. Raises `Refused`, `Oversized`, `Overloaded` at once (nothing sent)."""
-        value = self.encode(event)
-        return self.submit_encoded(value, key)
-
-    def submit_encoded(self, value: bytes, key: bytes | None = None) -> Future[Prediction]:
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None) -> list[Future[Prediction]]:
+        """Send every value (framed events) to the input topic, each future settling with its `Prediction`, or
+        `DeadLettered`, `RequestTimeout`, `NotSent`, `BadReply`. Raises before anything is sent when
+        ``max_pending`` would be passed (`Overloaded`), no worker serves the topic (`NoWorkers`) or the client is
+        stopping; `Oversized` or `NotSent` (``sent``: the values before it went) when the broker's client refuses
+        one."""
         if self._stop.is_set():
-            raise Overloaded("the client is closing")
-        future: Future[Prediction] = Future()
+            raise NotSent("the gateway is stopping")
+        if not self.presence.serving():
+            raise NoWorkers(self.presence.why_not())
         now = time.monotonic()
+        futures: list[Future[Prediction]] = []
+        correlations = []
         with self._lock:
-            if len(self._pending) >= self.max_pending:
-                raise Overloaded(f"{len(self._pending)} requests are waiting for their predictions "
-                                 f"(--max-pending {self.max_pending})")
-            correlation = next(self._ids)
-            self._pending[correlation] = _Pending(future)
-            self._deadlines.append((now + self.timeout_s, correlation))
-        address = (self.address_prefix + correlation).encode()
-        try:
-            self._producer.produce(self.input_topic, value, key, headers=[(REPLY_HEADER, address)],
-                                   on_delivery=lambda err, msg: self._delivered(correlation, err, msg))
-        except (BufferError, KafkaException) as exc:
-            with self._lock:
-                self._pending.pop(correlation, None)
-            raise Overloaded(f"the producer refused the event: {exc}") from exc
-        return future
+            if len(self._pending) + len(values) > self.max_pending:
+                raise Overloaded(f"{len(self._pending)} events are waiting for their predictions (--max-pending "
+                                 f"{self.max_pending}): try again shortly")
+            for _ in values:
+                correlation = next(self._ids)
+                future: Future[Prediction] = Future()
+                self._pending[correlation] = _Pending(future)
+                self._deadlines.append((now + self.timeout_s, correlation))
+                futures.append(future)
+                correlations.append(correlation)
+        for i, (value, correlation) in enumerate(zip(values, correlations, strict=True)):
+            try:
+                self._producer.produce(self.input_topic, value, keys[i] if keys else None,
+                                       headers=[(REPLY_HEADER, (self.address_prefix + correlation).encode())],
+                                       on_delivery=functools.partial(self._delivered, correlation))
+            except (BufferError, KafkaException) as exc:
+                with self._lock:
+                    for unsent in correlations[i:]:
+                        self._pending.pop(unsent, None)
+                code = exc.args[0].code() if isinstance(exc, KafkaException) else None
+                if code in _TOO_LARGE:
+                    raise Oversized("the event is larger than the broker takes (its message.max.bytes)", index=i,
+                                    sent=i > 0) from exc
+                log.warning("the producer refused an event: %s", exc)
+                raise NotSent("the broker's client did not take the event: try again shortly", index=i,
+                              sent=i > 0) from exc
+        return futures
 
     @property
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
 
-    def ready(self) -> bool:
-        """The brokers answered within the last few seconds and the client is not closing."""
-        return self._reachable and not self._stop.is_set() and self._thread.is_alive()
+    def ready(self) -> list[str]:
+        """Why the gateway is not ready (empty: ready): the brokers did not answer within the last few seconds,
+        no worker serves the topic, or the client is stopping."""
+        if self._stop.is_set() or not self._thread.is_alive():
+            return ["the gateway is stopping"]
+        reasons = []
+        if not self._reachable:
+            reasons.append("the brokers do not answer")
+        if not self.presence.serving():
+            reasons.append(self.presence.why_not())
+        return reasons
 
     def alive(self) -> bool:
         return self._thread.is_alive() or self._stop.is_set()
@@ -298,6 +246,8 @@ class PredictionClient:
                 self._reachable = True
             except KafkaException:
                 self._reachable = False
+            if self._reachable:
+                self.presence.check()
         self._reachable = False
 
     def _on_error(self, err: KafkaError) -> None:
@@ -315,7 +265,12 @@ class PredictionClient:
             else:
                 pending.partition, pending.offset = msg.partition(), msg.offset()
         if err is not None:
-            _settle(pending.future, error=NotSent(f"the broker did not take the event: {err}"))
+            if err.code() in _TOO_LARGE:
+                _settle(pending.future, error=Oversized("the event is larger than the input topic takes (its "
+                                                        "max.message.bytes)"))
+            else:
+                log.warning("the broker did not take an event: %s", err)
+                _settle(pending.future, error=NotSent("the broker did not take the event: try again shortly"))
 
     def _reply(self, msg: Message) -> None:
         self.replies_read += 1
@@ -327,22 +282,25 @@ class PredictionClient:
             correlation = None
         with self._lock:
             pending = self._pending.pop(correlation, None) if correlation is not None else None
+        self.presence.replied()
         if pending is None:
             self.foreign_replies += 1
             return
         # Where the event is in the input topic: the worker's provenance headers on the copy (the producer's
         # delivery report may not have been served yet).
-        if HEADER_OFFSET in headers and HEADER_PARTITION in headers:
+        if headers.get(HEADER_OFFSET, b"").isdigit() and headers.get(HEADER_PARTITION, b"").isdigit():
             pending.partition, pending.offset = int(headers[HEADER_PARTITION]), int(headers[HEADER_OFFSET])
         if DLQ_STAGE in headers:
-            _settle(pending.future, error=DeadLettered(
-                headers[DLQ_STAGE].decode(), headers.get(DLQ_ERROR_REASON, b"").decode(),
-                headers.get(DLQ_ERROR_MESSAGE, b"").decode("utf-8", "replace"), pending.partition, pending.offset))
+            _settle(pending.future, error=dead_lettered(
+                headers[DLQ_STAGE].decode("utf-8", "replace"), headers.get(DLQ_ERROR_REASON, b"").decode(
+                    "utf-8", "replace"), headers.get(DLQ_ERROR_MESSAGE, b"").decode("utf-8", "replace"),
+                pending.partition, pending.offset))
             return
         try:
             record = self._decode(msg.value() or b"")
-        except Exception as exc:  # the caller learns why its reply could not be read
-            _settle(pending.future, error=StreamError(f"the prediction could not be decoded: {exc}"))
+        except Exception as exc:  # the deployment's fault: logged; the caller learns its reply was unreadable
+            log.warning("a reply could not be decoded: %s", exc)
+            _settle(pending.future, error=BadReply("the prediction could not be read (the gateway's log says why)"))
             return
         partition = pending.partition if pending.partition is not None else -1
         offset = pending.offset if pending.offset is not None else -1

@@ -19,12 +19,13 @@ class GatewayError(StreamError):
     retry_after_s: int | None = None
 
     def __init__(self, message: str, *, index: int | None = None, sent: bool = False,
-                 problems: list[str] | None = None) -> None:
+                 problems: list[str] | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.index = index  # the event of the request it is about (None: the request as a whole)
         self.sent = sent  # some of the request's events are on the input topic (they will be predicted)
         self.problems = problems or []  # one line per field: which, and why
+        self.field = field  # the request's field it is about, when one (OpenAI's ``param``)
 
     def at(self, index: int, *, sent: bool | None = None) -> GatewayError:
         """This error, naming the event at ``index`` of the request (and whether events were sent)."""
@@ -39,6 +40,10 @@ class GatewayError(StreamError):
 
 class BadRequest(GatewayError):
     """The request is malformed: not JSON, a field of the wrong type, a shape that does not fit (400)."""
+
+
+class EmptyInput(BadRequest):
+    """A text that is empty or blank."""
 
 
 class NotFound(GatewayError):
@@ -109,6 +114,20 @@ class DeadLettered(GatewayError):
         self.detail = detail
         self.partition = partition
         self.offset = offset
+
+
+class DeadLetteredAtDecode(DeadLettered):
+    """The workers' decode stage could not take the event (the door checks what it checks, so this is a writer
+    schema the workers read otherwise, or a worker with another model)."""
+
+
+class DeadLetteredAtModel(DeadLettered):
+    """The model failed on the event."""
+
+
+def dead_lettered(stage: str, reason: str, detail: str, partition: int | None, offset: int | None) -> DeadLettered:
+    cls = DeadLetteredAtDecode if stage == "decode" else DeadLetteredAtModel
+    return cls(stage, reason, detail, partition, offset)
 
 
 class BadReply(GatewayError):

@@ -7,44 +7,58 @@ metadata), ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``; each a
 output's ``model_version`` says which).
 
 A request's input tensors are fields of the input schema, the events along their first dimension: a tensor of
-shape ``[n]`` (or ``[n, 1]``) fills a scalar or string field of n events, ``[n, k]`` an array field. A field no
-tensor names gets what the text routes give it (`stream.gateway.texts.auto_fill`: a fresh id, the time, its
-default); a required one with none of these is a 400. Each event goes to the input topic like ``/v1/predict``'s;
-the answer waits for all of them (all or nothing: one refused, dead-lettered or late fails the request, naming
-its index). The outputs are the prediction's fields (the requested ones, else all), stacked the same way.
+shape ``[n]`` (or ``[n, 1]``) fills a scalar or string field of n events, ``[n, k]`` an array field; its datatype
+is the one the model metadata gives the field. A field no tensor names gets what the text routes give it
+(`stream.gateway.texts.auto_fill`: a fresh id, the time, its default); a required one with none of these is a 400.
+The events go through the gateway's one request path (`stream.gateway.door`: checked as the workers will check
+them, all sent or none, all answered or the request fails naming the event). The outputs are the prediction's
+fields (the requested ones, checked against the output schema before anything is sent; else all), stacked the
+same way.
 
-Tensors travel as JSON (``data``, row-major) or in the binary tensor extension (``Inference-Header-Content-Length``:
-the JSON header's size; each binary input's ``binary_data_size`` bytes follow it in order; outputs are binary when
-asked for by ``parameters.binary_data`` or the request's ``binary_data_output``), which ``tritonclient.http`` uses
-by default. Errors are the protocol's ``{"error": "..."}`` with 400 (a bad request, a refused event, one
-dead-lettered while decoding), 404 (another model), 500 (dead-lettered at the model), 503 (``--max-pending``
-events waiting, or the broker refused one: ``Retry-After``) and 504 (no prediction within ``--timeout-ms``)."""
+Tensors travel as JSON (``data``, row-major, nested or flat) or in the binary tensor extension
+(``Inference-Header-Content-Length``: the JSON header's size; each binary input's ``binary_data_size`` bytes follow
+it in order; outputs are binary when asked for by ``parameters.binary_data`` or the request's
+``binary_data_output``), which ``tritonclient.http`` uses by default. Errors are the protocol's ``{"error": "..."}``
+(`V2_ERRORS`): 400 a bad request, a refused event or one dead-lettered while decoding; 404 another model; 408 a body
+too slow; 413 too large; 500 dead-lettered at the model; 503 (``Retry-After``) no worker serves, ``--max-pending``
+events waiting, or the broker refused one; 504 no prediction within ``--timeout-ms``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import math
+import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
-from stream.gateway.client import (
-    DeadLettered,
+from stream.gateway.client import Prediction
+from stream.gateway.door import Door
+from stream.gateway.errors import (
+    BadReply,
+    BadRequest,
+    BodyTimeout,
+    DeadLetteredAtDecode,
+    DeadLetteredAtModel,
+    NotFound,
     NotSent,
+    NoWorkers,
     Overloaded,
     Oversized,
-    Prediction,
-    PredictionClient,
     Refused,
     RequestTimeout,
+    TooManyEvents,
 )
+from stream.gateway.http import JSON, ErrorTable, Operation, error_responses, json_response, parse_json, validated
+from stream.gateway.openapi import schema_of
+from stream.gateway.server import BodyBudget
 from stream.gateway.texts import Fill, auto_fill, kind_of
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -54,14 +68,105 @@ DATATYPES = {"float": "FP32", "double": "FP64", "int": "INT32", "long": "INT64",
 NUMPY = {"FP16": "<f2", "FP32": "<f4", "FP64": "<f8", "INT8": "<i1", "INT16": "<i2", "INT32": "<i4",
          "INT64": "<i8", "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "BOOL": "|b1"}
 NUMERIC = {"float", "double", "int", "long", "timestamp-millis", "timestamp-micros"}
+Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
+                   "FP32", "FP64", "BYTES"]
+Size = Annotated[int, Field(strict=True, ge=0)]
+_DIGITS = re.compile(r"[0-9]{1,12}")
+_MAX_NESTING = 32
 
 
-class BadRequest(ValueError):
-    """The request cannot be served as it is (400)."""
+class TensorParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_size: Size | None = None
+    binary_data: StrictBool | None = None
 
 
-def error(status: int, message: str, retry: bool = False) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": "1"} if retry else None)
+class RequestInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    shape: list[Size] = Field(min_length=1, description="the events first")
+    datatype: Datatype
+    parameters: TensorParameters | None = None
+    data: list[Any] | None = None
+
+
+class RequestOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    parameters: TensorParameters | None = None
+
+
+class RequestParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_output: StrictBool | None = None
+
+
+class InferenceRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    parameters: RequestParameters | None = None
+    inputs: list[RequestInput] = Field(min_length=1)
+    outputs: list[RequestOutput] | None = None
+
+
+class ResponseOutput(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[ResponseOutput]
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class V2Error(BaseModel):
+    error: str
+
+
+def _v2_body(error: Any, _status: int) -> dict[str, Any]:
+    where = f"event {error.index}: " if error.index is not None else ""
+    problems = f": {'; '.join(error.problems)}" if error.problems and error.problems[0] not in str(error) else ""
+    return {"error": f"{where}{error}{problems}"}
+
+
+V2_ERRORS = ErrorTable(
+    {BadRequest: 400, Refused: 400, TooManyEvents: 400, DeadLetteredAtDecode: 400, NotFound: 404, BodyTimeout: 408,
+     Oversized: 413, DeadLetteredAtModel: 500, BadReply: 500, Overloaded: 503, NoWorkers: 503, NotSent: 503,
+     RequestTimeout: 504},
+    _v2_body)
 
 
 @dataclass(frozen=True)
@@ -75,6 +180,7 @@ class TensorField:
     avro: str  # the field's type (its non-null branch's; an array: array)
     items: str | None = None  # an array's items' type
     fill: Fill | None = None
+    nullable: bool = False
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -86,6 +192,7 @@ def tensor_fields(schema: Mapping[str, Any]) -> tuple[list[TensorField], list[st
     fields, others = [], []
     for f in schema.get("fields", []):
         kind = kind_of(f["type"])
+        nullable = isinstance(f["type"], list) and "null" in f["type"]
         items = None
         if kind == "array":
             rest = [b for b in (f["type"] if isinstance(f["type"], list) else [f["type"]]) if b != "null"]
@@ -93,15 +200,15 @@ def tensor_fields(schema: Mapping[str, Any]) -> tuple[list[TensorField], list[st
             if items not in NUMERIC or items.startswith("timestamp"):
                 others.append(f["name"])
                 continue
-            fields.append(TensorField(f["name"], DATATYPES[items], (-1, -1), "array", items, auto_fill(f)))
+            fields.append(TensorField(f["name"], DATATYPES[items], (-1, -1), "array", items, auto_fill(f), nullable))
         elif kind in DATATYPES:
-            fields.append(TensorField(f["name"], DATATYPES[kind], (-1,), kind, None, auto_fill(f)))
+            fields.append(TensorField(f["name"], DATATYPES[kind], (-1,), kind, None, auto_fill(f), nullable))
         else:
             others.append(f["name"])
     return fields, others
 
 
-def _bytes_elements(raw: bytes, count: int | None) -> list[bytes]:
+def _bytes_elements(raw: bytes, count: int) -> list[bytes]:
     """A BYTES tensor's binary form: each element a 4-byte little-endian length, then its bytes."""
     out, at = [], 0
     while at < len(raw):
@@ -113,8 +220,10 @@ def _bytes_elements(raw: bytes, count: int | None) -> list[bytes]:
             raise BadRequest("a BYTES tensor ends inside an element")
         out.append(raw[at:at + size])
         at += size
-    if count is not None and len(out) != count:
-        raise BadRequest(f"a BYTES tensor holds {len(out)} elements, its shape says {count}")
+        if len(out) > count:
+            break
+    if len(out) != count:
+        raise BadRequest(f"a BYTES tensor holds {len(out)} elements or more, its shape says {count}")
     return out
 
 
@@ -122,36 +231,76 @@ def _bytes_blob(values: Sequence[bytes]) -> bytes:
     return b"".join(len(v).to_bytes(4, "little") + v for v in values)
 
 
-def parse_request(body: bytes, header_length: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the request's JSON, {input name: its elements, flat, row-major: a numpy array or a list of bytes/str})."""
+def _flat(data: list[Any], name: str) -> list[Any]:
+    """``data`` row-major and flat: nested lists of scalars (nested at most _MAX_NESTING deep)."""
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= _MAX_NESTING:
+                    raise BadRequest(f"input {name}: data nests too deep")
+                stack.append(iter(item))
+                break
+            if isinstance(item, dict) or item is None:
+                raise BadRequest(f"input {name}: data holds {type(item).__name__}, not a tensor's values")
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _typed(name: str, datatype: str, values: list[Any]) -> Any:
+    """JSON values of a tensor as its datatype: BYTES strings as UTF-8, numbers as a numpy array; `BadRequest`
+    for one that is not of the datatype."""
+    if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in values):
+            raise BadRequest(f"input {name}: BYTES data are strings")
+        return [v.encode("utf-8") for v in values]
+    if datatype == "BOOL":
+        if not all(isinstance(v, bool) for v in values):
+            raise BadRequest(f"input {name}: BOOL data are true or false")
+        return np.asarray(values, dtype=np.bool_)
+    dtype = np.dtype(NUMPY[datatype])
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and info.min <= v <= info.max for v in values):
+            raise BadRequest(f"input {name}: {datatype} data are whole numbers from {info.min} to {info.max}")
+        return np.asarray(values, dtype=dtype)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise BadRequest(f"input {name}: {datatype} data are numbers")
+    with np.errstate(over="ignore"):
+        array = np.asarray(values, dtype=dtype)
+    if not np.isfinite(array).all():
+        raise BadRequest(f"input {name}: a value is out of {datatype}'s range")
+    return array
+
+
+def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dict[str, Any]]:
+    """(the request's JSON header, {input name: (shape, datatype, its elements flat: a numpy array or a list of
+    bytes)})."""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise BadRequest(f"Inference-Header-Content-Length {header_length} is not within the body's "
-                             f"{len(body)} bytes")
+        if not _DIGITS.fullmatch(header_length) or int(header_length) > len(body):
+            raise BadRequest(f"Inference-Header-Content-Length {header_length[:20]!r} is not a size within the "
+                             f"body's {len(body)} bytes")
         head, blob = body[:int(header_length)], body[int(header_length):]
     else:
         head, blob = body, b""
-    try:
-        request = json.loads(head)
-    except ValueError as exc:
-        raise BadRequest(f"the request header is not JSON: {exc}") from None
-    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
-        raise BadRequest("the request needs a non-empty list of inputs")
+    request: InferenceRequest = validated(InferenceRequest, parse_json(head, "the request header"),
+                                          "the request header")
     values: dict[str, Any] = {}
     at = 0
-    for tensor in request["inputs"]:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise BadRequest("each input needs a name, a datatype and a shape")
-        name, datatype, shape = tensor["name"], tensor.get("datatype"), tensor.get("shape")
-        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise BadRequest(f"input {name}: shape {shape!r} is not a list of sizes, the events first")
-        if datatype != "BYTES" and datatype not in NUMPY:
-            raise BadRequest(f"input {name}: datatype {datatype!r} is not one of the protocol's")
-        count = int(np.prod(shape))
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
+    for tensor in request.inputs:
+        name, datatype, shape = tensor.name, tensor.datatype, tensor.shape
+        if name in values:
+            raise BadRequest(f"input {name} given twice")
+        count = math.prod(shape)
+        if count > len(body):  # every value takes a byte at least, in JSON or in binary
+            raise BadRequest(f"input {name}: shape {shape} says {count} values, more than the body holds")
+        size = tensor.parameters.binary_data_size if tensor.parameters is not None else None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or at + size > len(blob):
-                raise BadRequest(f"input {name}: binary_data_size {size!r} is past the body's end")
+            if at + size > len(blob):
+                raise BadRequest(f"input {name}: binary_data_size {size} is past the body's end")
             raw = blob[at:at + size]
             at += size
             if datatype == "BYTES":
@@ -161,14 +310,15 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[dict[str, Any
                 if len(raw) != count * dtype.itemsize:
                     raise BadRequest(f"input {name}: {len(raw)} bytes for {count} {datatype} values")
                 data = np.frombuffer(raw, dtype=dtype)
+                if dtype.kind == "f" and not np.isfinite(data).all():
+                    raise BadRequest(f"input {name}: NaN or infinity in {datatype} data")
         else:
-            flat = np.asarray(tensor.get("data"), dtype=object).reshape(-1).tolist() if "data" in tensor else None
-            if flat is None or len(flat) != count:
-                raise BadRequest(f"input {name}: {0 if flat is None else len(flat)} values in data, its shape "
-                                 f"{shape} says {count}")
-            data = flat if datatype == "BYTES" else np.asarray(flat, dtype=NUMPY[datatype])
-        if name in values:
-            raise BadRequest(f"input {name} given twice")
+            if tensor.data is None:
+                raise BadRequest(f"input {name}: no data (and no binary_data_size)")
+            flat = _flat(tensor.data, name)
+            if len(flat) != count:
+                raise BadRequest(f"input {name}: {len(flat)} values in data, its shape {shape} says {count}")
+            data = _typed(name, datatype, flat)
         values[name] = (shape, datatype, data)
     if at != len(blob):
         raise BadRequest(f"{len(blob) - at} bytes after the last binary input")
@@ -176,104 +326,110 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[dict[str, Any
 
 
 class InferenceApi:
-    """The routes over one `PredictionClient` (see the module's docstring)."""
+    """The routes over the gateway's `Door` (see the module's docstring)."""
 
-    def __init__(self, client: PredictionClient, input_schema: Mapping[str, Any],
-                 output_schema: Mapping[str, Any] | None, *, model_name: str,
-                 read_body: Callable[[Request], Awaitable[bytes | None]]) -> None:
-        self.client = client
+    def __init__(self, door: Door, budget: BodyBudget, input_schema: Mapping[str, Any],
+                 output_schema: Mapping[str, Any] | None, *, model_name: str, probes: Any) -> None:
+        """``probes``: what answers ``alive()`` and ``ready()`` (the gateway's client)."""
+        self.door = door
+        self.budget = budget
+        self.probes = probes
         self.model_name = model_name
         self.inputs, unsupported = tensor_fields(input_schema)
         self.outputs = tensor_fields(output_schema)[0] if output_schema else []
+        self._outputs = {f.name: f for f in self.outputs}
         # fields no tensor can carry: filled by their defaults, or they make every request impossible
         fields = {f["name"]: f for f in input_schema.get("fields", [])}
         self._other_fills = [fill for fill in (auto_fill(fields[name]) for name in unsupported) if fill is not None]
         self.blocking = [name for name in unsupported if auto_fill(fields[name]) is None]
         self._by_name = {f.name: f for f in self.inputs}
-        self._read_body = read_body
         try:
             self.version = version("kafka-microbatch-inference")
         except PackageNotFoundError:
             self.version = "0"
 
-    def routes(self, wrap: Callable[[Callable[[Request], Awaitable[Response]]],
-                                    Callable[[Request], Awaitable[Response]]]) -> list[Route]:
-        model = "/v2/models/{model}"
-        versioned = "/v2/models/{model}/versions/{version}"
-        return [Route("/v2", self.server, methods=["GET"]),
-                Route("/v2/health/live", self.live, methods=["GET"]),
-                Route("/v2/health/ready", self.ready, methods=["GET"]),
-                *(r for prefix in (model, versioned) for r in (
-                    Route(prefix, self.metadata, methods=["GET"]),
-                    Route(f"{prefix}/ready", self.model_ready, methods=["GET"]),
-                    Route(f"{prefix}/infer", wrap(self.infer), methods=["POST"])))]
+    def operations(self, components: dict[str, Any], counted: Any = None) -> list[Operation]:
+        error = {JSON: schema_of(V2Error, components)}
+        missing = (error_responses(V2_ERRORS, error[JSON], 401)[404][0], error)
+        ready = {200: ("ready", {JSON: schema_of(Ready, components)}),
+                 503: ("not ready", {JSON: schema_of(Ready, components)}), 404: missing}
+        ops = [Operation("GET", "/v2", self.server, V2_ERRORS, "Server metadata", "v2",
+                         responses={200: ("the server", {JSON: schema_of(ServerMetadata, components)}),
+                                    401: ("no API key", error)}),
+               Operation("GET", "/v2/health/live", self.live, V2_ERRORS, "Server liveness", "v2",
+                         responses={200: ("live", {JSON: schema_of(Live, components)}),
+                                    503: ("not live", {JSON: schema_of(Live, components)})}, open=True),
+               Operation("GET", "/v2/health/ready", self.ready, V2_ERRORS, "Server readiness", "v2",
+                         responses={k: v for k, v in ready.items() if k != 404}, open=True)]
+        infer = {200: ("the outputs (binary ones after the JSON header, Inference-Header-Content-Length long)",
+                       {JSON: schema_of(InferenceResponse, components),
+                        "application/octet-stream": {"type": "string", "format": "binary"}}),
+                 **error_responses(V2_ERRORS, error[JSON], 401)}
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            ops += [Operation("GET", prefix, self.metadata, V2_ERRORS, "Model metadata", "v2",
+                              responses={200: ("the model", {JSON: schema_of(ModelMetadata, components)}),
+                                         404: missing, 401: ("no API key", error)}),
+                    Operation("GET", f"{prefix}/ready", self.model_ready, V2_ERRORS, "Model readiness", "v2",
+                              responses={**ready, 401: ("no API key", error)}),
+                    Operation("POST", f"{prefix}/infer", self.infer, V2_ERRORS, "Inference", "v2",
+                              request=schema_of(InferenceRequest, components), responses=infer, counted=counted)]
+        return ops
 
     async def server(self, _request: Request) -> Response:
-        return JSONResponse({"name": "stream-gateway", "version": self.version,
-                             "extensions": ["binary_tensor_data"]})
+        return json_response({"name": "stream-gateway", "version": self.version,
+                              "extensions": ["binary_tensor_data"]})
 
     async def live(self, _request: Request) -> Response:
-        return Response(status_code=200 if self.client.alive() else 503)
+        alive = self.probes.alive()
+        return json_response({"live": alive}, 200 if alive else 503)
 
     async def ready(self, _request: Request) -> Response:
-        return Response(status_code=200 if self.client.ready() else 503)
+        ready = not self.probes.ready()
+        return json_response({"ready": ready}, 200 if ready else 503)
 
-    def _unknown(self, request: Request) -> Response | None:
+    def _check_model(self, request: Request) -> None:
         name = request.path_params["model"]
         if name != self.model_name:
-            return error(404, f"unknown model {name!r}: this gateway serves {self.model_name!r}")
-        return None
+            raise NotFound(f"unknown model {name[:200]!r}: this gateway serves {self.model_name!r}")
 
     async def metadata(self, request: Request) -> Response:
-        unknown = self._unknown(request)
-        if unknown is not None:
-            return unknown
-        return JSONResponse({"name": self.model_name, "versions": [], "platform": "stream",
-                             "inputs": [f.metadata() for f in self.inputs],
-                             "outputs": [f.metadata() for f in self.outputs]})
+        self._check_model(request)
+        return json_response({"name": self.model_name, "versions": [], "platform": "stream",
+                              "inputs": [f.metadata() for f in self.inputs],
+                              "outputs": [f.metadata() for f in self.outputs]})
 
     async def model_ready(self, request: Request) -> Response:
-        return self._unknown(request) or Response(status_code=200 if self.client.ready() else 503)
+        self._check_model(request)
+        return await self.ready(request)
 
     async def infer(self, request: Request) -> Response:
-        unknown = self._unknown(request)
-        if unknown is not None:
-            return unknown
-        body = await self._read_body(request)
-        if body is None:
-            return error(413, "the request body is over --max-input-bytes")
-        try:
-            parsed, tensors = parse_request(body, request.headers.get(HEADER_LENGTH))
-            events = self._events(tensors)
-        except BadRequest as exc:
-            return error(400, str(exc))
-        values = []
-        for i, event in enumerate(events):
-            try:
-                values.append(self.client.encode(event))
-            except Refused as exc:
-                return error(400, f"event {i}: {exc}: {'; '.join(exc.problems)}")
-            except Oversized as exc:
-                return error(400, f"event {i}: {exc}")
-        if self.client.pending + len(values) > self.client.max_pending:
-            return error(503, f"{self.client.pending} events are waiting for their predictions (--max-pending "
-                              f"{self.client.max_pending}): try again shortly", retry=True)
-        futures: list[Awaitable[Prediction]] = []
-        for value in values:
-            try:
-                futures.append(asyncio.wrap_future(self.client.submit_encoded(value)))
-            except Overloaded as exc:
-                if not futures:
-                    return error(503, str(exc), retry=True)
-                return error(503, f"event {len(futures)}: {exc}")
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for i, result in enumerate(results):
-            if not isinstance(result, Prediction):
-                return _failure(i, result)
-        try:
-            return self._answer(parsed, results)  # type: ignore[arg-type]
-        except BadRequest as exc:
-            return error(400, str(exc))
+        self._check_model(request)
+        body = await self.budget.read(request)
+        parsed, tensors = parse_request(body, request.headers.get(HEADER_LENGTH))
+        wanted = self._wanted(parsed)
+        predictions = await self.door.predict(self.door.admit(self._events(tensors)))
+        return self._answer(parsed, wanted, predictions)
+
+    def _wanted(self, request: InferenceRequest) -> list[tuple[str, bool]] | None:
+        """The outputs asked for, checked against the prediction schema (None: every field)."""
+        binary_all = bool(request.parameters and request.parameters.binary_data_output)
+        if not request.outputs:
+            return None
+        if not self.outputs:
+            raise BadRequest("this gateway does not know the prediction's fields, so outputs cannot be asked for by "
+                             "name: leave outputs out (every field comes back), or start it with --output-schema")
+        wanted = []
+        for output in request.outputs:
+            field = self._outputs.get(output.name)
+            if field is None:
+                raise BadRequest(f"no output {output.name[:200]!r}: the prediction's tensors are "
+                                 f"{', '.join(self._outputs)}")
+            if field.nullable:
+                raise BadRequest(f"output {output.name} may be null, which a tensor cannot hold")
+            binary = output.parameters.binary_data if output.parameters and output.parameters.binary_data is not None \
+                else binary_all
+            wanted.append((output.name, binary))
+        return wanted
 
     def _events(self, tensors: dict[str, Any]) -> list[dict[str, Any]]:
         if self.blocking:
@@ -281,7 +437,7 @@ class InferenceApi:
                              "tensors (records, maps, enums or unions), and have no default")
         unknown = sorted(set(tensors) - set(self._by_name))
         if unknown:
-            raise BadRequest(f"no input {', '.join(unknown)}: the inputs are "
+            raise BadRequest(f"no input {', '.join(n[:100] for n in unknown[:5])}: the inputs are "
                              f"{', '.join(self._by_name)} (the input schema's fields)")
         missing = [f.name for f in self.inputs if f.name not in tensors and f.fill is None]
         if missing:
@@ -291,8 +447,8 @@ class InferenceApi:
         if len(rows) != 1 or 0 in rows:
             raise BadRequest(f"every input's first dimension counts the events; they differ or are 0: {sorted(rows)}")
         n = rows.pop()
-        if n > self.client.max_pending:
-            raise BadRequest(f"{n} events in one request, over --max-pending ({self.client.max_pending})")
+        if n > self.door.max_events:
+            raise TooManyEvents(f"{n} events in one request, over --max-pending ({self.door.max_events})")
         columns = {name: self._column(self._by_name[name], shape, datatype, data)
                    for name, (shape, datatype, data) in tensors.items()}
         now = time.time()
@@ -303,54 +459,42 @@ class InferenceApi:
     @staticmethod
     def _column(field: TensorField, shape: list[int], datatype: str, data: Any) -> list[Any]:
         """One field's values, one per event."""
+        if datatype != field.datatype:
+            raise BadRequest(f"input {field.name}: datatype {datatype}, the model's metadata says {field.datatype}")
         n = shape[0]
         if field.avro == "array":
-            if datatype == "BYTES" or datatype == "BOOL":
-                raise BadRequest(f"input {field.name}: an array of numbers, not {datatype}")
-            width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            width = math.prod(shape[1:]) if len(shape) > 1 else 1
             return np.asarray(data).reshape(n, width).tolist()
-        if int(np.prod(shape[1:])) != 1:
+        if math.prod(shape[1:]) != 1:
             raise BadRequest(f"input {field.name}: one value per event (shape [{n}] or [{n}, 1]), not {shape}")
         if field.avro in ("string", "bytes"):
-            if datatype != "BYTES":
-                raise BadRequest(f"input {field.name}: a {field.avro} field takes BYTES, not {datatype}")
-            items = [v if isinstance(v, bytes) else str(v).encode() for v in data]
             if field.avro == "bytes":
-                return items
+                return list(data)
             try:
-                return [v.decode("utf-8") for v in items]
+                return [v.decode("utf-8") for v in data]
             except UnicodeDecodeError:
                 raise BadRequest(f"input {field.name}: a string field takes UTF-8 text") from None
-        if datatype == "BYTES":
-            raise BadRequest(f"input {field.name}: a {field.avro} field takes a number, not BYTES")
-        values = np.asarray(data).reshape(n)
+        values = np.asarray(data).reshape(n).tolist()
         if field.avro == "boolean":
-            return [bool(v) for v in values.tolist()]
+            return [bool(v) for v in values]
         if field.avro in ("int", "long") or field.avro.startswith("timestamp"):
-            if values.dtype.kind == "f" and not np.all(np.mod(values, 1) == 0):
-                raise BadRequest(f"input {field.name}: an {field.avro} field takes whole numbers")
-            return [int(v) for v in values.tolist()]
-        return [float(v) for v in values.tolist()]
+            return [int(v) for v in values]
+        return [float(v) for v in values]
 
-    def _answer(self, request: dict[str, Any], results: list[Prediction]) -> Response:
+    def _answer(self, request: InferenceRequest, wanted: list[tuple[str, bool]] | None,
+                results: list[Prediction]) -> Response:
         records = [p.record for p in results]
-        asked = request.get("outputs")
-        binary_all = bool((request.get("parameters") or {}).get("binary_data_output"))
-        if asked:
-            wanted = [(o.get("name"), bool((o.get("parameters") or {}).get("binary_data", binary_all)))
-                      for o in asked if isinstance(o, dict)]
-        else:
-            wanted = [(name, binary_all) for name in records[0]]  # every field the prediction has
+        binary_all = bool(request.parameters and request.parameters.binary_data_output)
+        every = wanted is None
+        names = [(name, binary_all) for name in records[0]] if wanted is None else wanted
         outputs, blobs = [], []
-        for name, binary in wanted:
-            if not isinstance(name, str) or any(name not in r for r in records):
-                raise BadRequest(f"no output {name!r}: the prediction has {', '.join(records[0])}")
+        for name, binary in names:
             try:
-                datatype, shape, array = _stack(name, [r[name] for r in records])
-            except BadRequest:
-                if asked:
-                    raise
-                continue  # all outputs: those with no tensor form (a null, a map) are left out
+                datatype, shape, array = _stack(name, [r.get(name) for r in records])
+            except BadReply:
+                if every:
+                    continue  # all outputs: those with no tensor form (a null, a map) are left out
+                raise
             tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
             if binary:
                 blob = _bytes_blob(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
@@ -363,28 +507,29 @@ class InferenceApi:
         version_of = records[0].get("model_version")
         head: dict[str, Any] = {"model_name": self.model_name, "model_version": str(version_of or ""),
                                 "outputs": outputs}
-        if "id" in request:
-            head["id"] = request["id"]
+        if request.id is not None:
+            head["id"] = request.id
         if not blobs:
-            return JSONResponse(head)
-        header = json.dumps(head).encode()
+            return json_response(head)
+        header = json.dumps(head, allow_nan=False).encode()
         return Response(header + b"".join(blobs), media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(len(header))})
 
 
 def _stack(name: str, values: list[Any]) -> tuple[str, list[int], Any]:
     """One output field's values across the events as (datatype, shape, a little-endian array or a list of
-    bytes): a float column is FP32 when every value is a float32 (an Avro float), else FP64."""
+    bytes): a float column is FP32 when every value is a float32 (an Avro float), else FP64. `BadReply` when they
+    have no tensor form."""
     n = len(values)
     first = values[0]
     if any(v is None for v in values):
-        raise BadRequest(f"output {name} is null for some events: it has no tensor form")
+        raise BadReply(f"output {name} is null for some events: it has no tensor form", sent=True)
     if isinstance(first, str | bytes):
         return "BYTES", [n], [v.encode() if isinstance(v, str) else v for v in values]
     if isinstance(first, list):
-        widths = {len(v) for v in values}
-        if len(widths) != 1:
-            raise BadRequest(f"output {name}: arrays of different lengths have no tensor form")
+        widths = {len(v) if isinstance(v, list) else -1 for v in values}
+        if len(widths) != 1 or -1 in widths:
+            raise BadReply(f"output {name}: arrays of different lengths have no tensor form", sent=True)
         array = np.asarray(values)
         shape = [n, widths.pop()]
     else:
@@ -399,14 +544,4 @@ def _stack(name: str, values: list[Any]) -> tuple[str, list[int], Any]:
         if np.array_equal(as32.astype(np.float64), array.astype(np.float64), equal_nan=True):
             return "FP32", shape, as32
         return "FP64", shape, array.astype("<f8")
-    raise BadRequest(f"output {name} has no tensor form")
-
-
-def _failure(i: int, exc: BaseException) -> Response:
-    if isinstance(exc, DeadLettered):
-        return error(400 if exc.stage == "decode" else 500, f"event {i}: {exc}")
-    if isinstance(exc, RequestTimeout):
-        return error(504, f"event {i}: {exc}")
-    if isinstance(exc, NotSent | Overloaded):
-        return error(503, f"event {i}: {exc}")
-    return error(500, f"event {i}: {type(exc).__name__}: {exc}")
+    raise BadReply(f"output {name} has no tensor form", sent=True)

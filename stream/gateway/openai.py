@@ -1,302 +1,283 @@
 """OpenAI's embeddings API on the gateway: ``POST /v1/embeddings``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 for a model whose prediction holds one float vector per event (``--embedding-field``, default ``embedding``:
 ``--model minilm``'s). The OpenAI SDKs, LangChain and LlamaIndex call it unmodified. Beside it, TEI's
-(text-embeddings-inference) ``POST /embed`` (`EmbeddingsApi.tei_embed`).
+(text-embeddings-inference) ``POST /embed``.
 
-Each text becomes one event of the input schema (`stream.gateway.texts`) on the input topic, batched by the
-workers with everything else there; the answer waits for every text's prediction. All or nothing: one text
-refused, dead-lettered or late fails the request, naming its index. Errors have the API's body shape
-(``{"error": {"message", "type", "param", "code"}}``):
+Each text becomes one event of the input schema (`stream.gateway.texts`) and goes through the gateway's one request
+path (`stream.gateway.door`): checked as the workers will check it, sent with the rest or not at all, answered when
+every text's prediction is back. Errors have each API's body shape, from one table each (`OPENAI_ERRORS`:
+``{"error": {"message", "type", "param", "code"}}``; `TEI_ERRORS`: ``{"error", "error_type"}``):
 
-* 400: not JSON, a missing or malformed field, token ids instead of text, an empty text, more than
-  ``--max-texts`` inputs, ``dimensions`` other than the model's, a text the input schema refuses or one over
-  ``--max-input-bytes`` encoded, a text the worker could not read (dead-lettered at its decode stage);
-* 404 ``model_not_found``: ``model`` is not the served one (``--served-model-name``);
-* 429 with ``Retry-After``: ``--max-pending`` texts already wait (nothing of the request was sent);
-* 500: the model failed on a text (dead-lettered at the model stage);
-* 503: the broker did not take a text; 504: no prediction within ``--timeout-ms``.
+* OpenAI: 400 a malformed request (token ids instead of text, an empty text, more than ``--max-texts`` inputs,
+  ``dimensions`` other than the model's, a text the input schema or the model refuses); 404 ``model_not_found``;
+  408 a body too slow; 413 a body or a text too large; 429 with ``Retry-After``: ``--max-pending`` texts already
+  wait (nothing sent); 500 the model failed on a text; 503 no worker serves (``Retry-After``) or the broker did not
+  take a text; 504 no prediction within ``--timeout-ms``.
+* TEI: 413 too large, 422 a request or a text it cannot take, 424 the model failed, 429 overloaded, 503 no worker,
+  504 too late.
 
-Every answer after a text reached the topic carries ``x-should-retry: false``: the SDKs retry 429, 5xx and
+Every answer after a text reached the topic carries ``x-should-retry: false``: the SDKs retry 408, 429, 5xx and
 timeouts (twice by default), and each retry would put the texts on the topic again while the first ones are
 still predicted. ``usage`` counts the tokens the model took of each text, as the worker reports them with each
 reply (``stream.usage.tokens``; 0 for a model that reports none)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
-from stream.gateway.client import (
-    DeadLettered,
+from stream.gateway.client import Prediction
+from stream.gateway.door import Door
+from stream.gateway.errors import (
+    BadReply,
+    BadRequest,
+    BodyTimeout,
+    DeadLetteredAtDecode,
+    DeadLetteredAtModel,
+    EmptyInput,
+    GatewayError,
+    NotFound,
     NotSent,
+    NoWorkers,
     Overloaded,
     Oversized,
-    Prediction,
-    PredictionClient,
     Refused,
     RequestTimeout,
+    TooManyEvents,
+    Unavailable,
 )
+from stream.gateway.http import JSON, ErrorTable, Operation, error_responses, json_response, parse_json, validated
+from stream.gateway.openapi import schema_of
+from stream.gateway.server import BodyBudget
 from stream.gateway.texts import TextEvents
 
 NO_RETRY = {"x-should-retry": "false"}
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
+          429: "rate_limit_exceeded", 500: "server_error", 503: "server_error", 504: "timeout"}
+_CODES = {NotFound: "model_not_found", Unavailable: "not_available", Oversized: "request_too_large",
+          Overloaded: "rate_limit_exceeded", NoWorkers: "service_unavailable"}
 
 
-class ErrorShape(Protocol):
-    """How a protocol answers a request that fails (`EmbeddingsApi._predict`); nothing was sent for ``refused``,
-    ``oversized`` and ``busy``."""
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request (fields it may add later are ignored)."""
 
-    def refused(self, i: int, message: str) -> Response: ...
-    def oversized(self, i: int, message: str) -> Response: ...
-    def busy(self, message: str) -> Response: ...
-    def failed(self, i: int, exc: BaseException) -> Response: ...
-
-
-class OpenAIErrors:
-    def __init__(self, api: EmbeddingsApi) -> None:
-        self.api = api
-
-    def refused(self, i: int, message: str) -> Response:
-        return openai_error(400, f"input[{i}]: {message}", param="input")
-
-    def oversized(self, i: int, message: str) -> Response:
-        return openai_error(400, f"input[{i}]: {message}", param="input", code="context_length_exceeded")
-
-    def busy(self, message: str) -> Response:
-        return openai_error(429, message, type_="rate_limit_exceeded", code="rate_limit_exceeded",
-                            headers={"Retry-After": "1"})
-
-    def failed(self, i: int, exc: BaseException) -> Response:
-        if isinstance(exc, DeadLettered):
-            if exc.stage == "decode":
-                return openai_error(400, f"input[{i}]: the model cannot take this text: {exc}", param="input",
-                                    headers=NO_RETRY)
-            return openai_error(500, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
-        if isinstance(exc, RequestTimeout):
-            return openai_error(504, f"input[{i}]: {exc}", type_="timeout", headers=NO_RETRY)
-        if isinstance(exc, NotSent | Overloaded):
-            return openai_error(503, f"input[{i}]: {exc}", type_="server_error", headers=NO_RETRY)
-        return openai_error(500, f"input[{i}]: {type(exc).__name__}: {exc}", type_="server_error", headers=NO_RETRY)
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1, description="the served model's name (GET /v1/models)")
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text or a list of texts; token ids are refused (send the text)")
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(default=None, description="only the model's own")
+    user: str | None = None
 
 
-def tei_error(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+    index: int
 
 
-class TeiErrors:
-    """TEI's statuses: 413 too long, 422 a text it cannot take, 424 the model failed, 429 overloaded."""
-
-    def refused(self, i: int, message: str) -> Response:
-        return tei_error(422, f"inputs[{i}]: {message}", "validation")
-
-    def oversized(self, i: int, message: str) -> Response:
-        return tei_error(413, f"inputs[{i}]: {message}", "validation")
-
-    def busy(self, message: str) -> Response:
-        return tei_error(429, message, "overloaded", {"Retry-After": "1"})
-
-    def failed(self, i: int, exc: BaseException) -> Response:
-        if isinstance(exc, DeadLettered):
-            if exc.stage == "decode":
-                return tei_error(422, f"inputs[{i}]: the model cannot take this text: {exc}", "validation")
-            return tei_error(424, f"inputs[{i}]: {exc}", "backend")
-        if isinstance(exc, RequestTimeout):
-            return tei_error(504, f"inputs[{i}]: {exc}", "backend")
-        return tei_error(503, f"inputs[{i}]: {exc}", "backend")
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
 
 
-def unavailable_routes(why: str) -> list[Route]:
-    """The API's routes on a gateway whose input schema cannot take a text: each answers 404 saying why."""
-    async def off(_request: Request) -> Response:
-        return openai_error(404, f"the embeddings API is off on this gateway: {why}", code="not_available")
-
-    return [Route("/v1/embeddings", off, methods=["POST"]), Route("/embed", off, methods=["POST"]),
-            Route("/v1/models", off, methods=["GET"]),
-            Route("/v1/models/{model:path}", off, methods=["GET"])]
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
 
 
-def openai_error(status: int, message: str, *, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+class EmbedRequest(BaseModel):
+    """TEI's ``/embed`` request."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: Literal["Left", "Right", "left", "right"] | None = None
+    prompt_name: str | None = None
+
+
+class TeiError(BaseModel):
+    error: str
+    error_type: str
+
+
+def _where(error: GatewayError, name: str) -> str:
+    return f"{name}[{error.index}]: " if error.index is not None else ""
+
+
+def _openai_body(error: GatewayError, status: int) -> dict[str, Any]:
+    code = next((c for cls, c in _CODES.items() if isinstance(error, cls)), None)
+    if isinstance(error, Oversized) and error.index is not None:
+        code = "context_length_exceeded"
+    param = error.field or ("input" if error.index is not None or isinstance(error, Refused | TooManyEvents)
+                            else None)
+    problems = f": {'; '.join(error.problems)}" if error.problems and error.problems[0] not in str(error) else ""
+    return {"error": {"message": f"{_where(error, 'input')}{error}{problems}",
+                      "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+OPENAI_ERRORS = ErrorTable(
+    {BadRequest: 400, Refused: 400, TooManyEvents: 400, DeadLetteredAtDecode: 400, NotFound: 404, Unavailable: 404,
+     BodyTimeout: 408, Oversized: 413, Overloaded: 429, DeadLetteredAtModel: 500, BadReply: 500, NoWorkers: 503,
+     NotSent: 503, RequestTimeout: 504},
+    _openai_body, lambda error, status: NO_RETRY if error.sent else {})
+
+_TEI_TYPES = {EmptyInput: "empty", BadRequest: "validation", Refused: "validation", TooManyEvents: "validation",
+              Oversized: "validation", BodyTimeout: "validation", Overloaded: "overloaded", NoWorkers: "unhealthy",
+              NotFound: "validation", Unavailable: "validation"}
+TEI_ERRORS = ErrorTable(
+    {BadRequest: 422, Refused: 422, TooManyEvents: 422, DeadLetteredAtDecode: 422, NotFound: 404, Unavailable: 404,
+     BodyTimeout: 408, Oversized: 413, Overloaded: 429, DeadLetteredAtModel: 424, BadReply: 500, NoWorkers: 503,
+     NotSent: 503, RequestTimeout: 504},
+    lambda error, status: {"error": f"{_where(error, 'inputs')}{error}",
+                           "error_type": next((t for cls, t in _TEI_TYPES.items() if isinstance(error, cls)),
+                                              "backend")})
 
 
 class EmbeddingsApi:
-    """The routes, over one `PredictionClient`; ``read_body(request)`` is the gateway's bounded body reader."""
+    """The routes, over the gateway's `Door`."""
 
-    def __init__(self, client: PredictionClient, texts: TextEvents, *, model_name: str, embedding_field: str,
-                 dimensions: int | None, max_texts: int,
-                 read_body: Callable[[Request], Awaitable[bytes | None]]) -> None:
-        self.client = client
+    def __init__(self, door: Door, budget: BodyBudget, texts: TextEvents, *, model_name: str, embedding_field: str,
+                 dimensions: int | None, max_texts: int) -> None:
+        self.door = door
+        self.budget = budget
         self.texts = texts
         self.model_name = model_name
         self.embedding_field = embedding_field
         self.dimensions = dimensions
         self.max_texts = max_texts
         self.created = int(time.time())
-        self._read_body = read_body
 
-    def routes(self, wrap: Callable[[Callable[[Request], Awaitable[Response]]],
-                                    Callable[[Request], Awaitable[Response]]]) -> list[Route]:
-        """The routes, ``/v1/embeddings``'s handler passed through ``wrap`` (the gateway's metrics)."""
-        return [Route("/v1/embeddings", wrap(self.embeddings), methods=["POST"]),
-                Route("/embed", self.tei_embed, methods=["POST"]),
-                Route("/v1/models", self.models, methods=["GET"]),
-                Route("/v1/models/{model:path}", self.model, methods=["GET"])]
+    def operations(self, components: dict[str, Any], counted: Any = None) -> list[Operation]:
+        openai_error = schema_of(OpenAIError, components)
+        return [
+            Operation("POST", "/v1/embeddings", self.embeddings, OPENAI_ERRORS, "OpenAI's embeddings", "openai",
+                      request=schema_of(EmbeddingsRequest, components),
+                      responses={200: ("the embeddings", {JSON: schema_of(EmbeddingsResponse, components)}),
+                                 **error_responses(OPENAI_ERRORS, openai_error, 401)}, counted=counted),
+            Operation("GET", "/v1/models", self.models, OPENAI_ERRORS, "OpenAI's model list", "openai",
+                      responses={200: ("the served model", {JSON: schema_of(ModelList, components)}),
+                                 401: ("no API key", {JSON: openai_error})}),
+            Operation("GET", "/v1/models/{model:path}", self.model, OPENAI_ERRORS, "OpenAI's model card", "openai",
+                      responses={200: ("the model", {JSON: schema_of(ModelCard, components)}),
+                                 401: ("no API key", {JSON: openai_error}),
+                                 404: ("another model", {JSON: openai_error})}),
+            Operation("POST", "/embed", self.tei_embed, TEI_ERRORS, "text-embeddings-inference's /embed", "tei",
+                      request=schema_of(EmbedRequest, components),
+                      responses={200: ("a vector per input", {JSON: schema_of(list[list[float]], components)}),
+                                 **error_responses(TEI_ERRORS, schema_of(TeiError, components), 401)}),
+        ]
 
     def _card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "stream"}
 
     async def models(self, _request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self._card()]})
+        return json_response({"object": "list", "data": [self._card()]})
 
     async def model(self, request: Request) -> Response:
-        if request.path_params["model"] != self.model_name:
-            return self._not_found(request.path_params["model"], "model")
-        return JSONResponse(self._card())
+        name = request.path_params["model"]
+        if name != self.model_name:
+            raise self._not_found(name)
+        return json_response(self._card())
 
-    def _not_found(self, name: str, param: str) -> JSONResponse:
-        return openai_error(404, f"The model `{name}` does not exist: this gateway serves `{self.model_name}`",
-                            param=param, code="model_not_found")
+    def _not_found(self, name: str) -> NotFound:
+        return NotFound(f"The model `{name[:200]}` does not exist: this gateway serves `{self.model_name}`",
+                        field="model")
 
     async def embeddings(self, request: Request) -> Response:
-        body = await self._read_body(request)
-        if body is None:
-            return openai_error(413, "the request body is over --max-input-bytes", code="request_too_large")
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:
-            return openai_error(400, f"the body is not JSON: {exc}")
-        if not isinstance(payload, dict):
-            return openai_error(400, "the body must be a JSON object")
-        checked = self._check(payload)
-        if isinstance(checked, Response):
-            return checked
-        texts, as_base64 = checked
-        results = await self._predict(texts, OpenAIErrors(self))
-        if isinstance(results, Response):
-            return results
-        return self._answer(results, as_base64, payload)
+        given = validated(EmbeddingsRequest, parse_json(await self.budget.read(request)))
+        if given.model != self.model_name:
+            raise self._not_found(given.model)
+        texts = [given.input] if isinstance(given.input, str) else given.input
+        if not texts:
+            raise BadRequest("input must be a string or a non-empty list of strings", field="input")
+        if not all(isinstance(t, str) for t in texts):
+            raise BadRequest("token ids are not accepted: send the text (this gateway's model tokenizes it itself; "
+                             "LangChain's OpenAIEmbeddings sends them unless check_embedding_ctx_length=False)",
+                             field="input")
+        if given.dimensions is not None and (self.dimensions is None or given.dimensions != self.dimensions):
+            raise BadRequest(f"dimensions {given.dimensions}: this model's embeddings have "
+                             f"{self.dimensions or 'a fixed number of'} dimensions and are not shortened",
+                             field="dimensions")
+        predictions = await self._predict(texts)
+        vectors = self._vectors(predictions)
+        if given.dimensions is not None and any(len(v) != given.dimensions for v in vectors):
+            raise BadReply(f"the model's embeddings do not have {given.dimensions} dimensions", sent=True)
+        as_base64 = given.encoding_format == "base64"
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if as_base64 else v}
+                for i, v in enumerate(vectors)]
+        tokens = sum(p.tokens or 0 for p in predictions)
+        return json_response({"object": "list", "data": data, "model": self.model_name,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def tei_embed(self, request: Request) -> Response:
         """TEI's ``POST /embed``: ``inputs`` a string or strings, ``normalize`` (true: this model's are; false
         is refused), ``truncate`` (accepted: the worker cuts every text to its ``--max-tokens``); a list of
-        vectors back, errors as TEI's ``{"error", "error_type"}``."""
-        body = await self._read_body(request)
-        if body is None:
-            return tei_error(413, "the request body is over --max-input-bytes", "validation")
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:
-            return tei_error(422, f"the body is not JSON: {exc}", "validation")
-        given = payload.get("inputs") if isinstance(payload, dict) else None
-        texts = [given] if isinstance(given, str) else given
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            return tei_error(422, "inputs must be a string or a non-empty list of strings", "validation")
-        if len(texts) > self.max_texts:
-            return tei_error(422, f"{len(texts)} inputs: at most {self.max_texts} (--max-texts)", "validation")
-        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
-        if empty is not None:
-            return tei_error(422, f"inputs[{empty}] is empty", "empty")
-        if payload.get("normalize", True) is not True:
-            return tei_error(422, "normalize=false is not served: this gateway answers the model's own vectors",
-                             "validation")
-        results = await self._predict(texts, TeiErrors())
-        if isinstance(results, Response):
-            return results
-        vectors = [p.record.get(self.embedding_field) for p in results]
-        if not all(isinstance(v, list) for v in vectors):
-            return tei_error(500, f"the prediction has no float vector {self.embedding_field!r}: set "
-                                  "--embedding-field", "backend")
-        return JSONResponse(vectors)
+        vectors back."""
+        given = validated(EmbedRequest, parse_json(await self.budget.read(request)))
+        texts = [given.inputs] if isinstance(given.inputs, str) else given.inputs
+        if not texts:
+            raise BadRequest("inputs must be a string or a non-empty list of strings")
+        if not given.normalize:
+            raise BadRequest("normalize=false is not served: this gateway answers the model's own vectors")
+        return json_response(self._vectors(await self._predict(texts)))
 
-    async def _predict(self, texts: list[str], errors: ErrorShape) -> list[Prediction] | Response:
-        """Each text's prediction, in order, or the answer that fails the request (in ``errors``' shape)."""
-        values = []
+    async def _predict(self, texts: list[str]) -> list[Prediction]:
+        if len(texts) > self.max_texts:
+            raise TooManyEvents(f"{len(texts)} inputs in one request: at most {self.max_texts} (--max-texts)")
         for i, text in enumerate(texts):
-            try:
-                values.append(self.client.encode(self.texts.event(text)))
-            except Refused as exc:
-                return errors.refused(i, f"{exc}: {'; '.join(exc.problems)}")
-            except Oversized as exc:
-                return errors.oversized(i, str(exc))
-        if self.client.pending + len(values) > self.client.max_pending:
-            return errors.busy(f"{self.client.pending} texts are waiting for their embeddings (--max-pending "
-                               f"{self.client.max_pending}): try again shortly")
-        futures: list[Awaitable[Prediction]] = []
-        for value in values:
-            try:
-                futures.append(asyncio.wrap_future(self.client.submit_encoded(value)))
-            except Overloaded as exc:
-                if not futures:
-                    return errors.busy(str(exc))
-                for f in futures:  # the ones sent are still predicted; this request fails as a whole
-                    f.cancel()  # type: ignore[attr-defined]
-                return errors.failed(len(futures), exc)
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for i, result in enumerate(results):
-            if not isinstance(result, Prediction):
-                return errors.failed(i, result)
-        return results  # type: ignore[return-value]
+            if not text.strip():
+                raise EmptyInput("the text is empty", index=i)
+        return await self.door.predict(self.door.admit([self.texts.event(t) for t in texts]))
 
-    def _check(self, payload: dict[str, Any]) -> tuple[list[str], bool] | Response:
-        """The request's texts and whether to answer in base64, or its 400/404."""
-        model = payload.get("model")
-        if not isinstance(model, str) or not model:
-            return openai_error(400, "you must provide a model parameter", param="model")
-        if model != self.model_name:
-            return self._not_found(model, "model")
-        given = payload.get("input")
-        texts = [given] if isinstance(given, str) else given
-        if not isinstance(texts, list) or not texts:
-            return openai_error(400, "input must be a string or a non-empty list of strings", param="input")
-        if not all(isinstance(t, str) for t in texts):
-            if all(isinstance(t, int) or (isinstance(t, list) and all(isinstance(x, int) for x in t))
-                   for t in texts):
-                return openai_error(400, "token ids are not accepted: send the text (this gateway's model "
-                                         "tokenizes it itself)", param="input")
-            return openai_error(400, "input must be a string or a list of strings", param="input")
-        if len(texts) > self.max_texts:
-            return openai_error(400, f"{len(texts)} inputs in one request: at most {self.max_texts} (--max-texts)",
-                                param="input")
-        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
-        if empty is not None:
-            return openai_error(400, f"input[{empty}] is empty", param="input")
-        encoding = payload.get("encoding_format") or "float"
-        if encoding not in ("float", "base64"):
-            return openai_error(400, f"encoding_format {encoding!r}: float or base64", param="encoding_format")
-        dimensions = payload.get("dimensions")
-        if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool) or (
-                self.dimensions is not None and dimensions != self.dimensions)):
-            return openai_error(400, f"dimensions {dimensions!r}: this model's embeddings have "
-                                     f"{self.dimensions or 'a fixed number of'} dimensions and are not shortened",
-                                param="dimensions")
-        return texts, encoding == "base64"
-
-    def _answer(self, results: list[Prediction], as_base64: bool, payload: dict[str, Any]) -> Response:
-        data = []
-        tokens = 0
-        for i, p in enumerate(results):
-            vector = p.record.get(self.embedding_field)
+    def _vectors(self, predictions: list[Prediction]) -> list[list[float]]:
+        vectors = [p.record.get(self.embedding_field) for p in predictions]
+        for vector in vectors:
             if not isinstance(vector, list):
-                return openai_error(500, f"the prediction has no float vector {self.embedding_field!r} (it has "
-                                         f"{', '.join(p.record)}): set --embedding-field", type_="server_error",
-                                    headers=NO_RETRY)
-            wanted = payload.get("dimensions")
-            if wanted is not None and wanted != len(vector):
-                return openai_error(400, f"dimensions {wanted}: this model's embeddings have {len(vector)}",
-                                    param="dimensions", headers=NO_RETRY)
-            embedding: Any = (base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode() if as_base64
-                              else vector)
-            data.append({"object": "embedding", "embedding": embedding, "index": i})
-            tokens += p.tokens or 0
-        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                raise BadReply(f"the prediction has no float vector {self.embedding_field!r} (it has "
+                               f"{', '.join(predictions[0].record)}): set --embedding-field", sent=True)
+        return vectors  # type: ignore[return-value]
+
+
+def unavailable_operations(why: str) -> list[Operation]:
+    """The API's routes on a gateway whose input schema cannot take a text: each answers 404 saying why."""
+    async def off(_request: Request) -> Response:
+        raise Unavailable(f"the embeddings API is off on this gateway: {why}")
+
+    return [Operation(method, path, off, OPENAI_ERRORS, "off on this gateway", "openai",
+                      responses={404: ("off on this gateway", {})})
+            for method, path in (("POST", "/v1/embeddings"), ("POST", "/embed"), ("GET", "/v1/models"),
+                                 ("GET", "/v1/models/{model:path}"))]

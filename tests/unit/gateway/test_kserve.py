@@ -4,67 +4,18 @@ for the durable queue (the Kafka path: tests/integration/test_gateway_kserve.py)
 
 from __future__ import annotations
 
-import json
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from stream.codec import DEFAULT_SCHEMAS_DIR
-from stream.gateway.app import read_body
-from stream.gateway.client import DeadLettered, Prediction, RequestTimeout
-from stream.gateway.kserve import InferenceApi
-
-EVENT = json.loads((DEFAULT_SCHEMAS_DIR / "fraud_event.avsc").read_text())
-PREDICTION = json.loads((DEFAULT_SCHEMAS_DIR / "fraud_prediction_v2.avsc").read_text())
-TEXT = json.loads((DEFAULT_SCHEMAS_DIR / "text_event.avsc").read_text())
+from tests.unit.gateway.fakes import FakeQueue, gateway, text_gateway
 
 
-class Queue:
-    """The PredictionClient's part the API uses: a made-up prediction of each event at once, or its failure."""
-
-    def __init__(self) -> None:
-        self.max_pending, self.pending = 100, 0
-        self.sent: list[dict[str, Any]] = []
-
-    def alive(self) -> bool:
-        return True
-
-    def ready(self) -> bool:
-        return True
-
-    def encode(self, event: dict[str, Any]) -> bytes:
-        return json.dumps(event).encode()
-
-    def submit_encoded(self, value: bytes) -> Future[Prediction]:
-        event = json.loads(value)
-        self.sent.append(event)
-        future: Future[Prediction] = Future()
-        if "text" in event:
-            record: dict[str, Any] = {"event_id": event["event_id"], "embedding": [float(len(event["text"]))] * 3}
-        else:
-            score = float(np.float32(sum(event["features"])))
-            if score < -100:
-                future.set_exception(DeadLettered("model", "model-error", "boom", 0, 3))
-                return future
-            if score > 100:
-                future.set_exception(RequestTimeout(1.0, 0, 4))
-                return future
-            record = {"event_id": event["event_id"], "fraud_score": score, "is_fraud": score > 0,
-                      "model_version": "v7", "input_offset": 12}
-        future.set_result(Prediction(record, 0, 1))
-        return future
-
-
-def app(queue: Queue, schema: dict[str, Any] = EVENT, output: dict[str, Any] | None = PREDICTION,
-        name: str = "demo-fraud-mlp") -> TestClient:
-    api = InferenceApi(queue, schema, output, model_name=name,  # type: ignore[arg-type]
-                       read_body=lambda r: read_body(r, 1_000_000))
-    return TestClient(Starlette(routes=api.routes(lambda handler: handler)))
+def app(queue: FakeQueue, **settings: Any) -> TestClient:
+    return gateway(queue, **settings)[0]
 
 
 def infer(http: TestClient, inputs: list[triton.InferInput], outputs: list[triton.InferRequestedOutput] | None = None,
@@ -84,7 +35,7 @@ def features(n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("binary", [True, False])
 def test_tritonclient_s_request_gets_one_row_per_event_of_each_output(binary: bool) -> None:
-    queue = Queue()
+    queue = FakeQueue()
     http = app(queue)
     x = features(5)
     given = triton.InferInput("features", list(x.shape), "FP32")
@@ -105,21 +56,22 @@ def test_tritonclient_s_request_gets_one_row_per_event_of_each_output(binary: bo
 
 
 def test_a_text_model_takes_a_bytes_tensor_and_answers_a_matrix() -> None:
-    queue = Queue()
-    http = app(queue, TEXT, None, "all-MiniLM-L6-v2")
+    queue = FakeQueue()
+    http, _ = text_gateway(queue)
     texts = np.array([b"one", b"twenty two", b"x"], dtype=np.object_)
     given = triton.InferInput("text", [3], "BYTES")
     given.set_data_from_numpy(texts)
     result = infer(http, [given], [triton.InferRequestedOutput("embedding")], model="all-MiniLM-L6-v2")
-    assert result.as_numpy("embedding").tolist() == [[3.0] * 3, [10.0] * 3, [1.0] * 3]
+    assert result.as_numpy("embedding").shape == (3, 8)
     assert [e["text"] for e in queue.sent] == ["one", "twenty two", "x"]
 
 
 def test_metadata_health_and_errors_in_the_protocol_s_shape() -> None:
-    queue = Queue()
+    queue = FakeQueue()
     http = app(queue)
     assert http.get("/v2").json()["extensions"] == ["binary_tensor_data"]
-    assert http.get("/v2/health/live").status_code == 200 and http.get("/v2/health/ready").status_code == 200
+    assert http.get("/v2/health/live").json() == {"live": True} and http.get("/v2/health/ready").json() == {
+        "ready": True}
     meta = http.get("/v2/models/demo-fraud-mlp").json()
     assert {i["name"]: (i["datatype"], i["shape"]) for i in meta["inputs"]} == {
         "event_id": ("BYTES", [-1]), "key": ("BYTES", [-1]), "ts_ms": ("INT64", [-1]), "features": ("FP32", [-1, -1])}
@@ -134,7 +86,7 @@ def test_metadata_health_and_errors_in_the_protocol_s_shape() -> None:
 
     row = [0.1] * 32
     for body, says in [
-            ({"inputs": []}, "non-empty list of inputs"),
+            ({"inputs": []}, "inputs: List should have at least 1 item"),
             ({"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1], "data": [1]}]}, "no input nope"),
             ({"inputs": [{"name": "key", "datatype": "BYTES", "shape": [1], "data": ["k"]}]},
              "inputs features are required"),
@@ -143,11 +95,36 @@ def test_metadata_health_and_errors_in_the_protocol_s_shape() -> None:
             ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row},
                          {"name": "key", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]}, "differ"),
             ({"inputs": [{"name": "features", "datatype": "BYTES", "shape": [1, 32], "data": row}]},
-             "array of numbers"),
+             "BYTES data are strings"),
+            ({"inputs": [{"name": "features", "datatype": "FP16", "shape": [1, 32], "data": row}]},
+             "datatype FP16, the model's metadata says FP32"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 31], "data": row[:31]}]},
+             "event 0: the workers would dead-letter this event (shape)"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2**62, 4], "data": row}]},
+             "more than the body holds"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [True, 32], "data": row}]},
+             "valid integer"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": ["a"] * 32}]},
+             "FP32 data are numbers"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row,
+                          "parameters": [1]}]}, "valid dictionary"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row,
+                          "parameters": "x"}]}, "valid dictionary"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row}],
+              "parameters": [1]}, "valid dictionary"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row}],
+              "outputs": [{"name": "fraud_score", "parameters": [1]}]}, "valid dictionary"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row}], "id": 7},
+             "valid string"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row},
+                         {"name": "ts_ms", "datatype": "INT64", "shape": [1], "data": [2**70]}]}, "whole numbers"),
+            ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row},
+                         {"name": "key", "datatype": "BYTES", "shape": [1], "data": [5]}]}, "BYTES data are strings"),
             ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row}],
               "outputs": [{"name": "nope"}]}, "no output 'nope'")]:
         status, message = post(body)
         assert status == 400 and says in message, (body, message)
+    assert queue.sent == [], "nothing of a refused request reached the topic"
     status, message = post({"inputs": [{"name": "features", "datatype": "FP32", "shape": [2, 32],
                                         "data": row + [-5.0] * 32}]})
     assert status == 500 and message.startswith("event 1: dead-lettered at the model stage")
@@ -155,6 +132,11 @@ def test_metadata_health_and_errors_in_the_protocol_s_shape() -> None:
                                         "data": [5.0] * 32}]})
     assert status == 504 and "no prediction within" in message
     # A binary header that does not fit its body
-    answer = http.post("/v2/models/demo-fraud-mlp/infer", content=b"{}", headers={
-        "Inference-Header-Content-Length": "99"})
-    assert answer.status_code == 400 and "Inference-Header-Content-Length" in answer.json()["error"]
+    for length in (b"99", "²".encode(), b"-1", b"1" * 40):
+        answer = http.post("/v2/models/demo-fraud-mlp/infer", content=b"{}", headers={
+            "Inference-Header-Content-Length": length})
+        assert answer.status_code == 400 and "Inference-Header-Content-Length" in answer.json()["error"], length
+    # No worker: 503 at once, and readiness says so
+    queue.serving = False
+    assert post({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 32], "data": row}]})[0] == 503
+    assert http.get("/v2/health/ready").json() == {"ready": False}

@@ -4,69 +4,24 @@ app in process, with a stand-in for the durable queue (the Kafka path: tests/int
 from __future__ import annotations
 
 import base64
-import json
-from concurrent.futures import Future
-from typing import Any
 
 import numpy as np
 import openai
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from stream.codec import DEFAULT_SCHEMAS_DIR
-from stream.gateway.app import read_body
-from stream.gateway.client import DeadLettered, Prediction, Refused, RequestTimeout
-from stream.gateway.openai import EmbeddingsApi, unavailable_routes
-from stream.gateway.texts import TextEvents
+from tests.unit.gateway.fakes import FakeQueue, gateway, text_gateway, vector
 
-SCHEMA = json.loads((DEFAULT_SCHEMAS_DIR / "text_event.avsc").read_text())
 MODEL = "all-MiniLM-L6-v2"
 
 
-def vector(text: str) -> list[float]:
-    """A made-up embedding of a text (float32 values, as the prediction's decoded record holds)."""
-    return np.random.default_rng(len(text) + ord(text[0])).random(8, dtype=np.float32).tolist()
-
-
-class Queue:
-    """The PredictionClient's part the API uses: each text's prediction at once (or its failure)."""
-
-    def __init__(self, max_pending: int = 100) -> None:
-        self.max_pending = max_pending
-        self.pending = 0
-        self.sent: list[dict[str, Any]] = []
-
-    def encode(self, event: dict[str, Any]) -> bytes:
-        if "REFUSE" in event["text"]:
-            raise Refused("the event does not match the input schema", ["text: too odd"])
-        return json.dumps(event).encode()
-
-    def submit_encoded(self, value: bytes) -> Future[Prediction]:
-        event = json.loads(value)
-        self.sent.append(event)
-        future: Future[Prediction] = Future()
-        text = event["text"]
-        if "POISON" in text:
-            future.set_exception(DeadLettered("model", "model-error", "boom", 0, 7))
-        elif "SLOW" in text:
-            future.set_exception(RequestTimeout(2.0, 0, 8))
-        else:
-            future.set_result(Prediction({"event_id": event["event_id"], "embedding": vector(text)}, 0, 1,
-                                         tokens=len(text.split()) + 2))
-        return future
-
-
-def sdk(queue: Queue, dimensions: int | None = 8, max_texts: int = 4) -> tuple[openai.OpenAI, TestClient]:
-    texts = TextEvents(SCHEMA, None, {})
-    api = EmbeddingsApi(queue, texts, model_name=MODEL, embedding_field="embedding",  # type: ignore[arg-type]
-                        dimensions=dimensions, max_texts=max_texts, read_body=lambda r: read_body(r, 100_000))
-    http = TestClient(Starlette(routes=api.routes(lambda handler: handler)))
+def sdk(queue: FakeQueue, max_texts: int = 4) -> tuple[openai.OpenAI, TestClient]:
+    _, http = None, text_gateway(queue, max_texts=max_texts)[0]
     return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=2), http
 
 
 def test_the_sdk_gets_each_text_s_embedding_in_order_as_base64_by_default_and_as_floats() -> None:
-    queue = Queue()
+    queue = FakeQueue()
     client, http = sdk(queue)
     texts = ["a first text", "the second one, longer", "3"]
     for encoding in (None, "float", "base64"):
@@ -91,7 +46,7 @@ def test_the_sdk_gets_each_text_s_embedding_in_order_as_base64_by_default_and_as
 
 
 def test_errors_have_the_api_s_shape_and_a_failed_text_is_named_by_its_index() -> None:
-    queue = Queue()
+    queue = FakeQueue()
     client, http = sdk(queue)
     with pytest.raises(openai.NotFoundError) as missing:
         client.embeddings.create(model="text-embedding-3-small", input="x")
@@ -101,13 +56,14 @@ def test_errors_have_the_api_s_shape_and_a_failed_text_is_named_by_its_index() -
     for bad, param, says in [
             ({"input": [[1, 2, 3]]}, "input", "token ids are not accepted: send the text"),
             ({"input": [1, 2]}, "input", "token ids"), ({"input": []}, "input", "non-empty"),
-            ({"input": ["a", " "]}, "input", "input[1] is empty"),
+            ({"input": ["a", " "]}, "input", "input[1]: the text is empty"),
             ({"input": ["a"] * 5}, "input", "at most 4 (--max-texts)"),
-            ({"input": "a", "dimensions": 4}, "dimensions", "8 dimensions"),
-            ({"input": "a", "encoding_format": "int8"}, "encoding_format", "float or base64"),
-            ({"input": ["fine", "REFUSE me"]}, "input", "input[1]: the event does not match")]:
+            ({"input": "a", "dimensions": 4}, "dimensions", "384 dimensions"),
+            ({"input": "a", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+            ({"input": "a", "user": 7}, "user", "valid string"),
+            ({"input": "a", "model": 7}, "model", "valid string")]:
         answer = http.post("/v1/embeddings", json={"model": MODEL, **bad})
-        assert answer.status_code == 400, bad
+        assert answer.status_code == 400, (bad, answer.text)
         error = answer.json()["error"]
         assert error["param"] == param and says in error["message"] and error["type"] == "invalid_request_error"
     assert queue.sent == [], "nothing of a refused request reached the topic"
@@ -125,7 +81,7 @@ def test_errors_have_the_api_s_shape_and_a_failed_text_is_named_by_its_index() -
 
 
 def test_a_full_queue_is_429_with_retry_after_before_anything_is_sent() -> None:
-    queue = Queue(max_pending=3)
+    queue = FakeQueue(max_pending=3)
     queue.pending = 2
     _, http = sdk(queue)
     busy = http.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b"]})
@@ -134,7 +90,7 @@ def test_a_full_queue_is_429_with_retry_after_before_anything_is_sent() -> None:
 
 
 def test_tei_s_embed_answers_a_list_of_vectors_and_its_own_errors() -> None:
-    queue = Queue()
+    queue = FakeQueue()
     _, http = sdk(queue)
     assert http.post("/embed", json={"inputs": "one"}).json() == [pytest.approx(vector("one"))]
     got = http.post("/embed", json={"inputs": ["one", "two words"], "normalize": True, "truncate": True}).json()
@@ -147,8 +103,15 @@ def test_tei_s_embed_answers_a_list_of_vectors_and_its_own_errors() -> None:
 
 
 def test_without_a_text_field_the_routes_say_why() -> None:
-    http = TestClient(Starlette(routes=unavailable_routes("the input schema stream.demo.FraudEvent has no field "
-                                                          "'text'")))
+    http, _ = gateway()  # the demo's schema: no text field
     answer = http.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
     assert answer.status_code == 404 and "has no field 'text'" in answer.json()["error"]["message"]
     assert http.get("/v1/models").status_code == 404
+
+
+def test_a_text_the_model_cannot_take_is_refused_before_anything_is_sent() -> None:
+    queue = FakeQueue()
+    _, http = sdk(queue)
+    answer = http.post("/v1/embeddings", json={"model": MODEL, "input": ["fine", "x" * 1_100_000]})
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "request_too_large"
+    assert queue.sent == []

@@ -1,0 +1,88 @@
+"""One request path for every protocol the gateway speaks: events in, their predictions out, all or nothing.
+
+1. `Door.admit`: each event checked against the input schema and encoded (`stream.gateway.events`), then the
+   workers' own decode stage run on the encoded events (`stream.pipeline.contract`): an event the workers would
+   dead-letter for its shape or values (a vector of the wrong length, NaN, a null or empty input, a size) is
+   refused here, naming the event and the field, and nothing of the request is sent.
+2. The protocol checks whatever else could fail once the predictions are back (the outputs asked for, the
+   parameters, the request's id), before anything is sent.
+3. `Door.predict`: every event sent at once or none (`stream.gateway.client.PredictionClient.send`: room under
+   ``--max-pending`` and a worker serving, checked first), then every prediction awaited; the first failure fails
+   the request, naming its event. Events already on the topic are still predicted: the error says so
+   (``sent``).
+
+Each protocol turns a `stream.gateway.errors.GatewayError` into its answer with one table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from stream.codec.registry import RegistryUnavailable
+from stream.gateway.client import Prediction
+from stream.gateway.errors import BadReply, GatewayError, NotSent, Oversized, Refused, TooManyEvents
+from stream.gateway.events import EventEncoder
+from stream.pipeline.contract import DecodeStage
+
+
+class Queue(Protocol):
+    """What the door needs of the durable queue (`stream.gateway.client.PredictionClient`)."""
+
+    max_pending: int
+
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None
+             ) -> list[Future[Prediction]]: ...
+
+
+class Door:
+    def __init__(self, encoder: EventEncoder, stage: DecodeStage | None, queue: Queue) -> None:
+        self.encoder = encoder
+        self.stage = stage
+        self.queue = queue
+
+    @property
+    def max_events(self) -> int:
+        return self.queue.max_pending
+
+    def admit(self, events: Sequence[Any]) -> list[bytes]:
+        """The events framed for the input topic, each one checked as the workers' decode stage will check it;
+        `Refused`, `Oversized` or `TooManyEvents` naming the first that fails (nothing sent)."""
+        if len(events) > self.queue.max_pending:
+            raise TooManyEvents(f"{len(events)} events in one request, over --max-pending "
+                                f"({self.queue.max_pending})")
+        values = []
+        for i, event in enumerate(events):
+            try:
+                values.append(self.encoder.encode(event))
+            except GatewayError as exc:
+                raise exc.at(i) from None
+        if self.stage is not None and values:
+            try:
+                errors = self.stage.run(values).errors
+            except RegistryUnavailable:
+                raise NotSent("the schema registry cannot be reached: try again shortly") from None
+            if errors:
+                i, error = errors[0]
+                if error.reason == "oversized":
+                    raise Oversized(f"the event is {len(values[i])} bytes encoded, over --max-input-bytes "
+                                    f"{self.encoder.max_input_bytes}", index=i)
+                raise Refused(f"the workers would dead-letter this event ({error.reason}): {error.detail}",
+                              index=i, problems=[error.detail])
+        return values
+
+    async def predict(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None
+                      ) -> list[Prediction]:
+        """Every value's prediction, in order; the first failure raised, naming its event."""
+        futures = self.queue.send(values, keys)
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+        predictions = []
+        for i, result in enumerate(results):
+            if isinstance(result, Prediction):
+                predictions.append(result)
+                continue
+            error = result if isinstance(result, GatewayError) else BadReply(f"{type(result).__name__}: {result}")
+            raise error.at(i, sent=True)
+        return predictions

@@ -1,0 +1,220 @@
+"""The gateway's HTTP server: uvicorn with httptools, every resource a caller can hold bounded before the request
+reaches authentication or a route.
+
+* Header bytes: a request line and headers over ``max_header_bytes`` (16 KiB) get 431 and the connection closes
+  (httptools itself has no limit: it buffers a header line of any length).
+* Read timeouts: a connection that has not sent a request's complete headers within ``header_timeout_s`` of its
+  start (or of its previous request's end) gets 408 and is closed; a body not complete within
+  ``body_timeout_s`` of its headers is answered 408 by the route reading it (`BodyBudget.read`) and the
+  connection closed; a TLS handshake gets ``tls_handshake_timeout_s``; an idle keep-alive connection
+  ``keep_alive_s``.
+* Bodies: each at most ``max_body_bytes`` (413 at once on its Content-Length, or as soon as it passes), and all
+  the bodies being read or held by requests in flight together at most ``max_buffered_bytes`` (503 with
+  ``Retry-After`` past it). Each connection also holds what uvicorn reads ahead of the route (at most one
+  socket read, 256 KiB, past 64 KiB).
+* Connections: at most ``max_connections`` open at once; one more gets 503 and is closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from stream.gateway.errors import BodyTimeout, Overloaded, Oversized
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int = 16_384
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    tls_handshake_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_body_bytes: int = 1_048_576
+    max_buffered_bytes: int = 64 * 1_048_576
+    max_connections: int = 1000
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    body = (message + "\n").encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n%s\r\n%s" % (status, reason.encode(), len(body),
+                                                 b"retry-after: 1\r\n" if status == 503 else b"", body))
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the header, time and connection bounds of the module's docstring
+    (``limits`` is set on a subclass made per server: `protocol_class`)."""
+
+    limits = Limits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._refused = len(self.connections) >= self.limits.max_connections
+        self._in_head = True  # reading a request line and headers (from the start, and after each request)
+        self._head_seen = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        if self._refused:
+            self.transport = transport
+            transport.write(_raw_response(503, "Service Unavailable",
+                                          f"over {self.limits.max_connections} connections: try again shortly"))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self.transport.is_closing():
+            return
+        if not self._in_head:
+            super().data_received(data)
+            return
+        if self._head_timer is None:
+            self._arm_head_timer()
+        room = self.limits.max_header_bytes - self._head_seen
+        if len(data) <= room:
+            self._head_seen += len(data)
+            super().data_received(data)
+            return
+        self._head_seen += room
+        if room > 0:
+            super().data_received(data[:room])  # may complete the headers
+        if self._in_head:
+            self._reject(431, "Request Header Fields Too Large",
+                         f"the request line and headers are over {self.limits.max_header_bytes} bytes")
+            return
+        self.data_received(data[room:])
+
+    # httptools' callbacks
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        # Past this, the route reading the body answers 408 at body_timeout_s; this closes what no route reads.
+        self._body_timer = self.loop.call_later(self.limits.body_timeout_s + 1.0, self._body_late)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._in_head = True
+        self._head_seen = 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # idle now: the keep-alive bound applies, not the header one
+            self._cancel_head_timer()
+
+    # the bounds
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being answered (pipelined bytes behind it): its own bounds apply
+        self._reject(408, "Request Timeout", f"no complete request headers within {self.limits.header_timeout_s:g} s")
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _reject(self, status: int, reason: str, message: str) -> None:
+        self._cancel_timers()
+        if not self.transport.is_closing():
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(_raw_response(status, reason, message))
+            self.transport.close()
+
+
+def protocol_class(limits: Limits) -> type[GuardedProtocol]:
+    return type("GatewayHttpProtocol", (GuardedProtocol,), {"limits": limits})
+
+
+class BodyBudget:
+    """The bytes of bodies held by requests in flight, under ``limits.max_buffered_bytes`` together."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.held = 0
+
+    async def read(self, request: Request) -> bytes:
+        """The request's body, its bytes held against the budget until the request ends (`release`, called by
+        the route's wrapper, `stream.gateway.http.endpoint`); `Oversized`, `Overloaded` or `BodyTimeout`."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Oversized(f"the request body is {declared} bytes, over --max-body-bytes ({limit})")
+        held = request.scope.setdefault("stream.body_held", [0])
+        chunks = []
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                async for chunk in request.stream():
+                    if not chunk:
+                        continue
+                    if held[0] + len(chunk) > limit:
+                        raise Oversized(f"the request body is over --max-body-bytes ({limit})")
+                    if self.held + len(chunk) > self.limits.max_buffered_bytes:
+                        raise Overloaded(f"the gateway holds {self.held} bytes of request bodies (--max-buffered-"
+                                         f"bytes {self.limits.max_buffered_bytes}): try again shortly")
+                    self.held += len(chunk)
+                    held[0] += len(chunk)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise BodyTimeout(f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+                              "(--body-timeout-s)") from None
+        except ClientDisconnect:
+            raise BodyTimeout("the caller went away before its body arrived") from None
+        return b"".join(chunks)
+
+    def release(self, request: Request) -> None:
+        held = request.scope.get("stream.body_held")
+        if held:
+            self.held -= held[0]
+            held[0] = 0
+
+
+def with_tls_handshake_timeout(factory: Callable[[], asyncio.AbstractEventLoop], timeout_s: float
+                               ) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A loop factory whose servers give a TLS handshake ``timeout_s`` (asyncio's and uvloop's own is 60 s, and
+    uvicorn does not pass one)."""
+    def make() -> asyncio.AbstractEventLoop:
+        loop = factory()
+        create_server = loop.create_server
+
+        async def create(*args: Any, **kwargs: Any) -> asyncio.Server:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", timeout_s)
+            return await create_server(*args, **kwargs)
+
+        loop.create_server = create  # type: ignore[method-assign]
+        return loop
+
+    return make

@@ -1,0 +1,131 @@
+"""The gateway's own protocol (`stream.gateway.app`) and its one request path (`stream.gateway.door`), as
+`python -m stream gateway` assembles them, over a stand-in for the queue (the Kafka path:
+tests/integration/test_gateway.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from stream.gateway.errors import NotSent
+from tests.unit.gateway.fakes import FakeQueue, event, gateway
+
+
+def test_one_event_or_a_list_gets_its_predictions_in_order() -> None:
+    http, queue = gateway()
+    one = http.post("/v1/predict", json=event())
+    assert one.status_code == 200 and one.json()["fraud_score"] == pytest.approx(3.2, rel=1e-6)
+    listed = http.post("/v1/predict", json=[event(event_id="a"), event(event_id="b", features=[-0.1] * 32)])
+    assert listed.status_code == 200 and [r["event_id"] for r in listed.json()] == ["a", "b"]
+    assert [e["event_id"] for e in queue.sent] == ["e-1", "a", "b"]
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b"{not json", 400, "the body is not JSON"),
+    (b"[" * 100_000, 400, "recursion limit"),
+    (b'{"event_id": "\\ud800"}', 400, "not JSON"),
+    (b"", 400, "empty"),
+    (b"[]", 400, "an empty list"),
+    (b'{"event_id": "e", "ts_ms": 1e400}', 400, "too large for a double"),
+    (b"NaN", 400, "not JSON"),
+    (b"7", 422, "an event is a JSON object"),
+    (json.dumps(event(features="not a list")).encode(), 422, "does not match the input schema"),
+    (json.dumps(event(feautres=[1.0])).encode(), 422, "feautres: no such field"),
+    (json.dumps(event(ts_ms=2**70)).encode(), 422, "does not match the input schema"),
+])
+def test_a_malformed_request_is_a_4xx_saying_why_and_nothing_is_sent(body: bytes, status: int, says: str) -> None:
+    http, queue = gateway()
+    answer = http.post("/v1/predict", content=body)
+    assert answer.status_code == status and says in answer.text, answer.text
+    assert answer.json()["sent"] is False and queue.sent == []
+
+
+@pytest.mark.parametrize(("features", "reason"), [([0.1] * 31, "shape"), ([1e39] * 32, "non-finite"),
+                                                  ([0.1] * 33, "shape"), ([], "shape")])
+def test_an_event_the_workers_would_dead_letter_is_422_naming_it_and_the_request_sends_nothing(
+        features: list[float], reason: str) -> None:
+    http, queue = gateway()
+    answer = http.post("/v1/predict", json=[event(event_id="good"), event(event_id="bad", features=features)])
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["index"] == 1 and f"({reason})" in body["error"] and "input features (features)" in body["error"]
+    assert body["problems"] and body["sent"] is False
+    assert queue.sent == [], "all or nothing: the good event was not sent either"
+
+
+def test_sizes_and_counts_over_their_limits_are_413() -> None:
+    http, queue = gateway(max_body_bytes=4096, max_pending=3)
+    big = http.post("/v1/predict", content=json.dumps(event(event_id="x" * 5000)))
+    assert big.status_code == 413 and "--max-body-bytes" in big.json()["error"]
+    http, queue = gateway(max_input_bytes=300, max_pending=3)
+    one = http.post("/v1/predict", json=event(event_id="x" * 400))
+    assert one.status_code == 413 and "--max-input-bytes 300" in one.json()["error"]
+    many = http.post("/v1/predict", json=[event()] * 4)
+    assert many.status_code == 413 and "--max-pending (3)" in many.json()["error"]
+    assert queue.sent == []
+
+
+def test_a_full_queue_or_no_worker_is_503_at_once_with_retry_after() -> None:
+    queue = FakeQueue(max_pending=3)
+    http, _ = gateway(queue)
+    queue.pending = 2
+    busy = http.post("/v1/predict", json=[event(), event()])
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "1" and busy.json()["sent"] is False
+    queue.pending = 0
+    queue.serving = False
+    none = http.post("/v1/predict", json=event())
+    assert none.status_code == 503 and none.headers["retry-after"] == "5" and "no worker" in none.json()["error"]
+    ready = http.get("/readyz")
+    assert ready.status_code == 503 and ready.json() == {"ready": False, "why": ["no worker serves in"]}
+    assert queue.sent == []
+    queue.serving = True
+    assert http.get("/readyz").json() == {"ready": True}
+
+
+def test_failures_after_sending_name_the_event_and_say_it_was_sent() -> None:
+    http, _ = gateway()
+    dead = http.post("/v1/predict", json=[event(), event(features=[-5.0] * 32)])
+    assert dead.status_code == 500 and dead.json() == {
+        "error": "dead-lettered at the model stage (model-error): boom", "sent": True, "index": 1, "stage": "model",
+        "reason": "model-error", "input_partition": 0, "input_offset": 3}
+    late = http.post("/v1/predict", json=event(features=[5.0] * 32))
+    assert late.status_code == 504 and "retry-after" not in late.headers
+    assert late.json()["may_still_be_predicted"] is True and late.json()["input_offset"] == 4
+
+
+def test_a_broker_that_does_not_take_an_event_is_503_without_its_internal_error() -> None:
+    class Refusing(FakeQueue):
+        def send(self, values: Any, keys: Any = None) -> Any:
+            raise NotSent("the broker's client did not take the event: try again shortly", index=0)
+
+    http, _ = gateway(Refusing())
+    answer = http.post("/v1/predict", json=event())
+    assert answer.status_code == 503 and "Local: Queue full" not in answer.text and answer.headers["retry-after"]
+
+
+def test_an_unexpected_error_is_a_500_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(e: dict[str, Any]) -> Any:
+        raise RuntimeError("a bug")
+
+    http, _ = gateway(FakeQueue(broken))
+    answer = http.post("/v1/predict", json=event())
+    assert answer.status_code == 500 and "Traceback" not in answer.text and "a bug" not in answer.text
+    assert any("a bug" in (r.exc_text or "") for r in caplog.records)
+
+
+def test_the_document_lists_every_route_and_unknown_routes_are_json_404s() -> None:
+    http, _ = gateway()
+    spec = http.get("/openapi.json").json()
+    assert spec["openapi"] == "3.1.0"
+    assert {"/v1/predict", "/healthz", "/readyz", "/metrics", "/v1/embeddings", "/embed",
+            "/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer"} <= set(spec["paths"])
+    event_schema = spec["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert event_schema["oneOf"][0]["required"] == ["event_id", "key", "ts_ms", "features"]
+    assert set(spec["paths"]["/v1/predict"]["post"]["responses"]) >= {"200", "400", "413", "422", "500", "503",
+                                                                     "504"}
+    missing = http.get("/v3/nothing")
+    assert missing.status_code == 404 and "openapi.json" in missing.json()["error"]
+    assert http.get("/v1/predict").status_code == 405
+    assert "stream_gateway_body_bytes 0.0" in http.get("/metrics").text
