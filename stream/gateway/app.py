@@ -55,7 +55,16 @@ from stream.gateway.errors import (
     TooManyEvents,
     Unavailable,
 )
-from stream.gateway.http import JSON, ErrorTable, Operation, endpoint, error_responses, json_response, parse_json
+from stream.gateway.http import (
+    JSON,
+    ErrorTable,
+    Operation,
+    endpoint,
+    error_for_path,
+    error_responses,
+    json_response,
+    parse_json,
+)
 from stream.gateway.openapi import document, schema_of
 from stream.gateway.server import BodyBudget
 from stream.ops.gc_pauses import GcPauses
@@ -209,8 +218,10 @@ def build_app(operations: Sequence[Operation], budget: BodyBudget, components: d
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
-        what = "no such route" if status == 404 else f"{request.method} is not served on this route"
-        return json_response({"error": f"{what}: {request.url.path} (GET /openapi.json lists the routes)"}, status)
+        what = "no such route" if status == 404 else f"{request.method[:20]} is not served on this route"
+        path = request.url.path
+        return json_response(error_for_path(path, f"{what}: {path[:200]} (GET /openapi.json lists the routes)",
+                                            "not_found"), status)
 
     routes = [Route(op.path, endpoint(op, budget), methods=[op.method]) for op in operations]
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stream.errors import ConfigError
+from stream.gateway.http import error_for_path
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -120,17 +121,6 @@ def load_keys(given: Iterable[str], files: Iterable[Path]) -> KeySource | None:
     return source if len(source) else None
 
 
-def unauthorized_body(path: str, message: str) -> dict[str, Any]:
-    """A 401's body in the shape of the protocol ``path`` speaks: OpenAI's for ``/v1/embeddings`` and
-    ``/v1/models``, TEI's for ``/embed``, the inference protocol's for ``/v2`` (the gateway's own elsewhere)."""
-    if path.startswith(("/v1/embeddings", "/v1/models")):
-        return {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                          "code": "invalid_api_key"}}
-    if path == "/embed":  # text-embeddings-inference's
-        return {"error": message, "error_type": "unauthorized"}
-    return {"error": message}
-
-
 class ApiKeys:
     """The middleware: ``app`` behind a check of the keys (bytes compared with ``hmac.compare_digest`` against
     every key, so the time taken says nothing about which one nearly matched); ``open_paths`` pass unchecked."""
@@ -161,7 +151,8 @@ class ApiKeys:
             return
         message = ("no API key: send Authorization: Bearer <key>" if header is None
                    else "the API key is not one of this gateway's")
-        body = json.dumps(unauthorized_body(scope["path"], message)).encode()
+        body = json.dumps(error_for_path(scope["path"], message,
+                                         "unauthorized" if scope["path"] == "/embed" else "invalid_api_key")).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                                 (b"www-authenticate", b'Bearer realm="stream-gateway"')]})

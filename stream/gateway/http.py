@@ -50,6 +50,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def error_for_path(path: str, message: str, code: str | None = None) -> dict[str, Any]:
+    """An error body in the shape of the protocol ``path`` speaks, for what is answered before a route runs (no
+    API key, no such route): OpenAI's for ``/v1/embeddings`` and ``/v1/models``, TEI's for ``/embed``, the
+    inference protocol's for ``/v2`` and the gateway's own elsewhere (both ``{"error": message}``)."""
+    if path.startswith(("/v1/embeddings", "/v1/models")):
+        return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    if path.startswith("/embed"):
+        return {"error": message, "error_type": code or "validation"}
+    return {"error": message}
+
+
 def json_response(content: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(render(content), status_code=status, headers=dict(headers or {}), media_type=JSON)
 
@@ -122,6 +133,7 @@ class Operation:
     request_media: str = JSON
     responses: Mapping[int, tuple[str, Mapping[str, dict[str, Any]]]] = field(default_factory=dict)
     counted: tuple[Counter, Histogram] | None = None  # requests by status, and their latency
+    path_params: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # a path parameter's schema, if not any
     open: bool = False  # answered without an API key (the health probes)
 
 

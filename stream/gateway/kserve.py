@@ -35,7 +35,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, WithJsonSchema
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -70,7 +70,17 @@ NUMPY = {"FP16": "<f2", "FP32": "<f4", "FP64": "<f8", "INT8": "<i1", "INT16": "<
 NUMERIC = {"float", "double", "int", "long", "timestamp-millis", "timestamp-micros"}
 Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
                    "FP32", "FP64", "BYTES"]
-Size = Annotated[int, Field(strict=True, ge=0)]
+
+
+def _size(value: Any) -> int:
+    """A size: a JSON integer (1.0 is one too) of 0 or more, never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()) or value < 0:
+        raise ValueError("a size is a whole number, 0 or more")
+    return int(value)
+
+
+Size = Annotated[int, PlainValidator(_size), WithJsonSchema({"type": "integer", "minimum": 0})]
 _DIGITS = re.compile(r"[0-9]{1,12}")
 _MAX_NESTING = 32
 
@@ -82,7 +92,10 @@ class TensorParameters(BaseModel):
 
 
 class RequestInput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # data in JSON, or parameters.binary_data_size bytes of it after the header
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"anyOf": [
+        {"required": ["data"]},
+        {"required": ["parameters"], "properties": {"parameters": {"required": ["binary_data_size"]}}}]})
     name: str
     shape: list[Size] = Field(min_length=1, description="the events first")
     datatype: Datatype
@@ -295,10 +308,10 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequ
         if name in values:
             raise BadRequest(f"input {name} given twice")
         count = math.prod(shape)
-        if count > len(body):  # every value takes a byte at least, in JSON or in binary
-            raise BadRequest(f"input {name}: shape {shape} says {count} values, more than the body holds")
         size = tensor.parameters.binary_data_size if tensor.parameters is not None else None
         if size is not None:
+            if count > len(blob):  # every binary value takes a byte at least
+                raise BadRequest(f"input {name}: shape {shape} says {count} values, more than the body holds")
             if at + size > len(blob):
                 raise BadRequest(f"input {name}: binary_data_size {size} is past the body's end")
             raw = blob[at:at + size]
@@ -316,9 +329,9 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequ
             if tensor.data is None:
                 raise BadRequest(f"input {name}: no data (and no binary_data_size)")
             flat = _flat(tensor.data, name)
+            data = _typed(name, datatype, flat)
             if len(flat) != count:
                 raise BadRequest(f"input {name}: {len(flat)} values in data, its shape {shape} says {count}")
-            data = _typed(name, datatype, flat)
         values[name] = (shape, datatype, data)
     if at != len(blob):
         raise BadRequest(f"{len(blob) - at} bytes after the last binary input")
@@ -365,14 +378,20 @@ class InferenceApi:
                        {JSON: schema_of(InferenceResponse, components),
                         "application/octet-stream": {"type": "string", "format": "binary"}}),
                  **error_responses(V2_ERRORS, error[JSON], 401)}
+        request = schema_of(InferenceRequest, components)
+        # The document names this model's tensors: its clients (and the tests' fuzzer) see which are valid.
+        components["RequestInput"]["properties"]["name"]["enum"] = [f.name for f in self.inputs]
+        if self.outputs:
+            components["RequestOutput"]["properties"]["name"]["enum"] = [f.name for f in self.outputs]
+        model = {"model": {"type": "string", "enum": [self.model_name]}}  # the one this gateway serves
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             ops += [Operation("GET", prefix, self.metadata, V2_ERRORS, "Model metadata", "v2",
                               responses={200: ("the model", {JSON: schema_of(ModelMetadata, components)}),
-                                         404: missing, 401: ("no API key", error)}),
+                                         404: missing, 401: ("no API key", error)}, path_params=model),
                     Operation("GET", f"{prefix}/ready", self.model_ready, V2_ERRORS, "Model readiness", "v2",
-                              responses={**ready, 401: ("no API key", error)}),
+                              responses={**ready, 401: ("no API key", error)}, path_params=model),
                     Operation("POST", f"{prefix}/infer", self.infer, V2_ERRORS, "Inference", "v2",
-                              request=schema_of(InferenceRequest, components), responses=infer, counted=counted)]
+                              request=request, responses=infer, counted=counted, path_params=model)]
         return ops
 
     async def server(self, _request: Request) -> Response:

@@ -37,7 +37,8 @@ def document(operations: Sequence[Operation], components: dict[str, Any], *, tit
                                         **({"content": {m: {"schema": s} for m, s in content.items()}}
                                            if content else {})}
                           for status, (said, content) in sorted(op.responses.items())}}
-        parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        parameters = [{"name": name, "in": "path", "required": True,
+                       "schema": op.path_params.get(name, {"type": "string", "minLength": 1})}
                       for name in _PARAM.findall(op.path)]
         if parameters:
             entry["parameters"] = parameters

@@ -30,7 +30,9 @@ def demo_outcome(event: dict[str, Any]) -> Outcome:
             return dead_lettered("model", "model-error", "boom", 0, 7)
         if "SLOW" in text:
             return RequestTimeout(2.0, 0, 8)
-        return {"event_id": event["event_id"], "embedding": vector(text), "model_version": "v7"}
+        return {"event_id": event["event_id"], "event_ts_ms": event["ts_ms"], "embedding": vector(text),
+                "model_name": "all-MiniLM-L6-v2", "model_version": "v7", "predicted_ts_ms": 1, "batch_size": 1,
+                "input_topic": "in", "input_partition": 0, "input_offset": 12}
     score = float(np.float32(sum(event["features"])))
     if score < -100:
         return dead_lettered("model", "model-error", "boom", 0, 3)
