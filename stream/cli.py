@@ -372,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_gateway(args: argparse.Namespace) -> int:
     from stream import gateway
 
+    # Two arenas and buffers of 128 KiB or more mmap'd: the bodies and TLS buffers of callers that come and go
+    # are given back instead of keeping the heap at its high-water mark.
+    tune_malloc()
+
     return gateway.run(args)
 
 

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from stream.codec.registry import open_source
     from stream.config import default_reply_topic, kafka_admin_env_config, kafka_env_config
     from stream.gateway.client import PredictionClient
-    from stream.gateway.server import protocol_class, with_tls_handshake_timeout
+    from stream.gateway.server import protocol_class, shrink_tls_buffers, with_tls_handshake_timeout
     from stream.kafka.topics import create_topics, partitions_of
 
     reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
@@ -95,8 +95,17 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         client.close(0)
         raise
+    loop = settings.loop
+    if settings.ssl_certfile:
+        # uvloop's TLS holds 256 KiB per connection from its accept; asyncio's is made smaller (`shrink_tls_buffers`)
+        if loop == "uvloop":
+            log.warning("--loop uvloop with HTTPS: each connection, even one that never completes its handshake, "
+                        "holds 256 KiB; --loop asyncio holds 32 KiB")
+        else:
+            loop = "asyncio"
+            shrink_tls_buffers()
     config = uvicorn.Config(served, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            lifespan="off", loop=settings.loop, http=protocol_class(limits),
+                            lifespan="off", loop=loop, http=protocol_class(limits),
                             timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
                             ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile,
                             timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)))

@@ -52,12 +52,30 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
 
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header, time and connection bounds of the module's docstring
-    (``limits`` is set on a subclass made per server: `protocol_class`)."""
+    (``limits`` is set on a subclass made per server: `protocol_class`).
+
+    A connection counts from its accept, when the loop makes its protocol (before a TLS handshake, which holds a
+    read buffer of its own), until it is lost, or until its handshake's deadline passes without it being made."""
 
     limits = Limits()
+    accepted = 0  # connections open now, counted from their accept (on the subclass: one per server)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cls = type(self)
+        cls.accepted += 1
+        self._counted = True
+        self._refused = cls.accepted > self.limits.max_connections
+        # A TLS handshake that never ends makes no connection_made nor connection_lost on this protocol.
+        self._made_by = self.loop.call_later(self.limits.tls_handshake_timeout_s + 1.0, self._uncount)
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            type(self).accepted -= 1
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._refused = len(self.connections) >= self.limits.max_connections
+        self._made_by.cancel()
         self._in_head = True  # reading a request line and headers (from the start, and after each request)
         self._head_seen = 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -72,6 +90,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         self._cancel_timers()
         super().connection_lost(exc)
 
@@ -155,7 +174,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def protocol_class(limits: Limits) -> type[GuardedProtocol]:
-    return type("GatewayHttpProtocol", (GuardedProtocol,), {"limits": limits})
+    return type("GatewayHttpProtocol", (GuardedProtocol,), {"limits": limits, "accepted": 0})
 
 
 class BodyBudget:
@@ -199,6 +218,18 @@ class BodyBudget:
         if held:
             self.held -= held[0]
             held[0] = 0
+
+
+TLS_READ_BUFFER = 32 * 1024  # asyncio's own is 256 KiB, allocated for every connection from its accept
+
+
+def shrink_tls_buffers() -> None:
+    """asyncio's TLS connections each allocate a read buffer of ``SSLProtocol.max_size`` when accepted, before
+    their handshake: 256 KiB, so that a few thousand silent connections cost a gigabyte. A TLS record holds at most
+    16 KiB: 32 KiB reads them as fast (process-wide; the gateway's process serves nothing else)."""
+    import asyncio.sslproto
+
+    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
 
 def with_tls_handshake_timeout(factory: Callable[[], asyncio.AbstractEventLoop], timeout_s: float

@@ -109,7 +109,8 @@ class GatewaySettings(BaseModel):
     ssl_keyfile: Path | None = _field(None, "serving", "the certificate's private key (PEM)")
     loop: Literal["auto", "uvloop", "asyncio"] = _field(
         "auto", "serving", "the event loop: asyncio's own, or uvloop (install it yourself: it measured no faster "
-                           "here, docs/gateway.md); auto: uvloop when installed")
+                           "here, docs/gateway.md); auto: uvloop when installed, except with HTTPS (its TLS holds "
+                           "more memory per connection)")
     shutdown_timeout_s: float = _field(30.0, "serving", "on SIGTERM, how long to wait for the requests in flight",
                                        gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = _field("INFO", "serving", "the log's level")
@@ -202,7 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["choices"] = list(typing.get_args(base))
         elif base in (int, float):
             kwargs["type"] = base
-        parser.add_argument("--" + name.replace("_", "-"), **kwargs)
+        groups[group].add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
 def _help(field: Any) -> str:
@@ -210,5 +211,6 @@ def _help(field: Any) -> str:
     default = field.default
     if default is None or default == [] or field.is_required() or "default" in text:
         return text
-    shown = f"{default:,}" if isinstance(default, int) and not isinstance(default, bool) else str(default)
+    shown = f"{default:,}" if isinstance(default, int) and not isinstance(default, bool) and default >= 10_000 \
+        else str(default)
     return f"{text} ({shown})"

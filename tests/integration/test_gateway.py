@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import pytest
 import tritonclient.http
 
 from stream.bench.callers import call_at_rate
-from stream.kafka.topics import create_topics
+from stream.kafka.topics import create_topics, end_offsets
 from stream.ops.verify import OutputReader
 from tests.conftest import BrokerInfo
 from tests.gateway_cli import Gateway, events, expected_scores
@@ -66,10 +67,11 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
             listed = http.post("/v1/predict", json=good[1:])
             assert listed.status_code == 200
             assert [r["event_id"] for r in listed.json()] == [e["event_id"] for e in good[1:]]
-            # Dead-lettered by the worker (31 features: the schema takes it, the model's input does not): 422
+            # 31 features: the schema takes it, the model's input does not: refused at the door (the workers'
+            # own decode stage), never sent
             dead = http.post("/v1/predict", json={**good[0], "features": good[0]["features"][:31]})
             assert dead.status_code == 422, dead.text
-            assert dead.json()["stage"] == "decode" and dead.json()["input_offset"] is not None
+            assert "would dead-letter this event (shape)" in dead.json()["error"] and dead.json()["sent"] is False
         assert http_status_counts(first) == {"200": len(sent) + 1, "413": 1, "422": 2, "400": 1}
         # Its collector's pauses are exported (thousands of requests: young collections happened).
         text = httpx.get(f"{first.url}/metrics", timeout=5).text
@@ -109,15 +111,33 @@ def http_status_counts(gateway: Gateway) -> dict[str, int]:
     return counts
 
 
-def test_no_worker_gives_504_naming_where_the_event_waits_and_a_burst_gets_503_not_latency(
+def test_no_worker_is_503_at_once_and_a_stuck_one_504_naming_where_the_event_waits_and_a_burst_503(
         pipeline: Pipeline, tmp_path: Path) -> None:
     gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--timeout-ms", "1500",
-                      "--max-pending", "40")
+                      "--max-pending", "40", "--worker-group", pipeline.group)
+    worker = None
     try:
+        # No worker in the group: not ready, and every caller told at once to come back, nothing sent.
+        deadline = time.monotonic() + 60
+        while gateway.process.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{gateway.url}/readyz", timeout=1).status_code == 503:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
+        assert readyz.status_code == 503 and any("no worker serves" in w for w in readyz.json()["why"])
+        refused = asyncio.run(call_at_rate("127.0.0.1", gateway.port, events(20, seed=42), rate=200.0))
+        assert {a.status for a in refused} == {503} and all(a.seconds < 1.0 for a in refused)
+        assert sum(end_offsets(pipeline.bootstrap, pipeline.input).values()) == 0, "nothing was sent"
+        # A worker joins, then stops answering (SIGSTOP: still a member until its session times out).
+        worker = pipeline.worker()
+        wait_for_assignment(worker)
         gateway.wait_ready()
+        worker.proc.send_signal(signal.SIGSTOP)
         sent = events(200, seed=43)
-        # 200 callers at once, no worker: 40 are queued and time out (504, with where their event is), the other
-        # 160 are told at once to come back (503 with Retry-After) instead of waiting.
+        # 200 callers at once: 40 are queued and time out (504, with where their event is), the other 160 are
+        # told at once to come back (503 with Retry-After) instead of waiting.
         answers = asyncio.run(call_at_rate("127.0.0.1", gateway.port, sent, rate=2000.0))
         by_status: dict[int, list] = {}
         for a in answers:
@@ -127,8 +147,8 @@ def test_no_worker_gives_504_naming_where_the_event_waits_and_a_burst_gets_503_n
         assert all(a.body["input_offset"] is not None and a.body["may_still_be_predicted"] for a in by_status[504])
         assert all(a.seconds < 1.0 for a in by_status[503]), "503s are immediate"
         assert all(1.4 < a.seconds < 3.0 for a in by_status[504]), "504s come at the timeout, not later"
-        # Those 40 events are durable: a worker started now predicts each of them into the output topic.
-        worker = pipeline.worker()
+        # Those 40 events are durable: the worker, going on, predicts each of them into the output topic.
+        worker.proc.send_signal(signal.SIGCONT)
         waiting = {a.event["event_id"] for a in by_status[504]}
         reader = OutputReader(pipeline.bootstrap, pipeline.output)
         try:
@@ -138,6 +158,8 @@ def test_no_worker_gives_504_naming_where_the_event_waits_and_a_burst_gets_503_n
         assert worker.terminate() == 0
         assert gateway.stop() == 0
     finally:
+        if worker is not None:
+            worker.proc.send_signal(signal.SIGCONT)
         gateway.process.kill()
 
 
@@ -245,7 +267,7 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
         while time.monotonic() < deadline and httpx.get(f"{gateway.url}/readyz", timeout=5).status_code == 200:
             time.sleep(0.25)
         readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
-        assert readyz.status_code == 503 and "brokers" in readyz.json()["why"]
+        assert readyz.status_code == 503 and any("brokers" in why for why in readyz.json()["why"])
         assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200, "alive, not ready"
         for typo in ("/", "/readz", "/heathz", "/v1/predicts"):  # a mistyped probe fails instead of passing
             assert httpx.get(f"{gateway.url}{typo}", timeout=5).status_code == 404, typo

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import secrets
+import signal
 from pathlib import Path
 
 import httpx
@@ -76,14 +77,18 @@ def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-" + key).embeddings.create(model=MODEL,
                                                                                                input="x")
-        # No worker: the one text waits on the topic; the SDK gets 504 and does not send it again.
-        assert worker.terminate() == 0
+        # A worker that stopped answering (SIGSTOP: still in the group): the one text waits on the topic; the SDK
+        # gets 504 and does not send it again.
+        worker.proc.send_signal(signal.SIGSTOP)
         before = topic_size(pipeline)
         with pytest.raises(openai.APIStatusError) as late:
             client.embeddings.create(model=MODEL, input="nobody predicts this in time")
         assert late.value.status_code == 504 and "input[0]" in late.value.message
         assert topic_size(pipeline) == before + 1, "one event: the SDK's two retries were told not to"
         assert gateway.metric("stream_gateway_embeddings_requests_total", '{status="504"}') == 1
+        worker.proc.send_signal(signal.SIGCONT)
+        assert worker.terminate() == 0
         assert gateway.stop() == 0
     finally:
+        worker.proc.send_signal(signal.SIGCONT)
         gateway.process.kill()
