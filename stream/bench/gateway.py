@@ -301,7 +301,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # The burst: a worker on a slower (simulated) device, so that it, not the gateway, is the bound.
         env = {"BENCH_SIM_MS_PER_RECORD": str(args.burst_device_ms_per_record)}
         with pipeline(broker.bootstrap, work, args, "burst", args.burst_max_pending,
-                      ("--model", "stream.bench.simulated:DelayedDemo"), env, (args.loops[0],)) as (ports, _):
+                      ("--model", "stream.bench.simulated:DelayedDemo"), env, (args.loops[0],),
+                      ("--input-schema", EVENT_SCHEMA, "--max-connections", str(args.burst_connections + 100))
+                      ) as (ports, _):
             port = ports[0]
             events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
             print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s, the worker's "

@@ -167,7 +167,7 @@ def test_prometheus_configuration_and_rules_pass_promtool(tmp_path: Path) -> Non
 def test_every_alert_names_its_signal_and_the_signal_is_in_its_expression() -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == {"StreamConsumerLagGrowing", "StreamDeadLetterRateHigh", "StreamNoCommit",
-                                          "StreamPartitionStalled", "StreamReplicaDown"}
+                                          "StreamPartitionStalled", "StreamStoppedOnPurpose", "StreamReplicaDown"}
     for rule in rules:
         signal = rule["annotations"]["signal"]
         assert signal in " ".join(rule["expr"].split()), rule["alert"]
@@ -208,6 +208,14 @@ SCENARIOS: list[tuple[list[dict[str, str]], list[tuple[int, str, list[dict[str, 
     ([_series("stream_stalled_partitions", "0 0 1 1 1 1 1", instance=W1),
       _series("stream_stalled_partitions", "0x6", instance=W2)],
      [(2, "StreamPartitionStalled", []), (4, "StreamPartitionStalled", [{"instance": W1, "severity": "warning"}])]),
+    # A replica that ran for a minute at the records where the last run stopped on purpose: at once, and for
+    # 10 minutes after (the crash-looping replica may be down at any given scrape); the others never.
+    ([_series("stream_stopped_on_purpose_partitions", "0 0 2 _ _ _ _ _ _ _ _ _ _ _ _ _", instance=W1),
+      _series("stream_stopped_on_purpose_partitions", "0x15", instance=W2)],
+     [(1, "StreamStoppedOnPurpose", []),
+      (2, "StreamStoppedOnPurpose", [{"instance": W1, "severity": "critical"}]),
+      (11, "StreamStoppedOnPurpose", [{"instance": W1, "severity": "critical"}]),
+      (13, "StreamStoppedOnPurpose", [])]),
     ([_series("up", "1 1 0 0 0 0", instance=W1), _series("up", "1x5", instance=W2)],
      [(2, "StreamReplicaDown", []),
       (4, "StreamReplicaDown", [{"instance": W1, "job": "stream", "severity": "critical"}])]),

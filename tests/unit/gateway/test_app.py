@@ -5,6 +5,9 @@ tests/integration/test_gateway.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +132,13 @@ def test_the_document_lists_every_route_and_unknown_routes_are_json_404s() -> No
     assert missing.status_code == 404 and "openapi.json" in missing.json()["error"]
     assert http.get("/v1/predict").status_code == 405
     assert "stream_gateway_body_bytes 0.0" in http.get("/metrics").text
+
+
+def test_the_gateway_checks_a_built_in_model_s_contract_without_torch() -> None:
+    code = ("import sys; from stream.codec.registry import FolderRegistry; from stream.gateway import make_app; "
+            "from stream.gateway.settings import load_gateway_settings; "
+            "from tests.unit.gateway.fakes import FakeQueue; "
+            "[make_app(load_gateway_settings({'input_topic': 'in', 'bootstrap_servers': 'b', **extra}, environ={}), "
+            "FolderRegistry.from_dir(None), FakeQueue(), 1000) for extra in ({}, {'model': 'minilm', "
+            "'input_schema': 'stream.demo.TextEvent'})]; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=Path(__file__).parents[3])
