@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HEADROOM_BYTES = 1024  # what an event's record needs beside its value: its key, its reply header, the framing
+WORKER_MAX_INPUT_BYTES = 1_048_576  # the workers' default --max-input-bytes (stream.config.WorkerSettings)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -211,7 +212,7 @@ def _max_input_bytes(settings: GatewaySettings, producer_env: dict[str, str], ad
     if settings.max_input_bytes is None:
         if can < 16:
             raise ConfigError(f"{why} leave no room for an event")
-        return can
+        return min(can, WORKER_MAX_INPUT_BYTES)  # what the workers take by default (their --max-input-bytes)
     if settings.max_input_bytes > can:
         raise ConfigError(f"--max-input-bytes {settings.max_input_bytes:,} is more than the broker takes: {why}, "
                           f"less {HEADROOM_BYTES} bytes for the key and headers, is {can:,}")

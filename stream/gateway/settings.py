@@ -59,8 +59,9 @@ class GatewaySettings(BaseModel):
                               ge=1, le=1_000_000)
     max_input_bytes: int | None = _field(None, "requests", "answer 413 for an event over this size encoded "
                                                            "(default: what the producer can send, its "
-                                                           "message.max.bytes less 1 KiB for the key and headers)",
-                                         ge=16)
+                                                           "message.max.bytes less 1 KiB for the key and headers, "
+                                                           "at most the workers' default 1 MiB; give the workers' "
+                                                           "--max-input-bytes if you changed theirs)", ge=16)
     max_texts: int = _field(512, "requests", "/v1/embeddings and /embed: the most texts in one request (at most "
                                              "--max-pending)", ge=1)
     # Schemas and the model

@@ -61,3 +61,26 @@ def test_every_setting_is_a_flag_with_help_and_its_default(capsys: pytest.Captur
         assert group in shown
     args = parser.parse_args(["gateway", "--input-topic", "t", "--api-key", "a" * 20, "--api-key", "b" * 20])
     assert args.api_key == ["a" * 20, "b" * 20] and args.max_pending is None
+
+
+def test_the_gateway_s_default_event_size_is_what_the_worker_takes_by_default() -> None:
+    from stream.config import WorkerSettings
+    from stream.gateway import WORKER_MAX_INPUT_BYTES
+
+    assert WorkerSettings.model_fields["max_input_bytes"].default == WORKER_MAX_INPUT_BYTES
+
+
+def test_the_event_size_is_what_the_producer_and_the_topic_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stream.gateway as gateway_module
+
+    topic: list[int | None] = [None]
+    monkeypatch.setattr(gateway_module, "_topic_max_message_bytes", lambda settings, admin: topic[0])
+    settings = load_gateway_settings({**BASE, "bootstrap_servers": "b"}, {})
+    assert gateway_module._max_input_bytes(settings, {}, {}) == 1_000_000 - 1024
+    assert gateway_module._max_input_bytes(settings, {"message.max.bytes": "500000"}, {}) == 500_000 - 1024
+    assert gateway_module._max_input_bytes(settings, {"message.max.bytes": "9000000"}, {}) == 1_048_576
+    topic[0] = 100_000
+    assert gateway_module._max_input_bytes(settings, {}, {}) == 100_000 - 1024
+    too_big = load_gateway_settings({**BASE, "bootstrap_servers": "b", "max_input_bytes": 200_000}, {})
+    with pytest.raises(ConfigError, match=r"more than the broker takes.*max\.message\.bytes 100,000"):
+        gateway_module._max_input_bytes(too_big, {}, {})
