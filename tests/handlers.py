@@ -31,24 +31,21 @@ class SleepyHandler(DemoFraudHandler):
         super().__init__(model_dir)
         self._slept = False
 
-    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+    def _sleep_once(self) -> None:
         if not self._slept:
             self._slept = True
             time.sleep(float(os.environ.get("STREAM_TEST_SLEEP_S", "0")))
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        self._sleep_once()
         return super().predict(inputs)
 
 
-class BrokenHandler(DemoFraudHandler):
+class BrokenHandler(SleepyHandler):
     """A broken model: raises on every batch (after sleeping ``STREAM_TEST_SLEEP_S`` seconds on its first)."""
 
-    def __init__(self, model_dir: Path | None = None) -> None:
-        super().__init__(model_dir)
-        self._slept = False
-
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not self._slept:
-            self._slept = True
-            time.sleep(float(os.environ.get("STREAM_TEST_SLEEP_S", "0")))
+        self._sleep_once()
         raise RuntimeError("this model is broken")
 
 
