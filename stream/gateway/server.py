@@ -3,11 +3,12 @@ reaches authentication or a route.
 
 * Header bytes: a request line and headers over ``max_header_bytes`` (16 KiB) get 431 and the connection closes
   (httptools itself has no limit: it buffers a header line of any length).
-* Read timeouts: a connection that has not sent a request's complete headers within ``header_timeout_s`` of its
-  start (or of its previous request's end) gets 408 and is closed; a body not complete within
-  ``body_timeout_s`` of its headers is answered 408 by the route reading it (`BodyBudget.read`) and the
-  connection closed; a TLS handshake gets ``tls_handshake_timeout_s``; an idle keep-alive connection
-  ``keep_alive_s``.
+* Timeouts: a connection that has not sent a request's complete headers within ``header_timeout_s`` of its start
+  (or of the next request's first byte) gets 408 and is closed; a body not complete within ``body_timeout_s`` of
+  its headers is answered 408 by the route reading it (`BodyBudget.read`) and the connection closed; a caller
+  that stops taking its answer for ``body_timeout_s`` is dropped; a TLS handshake gets
+  ``tls_handshake_timeout_s``; an idle keep-alive connection ``keep_alive_s``. One timer per server looks at
+  every connection's deadlines twice a second.
 * Bodies: each at most ``max_body_bytes`` (413 at once on its Content-Length, or as soon as it passes), and all
   the bodies being read or held by requests in flight together at most ``max_buffered_bytes`` (503 with
   ``Retry-After`` past it). Each connection also holds what uvicorn reads ahead of the route (at most one
@@ -50,6 +51,32 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
                                                  b"retry-after: 1\r\n" if status == 503 else b"", body))
 
 
+SWEEP_S = 0.5  # how often a server looks at its connections' deadlines
+
+
+class _Sweep:
+    """One timer per server, every `SWEEP_S`, looking at each connection's deadlines (a timer per request and
+    connection would be a few thousand armed and cancelled a second under load)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.protocols: set[GuardedProtocol] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, protocol: GuardedProtocol) -> None:
+        self.protocols.add(protocol)
+        if self._handle is None:
+            self._handle = self.loop.call_later(SWEEP_S, self._run)
+
+    def _run(self) -> None:
+        self._handle = None
+        now = self.loop.time()
+        for protocol in list(self.protocols):
+            protocol.check_deadlines(now)
+        if self.protocols:
+            self._handle = self.loop.call_later(SWEEP_S, self._run)
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header, time and connection bounds of the module's docstring
     (``limits`` is set on a subclass made per server: `protocol_class`).
@@ -59,6 +86,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     limits = Limits()
     accepted = 0  # connections open now, counted from their accept (on the subclass: one per server)
+    sweep: _Sweep | None = None  # on the subclass: one per server
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,20 +94,28 @@ class GuardedProtocol(HttpToolsProtocol):
         cls.accepted += 1
         self._counted = True
         self._refused = cls.accepted > self.limits.max_connections
-        # A TLS handshake that never ends makes no connection_made nor connection_lost on this protocol.
-        self._made_by = self.loop.call_later(self.limits.tls_handshake_timeout_s + 1.0, self._uncount)
+        self._accepted_at = self.loop.time()
+        self._made = False
+        self._in_head = True  # reading a request line and headers (from the start, and after each request)
+        self._head_seen = 0  # bytes of the head being read
+        self._heads_done = 0
+        self._head_since: float | None = None  # when the headers being read began to arrive
+        self._body_since: float | None = None  # when the body being read began (its headers' end)
+        self._stuck_since: float | None = None  # when the caller stopped taking the answer (writing paused)
+        if cls.sweep is None:
+            cls.sweep = _Sweep(self.loop)
+        cls.sweep.add(self)
 
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
             type(self).accepted -= 1
+        if self.sweep is not None:
+            self.sweep.protocols.discard(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._made_by.cancel()
-        self._in_head = True  # reading a request line and headers (from the start, and after each request)
-        self._head_seen = 0
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self._made = True
+        self._head_since = self.loop.time()
         if self._refused:
             self.transport = transport
             transport.write(_raw_response(503, "Service Unavailable",
@@ -87,86 +123,78 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
-        self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._uncount()
-        self._cancel_timers()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self.transport.is_closing():
-            return
-        if not self._in_head:
-            super().data_received(data)
-            return
-        if self._head_timer is None:
-            self._arm_head_timer()
-        room = self.limits.max_header_bytes - self._head_seen
-        if len(data) <= room:
-            self._head_seen += len(data)
-            super().data_received(data)
-            return
-        self._head_seen += room
-        if room > 0:
-            super().data_received(data[:room])  # may complete the headers
-        if self._in_head:
-            self._reject(431, "Request Header Fields Too Large",
-                         f"the request line and headers are over {self.limits.max_header_bytes} bytes")
-            return
-        self.data_received(data[room:])
+        """Feed httptools at most what is left of the header allowance while a head is being read (it buffers a
+        header line of any length itself); a head still open when the allowance is used up is a 431. Bytes past a
+        head (a body, pipelined requests) go through as they are."""
+        while data and not self._refused and not self.transport.is_closing():
+            if not self._in_head:
+                super().data_received(data)
+                return
+            if self._head_since is None:
+                self._head_since = self.loop.time()
+            room = self.limits.max_header_bytes - self._head_seen
+            piece, data = data[:room], data[room:]
+            heads = self._heads_done
+            self._head_seen += len(piece)
+            super().data_received(piece)
+            if self._heads_done == heads and data and self._in_head:
+                self._reject(431, "Request Header Fields Too Large",
+                             f"the request line and headers are over {self.limits.max_header_bytes} bytes")
+                return
 
     # httptools' callbacks
     def on_headers_complete(self) -> None:
         self._in_head = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        # Past this, the route reading the body answers 408 at body_timeout_s; this closes what no route reads.
-        self._body_timer = self.loop.call_later(self.limits.body_timeout_s + 1.0, self._body_late)
+        self._heads_done += 1
+        self._head_seen = 0
+        self._head_since = None
+        # Past this, the route reading the body answers 408 at body_timeout_s; the sweep closes what no route reads.
+        self._body_since = self.loop.time()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-        self._in_head = True
+        self._body_since = None
+        self._in_head = True  # the next bytes are the next request's (until they come, the keep-alive bound)
         self._head_seen = 0
         super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.timeout_keep_alive_task is not None:  # idle now: the keep-alive bound applies, not the header one
-            self._cancel_head_timer()
+    def pause_writing(self) -> None:
+        if self._stuck_since is None:
+            self._stuck_since = self.loop.time()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._stuck_since = None
+        super().resume_writing()
 
     # the bounds
-    def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
-
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _cancel_timers(self) -> None:
-        self._cancel_head_timer()
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-
-    def _head_late(self) -> None:
-        self._head_timer = None
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is being answered (pipelined bytes behind it): its own bounds apply
-        self._reject(408, "Request Timeout", f"no complete request headers within {self.limits.header_timeout_s:g} s")
-
-    def _body_late(self) -> None:
-        self._body_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+    def check_deadlines(self, now: float) -> None:
+        """Called by the sweep: a handshake, headers or a body past its bound."""
+        limits = self.limits
+        if not self._made:
+            if now - self._accepted_at > limits.tls_handshake_timeout_s + 1.0:
+                self._uncount()  # a TLS handshake that never ended: no connection_made, no connection_lost
+            return
+        if self._head_since is not None and now - self._head_since > limits.header_timeout_s:
+            if self.cycle is None or self.cycle.response_complete:  # else pipelined: the request's bounds apply
+                self._reject(408, "Request Timeout",
+                             f"no complete request headers within {limits.header_timeout_s:g} s")
+        elif self._body_since is not None and now - self._body_since > limits.body_timeout_s + 1.0:
+            self._body_since = None
+            if not self.transport.is_closing():
+                self.transport.close()
+        elif self._stuck_since is not None and now - self._stuck_since > limits.body_timeout_s:
+            self._stuck_since = None  # a caller that does not read its answer: dropped, and the answer with it
+            self.transport.abort()
 
     def _reject(self, status: int, reason: str, message: str) -> None:
-        self._cancel_timers()
+        self._head_since = self._body_since = None
         if not self.transport.is_closing():
             if self.cycle is None or self.cycle.response_complete:
                 self.transport.write(_raw_response(status, reason, message))
@@ -174,7 +202,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def protocol_class(limits: Limits) -> type[GuardedProtocol]:
-    return type("GatewayHttpProtocol", (GuardedProtocol,), {"limits": limits, "accepted": 0})
+    return type("GatewayHttpProtocol", (GuardedProtocol,), {"limits": limits, "accepted": 0, "sweep": None})
 
 
 class BodyBudget:

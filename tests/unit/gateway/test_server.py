@@ -167,3 +167,33 @@ def test_connections_past_the_cap_are_refused_with_503_at_once(served: Served) -
     again = served.connect()
     again.sendall(post(EVENT))
     assert answer(again).startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("served", [{"body_timeout_s": 1.0}], indirect=True)
+def test_a_caller_that_stops_taking_its_answers_is_dropped_after_the_body_timeout(served: Served) -> None:
+    conn = served.connect()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    # Pipelined requests for the 30 KB document, none of the answers read: the server's writes stop.
+    conn.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 600)
+    started = time.monotonic()
+    while not served.server.server_state.connections:
+        assert time.monotonic() - started < 5, "never accepted"
+        time.sleep(0.01)
+    [protocol] = served.server.server_state.connections
+    while not protocol.transport.is_closing():
+        assert time.monotonic() - started < 8, "the connection is still held"
+        time.sleep(0.1)
+    assert time.monotonic() - started > 1.0, "dropped after the timeout, not before"
+
+
+@pytest.mark.parametrize("served", [{"max_header_bytes": 4096}], indirect=True)
+def test_pipelined_requests_longer_together_than_the_header_limit_are_each_answered(served: Served) -> None:
+    conn = served.connect()
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 300)  # 10 KB of heads, 35 bytes each
+    got = b""
+    conn.settimeout(10)
+    while got.count(b"HTTP/1.1 200 ") < 300:
+        chunk = conn.recv(65536)
+        assert chunk, f"closed after {got.count(b'HTTP/1.1 200 ')} answers: {got[-200:]!r}"
+        got += chunk
+    assert b" 431 " not in got
