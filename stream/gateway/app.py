@@ -167,7 +167,7 @@ def own_operations(door: Door, client: PredictionClient, budget: BodyBudget, met
         events = payload if listed else [payload]
         if not events:
             raise BadRequest("an empty list has no event to predict")
-        predictions = await door.predict(door.admit(events))
+        predictions = await door.predict(await door.admit(events))
         records = [p.record for p in predictions]
         return json_response(records if listed else records[0])
 

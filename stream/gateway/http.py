@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from stream.gateway.events import finite_json
 from stream.gateway.server import BodyBudget
 
 log = logging.getLogger(__name__)
+_HUGE_NUMBER = re.compile(rb"[eE]\+?0*[1-9]\d{2}|\d{300}")  # an exponent of 100 or more, or 300 digits in a row
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
 
@@ -74,7 +76,7 @@ def parse_json(body: bytes, what: str = "the body") -> Any:
         value = pydantic_core.from_json(body, allow_inf_nan=False)
     except ValueError as exc:
         raise BadRequest(f"{what} is not JSON: {exc}") from None
-    if not finite_json(value):
+    if _HUGE_NUMBER.search(body) and not finite_json(value):  # the walk only where a number might overflow
         raise BadRequest(f"{what} holds a number too large for a double")
     return value
 

@@ -426,7 +426,7 @@ class InferenceApi:
         body = await self.budget.read(request)
         parsed, tensors = parse_request(body, request.headers.get(HEADER_LENGTH))
         wanted = self._wanted(parsed)
-        predictions = await self.door.predict(self.door.admit(self._events(tensors)))
+        predictions = await self.door.predict(await self.door.admit(self._events(tensors)))
         return self._answer(parsed, wanted, predictions)
 
     def _wanted(self, request: InferenceRequest) -> list[tuple[str, bool]] | None:

@@ -262,7 +262,7 @@ class EmbeddingsApi:
         for i, text in enumerate(texts):
             if not text.strip():
                 raise EmptyInput("the text is empty", index=i)
-        return await self.door.predict(self.door.admit([self.texts.event(t) for t in texts]))
+        return await self.door.predict(await self.door.admit([self.texts.event(t) for t in texts]))
 
     def _vectors(self, predictions: list[Prediction]) -> list[list[float]]:
         vectors = [p.record.get(self.embedding_field) for p in predictions]

@@ -142,3 +142,37 @@ def test_the_gateway_checks_a_built_in_model_s_contract_without_torch() -> None:
             "FolderRegistry.from_dir(None), FakeQueue(), 1000) for extra in ({}, {'model': 'minilm', "
             "'input_schema': 'stream.demo.TextEvent'})]; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=Path(__file__).parents[3])
+
+
+def test_concurrent_requests_share_one_decode_stage_run_and_each_gets_its_own_verdict() -> None:
+    import asyncio
+
+    import httpx
+
+    http, queue = gateway()
+    app: Any = http.app
+    from stream.pipeline.contract import DecodeStage
+
+    runs: list[int] = []
+    real = DecodeStage.run
+
+    def counted(self: DecodeStage, values: Any) -> Any:
+        runs.append(len(values))
+        return real(self, values)
+
+    bodies = [[event(event_id=f"e{i}", features=[0.1] * (31 if i % 3 == 0 else 32))] * (1 + i % 2)
+              for i in range(30)]
+
+    async def call_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            return await asyncio.gather(*(client.post("/v1/predict", json=b) for b in bodies))
+
+    DecodeStage.run = counted  # type: ignore[method-assign]
+    try:
+        answers = asyncio.run(call_all())
+    finally:
+        DecodeStage.run = real  # type: ignore[method-assign]
+    for i, answer in enumerate(answers):
+        assert answer.status_code == (422 if i % 3 == 0 else 200), (i, answer.text)
+    assert sum(runs) == sum(len(b) for b in bodies) and len(runs) < len(bodies), runs
+    assert {e["event_id"] for e in queue.sent} == {f"e{i}" for i in range(30) if i % 3}

@@ -4,6 +4,7 @@ wired as the worker wires it)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def test_the_door_and_the_workers_decode_stage_agree_on_every_event(model_dir: P
         assume(False)  # the schema itself refuses it: nothing a worker could be given
     refused: Refused | None = None
     try:
-        DOOR.admit([given_event])
+        asyncio.run(DOOR.admit([given_event]))
     except Refused as exc:
         refused = exc
     processor, pub = make(model_dir, handler=DemoFraudHandler(model_dir))  # no poison mark: the model takes all
