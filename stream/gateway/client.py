@@ -149,10 +149,7 @@ class PredictionClient:
         ``max_pending`` would be passed (`Overloaded`), no worker serves the topic (`NoWorkers`) or the client is
         stopping; `Oversized` or `NotSent` (``sent``: the values before it went) when the broker's client refuses
         one."""
-        if self._stop.is_set():
-            raise NotSent("the gateway is stopping")
-        if not self.presence.serving():
-            raise NoWorkers(self.presence.why_not())
+        self.check_room(len(values))
         now = time.monotonic()
         futures: list[Future[Prediction]] = []
         correlations = []
@@ -184,6 +181,17 @@ class PredictionClient:
                 raise NotSent("the broker's client did not take the event: try again shortly", index=i,
                               sent=i > 0) from exc
         return futures
+
+    def check_room(self, count: int) -> None:
+        """Raise what `send` would for ``count`` events before sending anything: the client stopping, no worker
+        serving, ``max_pending`` passed (a request refused under load costs no more than this)."""
+        if self._stop.is_set():
+            raise NotSent("the gateway is stopping")
+        if not self.presence.serving():
+            raise NoWorkers(self.presence.why_not())
+        if self.pending + count > self.max_pending:
+            raise Overloaded(f"{self.pending} events are waiting for their predictions (--max-pending "
+                             f"{self.max_pending}): try again shortly")
 
     @property
     def pending(self) -> int:

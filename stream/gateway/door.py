@@ -37,6 +37,8 @@ class Queue(Protocol):
 
     max_pending: int
 
+    def check_room(self, count: int) -> None: ...
+
     def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None
              ) -> list[Future[Prediction]]: ...
 
@@ -60,6 +62,7 @@ class Door:
         if len(events) > self.queue.max_pending:
             raise TooManyEvents(f"{len(events)} events in one request, over --max-pending "
                                 f"({self.queue.max_pending})")
+        self.queue.check_room(len(events))  # under load, a request that will be refused costs no more than this
         values = []
         for i, event in enumerate(events):
             try:

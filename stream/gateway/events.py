@@ -7,7 +7,6 @@ format the workers read (magic byte, schema id, Avro), and refused when larger t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from io import BytesIO
 from typing import Any
@@ -128,14 +127,3 @@ def _primitive(name: str) -> dict[str, Any]:
     if name in ("boolean", "null"):
         return {"type": name}
     return {}
-
-
-def finite_json(value: Any) -> bool:
-    """No infinite or NaN number anywhere in a parsed JSON value (a number too large for a double parses as one)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(finite_json(v) for v in value.values())
-    if isinstance(value, list):
-        return all(finite_json(v) for v in value)
-    return True

@@ -61,11 +61,14 @@ class FakeQueue:
         self.keys: list[bytes | None] = []
         self.replies_read = self.foreign_replies = 0
 
-    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None) -> list[Future[Prediction]]:
+    def check_room(self, count: int) -> None:
         if not self.serving:
             raise NoWorkers("no worker serves in")
-        if self.pending + len(values) > self.max_pending:
+        if self.pending + count > self.max_pending:
             raise Overloaded(f"{self.pending} events are waiting (--max-pending {self.max_pending})")
+
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None) -> list[Future[Prediction]]:
+        self.check_room(len(values))
         futures = []
         for i, value in enumerate(values):
             event = decode(REGISTRY, value)[1]
