@@ -132,21 +132,28 @@ class GuardedProtocol(HttpToolsProtocol):
         """Feed httptools at most what is left of the header allowance while a head is being read (it buffers a
         header line of any length itself); a head still open when the allowance is used up is a 431. Bytes past a
         head (a body, pipelined requests) go through as they are."""
-        while data and not self._refused and not self.transport.is_closing():
-            if not self._in_head:
-                super().data_received(data)
-                return
-            if self._head_since is None:
-                self._head_since = self.loop.time()
-            room = self.limits.max_header_bytes - self._head_seen
-            piece, data = data[:room], data[room:]
-            heads = self._heads_done
-            self._head_seen += len(piece)
-            super().data_received(piece)
-            if self._heads_done == heads and data and self._in_head:
-                self._reject(431, "Request Header Fields Too Large",
-                             f"the request line and headers are over {self.limits.max_header_bytes} bytes")
-                return
+        if self._refused:
+            return
+        if not self._in_head:
+            super().data_received(data)
+            return
+        if self._head_since is None:
+            self._head_since = self.loop.time()
+        room = self.limits.max_header_bytes - self._head_seen
+        if len(data) <= room:  # the usual case: a whole request, or a part of one, within the allowance
+            self._head_seen += len(data)
+            super().data_received(data)
+            return
+        heads = self._heads_done
+        self._head_seen += room
+        super().data_received(data[:room])
+        if self.transport.is_closing():
+            return
+        if self._heads_done == heads and self._in_head:
+            self._reject(431, "Request Header Fields Too Large",
+                         f"the request line and headers are over {self.limits.max_header_bytes} bytes")
+            return
+        self.data_received(data[room:])  # past a head that ended within the allowance: its next part
 
     # httptools' callbacks
     def on_headers_complete(self) -> None:
