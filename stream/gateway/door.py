@@ -31,6 +31,8 @@ from stream.gateway.errors import BadReply, GatewayError, NotSent, Oversized, Re
 from stream.gateway.events import EventEncoder
 from stream.pipeline.contract import DecodeStage
 
+BATCH_AFTER_S = 0.002  # requests closer together than this share the decode stage's runs
+
 
 class Queue(Protocol):
     """What the door needs of the durable queue (`stream.gateway.client.PredictionClient`)."""
@@ -51,6 +53,7 @@ class Door:
         # Requests whose events wait for the decode stage: it runs once for all those of one turn of the event
         # loop (its fixed cost, tens of microseconds, is paid once a batch, as in the worker).
         self._waiting: list[tuple[list[bytes], asyncio.Future[list[tuple[int, DecodeError]]]]] = []
+        self._last_run = -float("inf")
 
     @property
     def max_events(self) -> int:
@@ -81,11 +84,19 @@ class Door:
         return values
 
     def _decode_stage(self, values: list[bytes]) -> asyncio.Future[list[tuple[int, DecodeError]]]:
+        """The decode stage's errors for ``values``: at once when no other request ran it in the last
+        `BATCH_AFTER_S` (a quiet gateway gains nothing by waiting), else with the other requests of this turn of
+        the event loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[tuple[int, DecodeError]]] = loop.create_future()
         self._waiting.append((values, future))
+        now = loop.time()
         if len(self._waiting) == 1:
-            loop.call_soon(self._run_stage)
+            if now - self._last_run >= BATCH_AFTER_S:
+                self._run_stage()
+            else:
+                loop.call_soon(self._run_stage)
+        self._last_run = now
         return future
 
     def _run_stage(self) -> None:
