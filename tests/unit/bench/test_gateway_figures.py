@@ -43,3 +43,19 @@ def test_the_report_shows_openai_s_route_beside_predict_s_at_each_rate() -> None
                 "embeddings_minus_predict_ms": {"p50": 0.5, "p99": -1.0}}]
     text = format_report({"steady": [], "openai": {"rounds": 3, "by_rate": by_rate, "cells": []}})
     assert "| 100 | 3.0 / 9.0 | 3.5 / 8.0 | +0.50 / -1.00 |" in text and "median of 3 rounds" in text
+
+
+def test_the_a_b_summary_gives_each_side_s_median_and_range_per_cell() -> None:
+    from stream.bench.gateway_ab import summary
+
+    def run(p50: float, refused: float) -> dict[str, object]:
+        cell = {"rate": 400.0, "loop": "uvloop", "http_ms": {"p50": p50, "p99": 2 * p50},
+                "gateway_cost_ms": {"p50": p50 / 10, "p99": p50 / 5}}
+        return {"steady": [cell, {**cell, "http_ms": {"p50": p50 + 2, "p99": 2 * p50}}],
+                "burst": {"answered_ms": {"p99": 900.0}, "refused_ms": {"p99": refused},
+                          "statuses": {"200": 1800, "503": 2700}}}
+
+    got = summary({"a": [run(20, 5), run(30, 50), run(22, 9)], "b": [run(24, 7)]})
+    assert got["400/s uvloop"]["http_p50_ms"]["a"] == {"median": 23.0, "min": 21.0, "max": 31.0}, "rounds' median"
+    assert got["400/s uvloop"]["http_p50_ms"]["b"] == {"median": 25.0, "min": 25.0, "max": 25.0}
+    assert got["burst"]["refused_p99_ms"]["a"] == {"median": 9.0, "min": 5.0, "max": 50.0}
