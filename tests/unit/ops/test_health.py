@@ -89,10 +89,24 @@ def test_a_range_of_ports_takes_the_first_free_one_and_a_full_range_fails_clearl
 
     metrics = StreamMetrics()
     health = ready_health(Clock())
-    first = free_port()
-    held = socket.socket()
+    # Three consecutive free ports (free_port() vouches for one only: a neighbour taken by another process made
+    # this fail in CI): bound together, then the two the servers are to take are let go.
+    for _ in range(50):
+        first = free_port()
+        trio = [socket.socket() for _ in range(3)]
+        try:
+            for offset, sock in enumerate(trio):
+                sock.bind(("127.0.0.1", first + offset))
+            break
+        except OSError:
+            for sock in trio:
+                sock.close()
+    else:
+        pytest.fail("no three consecutive free ports on 127.0.0.1 in 50 tries")
+    held = trio[0]
+    trio[1].close()
+    trio[2].close()
     try:
-        held.bind(("127.0.0.1", first))
         held.listen()
         servers = [serve(metrics.registry, health, first, "127.0.0.1", first + 2) for _ in range(2)]
         try:
