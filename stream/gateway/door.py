@@ -125,12 +125,17 @@ class Door:
                       ) -> list[Prediction]:
         """Every value's prediction, in order; the first failure raised, naming its event."""
         futures = self.queue.send(values, keys)
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
         predictions = []
-        for i, result in enumerate(results):
-            if isinstance(result, Prediction):
-                predictions.append(result)
-                continue
-            error = result if isinstance(result, GatewayError) else BadReply(f"{type(result).__name__}: {result}")
-            raise error.at(i, sent=True)
+        for i, future in enumerate(futures):
+            # In order, one at a time (no gather: for the usual one event, its bookkeeping cost more than the
+            # wait): the request waits for its slowest event either way, and fails on the first in order that fails.
+            try:
+                result = await asyncio.wrap_future(future)
+            except GatewayError as exc:
+                raise exc.at(i, sent=True) from None
+            except Exception as exc:
+                raise BadReply(f"{type(exc).__name__}: {exc}").at(i, sent=True) from None
+            if not isinstance(result, Prediction):
+                raise BadReply(f"not a prediction: {type(result).__name__}").at(i, sent=True)
+            predictions.append(result)
         return predictions

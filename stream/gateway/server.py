@@ -31,6 +31,8 @@ from stream.gateway.errors import BodyTimeout, Overloaded, Oversized
 
 log = logging.getLogger(__name__)
 
+BODY_COMPLETE = "stream.body_complete"  # set in a request's scope once its whole body has arrived
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -169,6 +171,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_since = None
         self._in_head = True  # the next bytes are the next request's (until they come, the keep-alive bound)
         self._head_seen = 0
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None:
+            cycle.scope[BODY_COMPLETE] = True  # `BodyBudget.read` needs no timer for a body already here
         super().on_message_complete()
 
     def pause_writing(self) -> None:
@@ -227,26 +232,33 @@ class BodyBudget:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise Oversized(f"the request body is {declared} bytes, over --max-body-bytes ({limit})")
         held = request.scope.setdefault("stream.body_held", [0])
-        chunks = []
+        chunks: list[bytes] = []
         try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                async for chunk in request.stream():
-                    if not chunk:
-                        continue
-                    if held[0] + len(chunk) > limit:
-                        raise Oversized(f"the request body is over --max-body-bytes ({limit})")
-                    if self.held + len(chunk) > self.limits.max_buffered_bytes:
-                        raise Overloaded(f"the gateway holds {self.held} bytes of request bodies (--max-buffered-"
-                                         f"bytes {self.limits.max_buffered_bytes}): try again shortly")
-                    self.held += len(chunk)
-                    held[0] += len(chunk)
-                    chunks.append(chunk)
+            if request.scope.get(BODY_COMPLETE):  # all of it arrived with its headers: nothing to wait for
+                await self._take(request, held, chunks)
+            else:
+                async with asyncio.timeout(self.limits.body_timeout_s):
+                    await self._take(request, held, chunks)
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
                               "(--body-timeout-s)") from None
         except ClientDisconnect:
             raise BodyTimeout("the caller went away before its body arrived") from None
         return b"".join(chunks)
+
+    async def _take(self, request: Request, held: list[int], chunks: list[bytes]) -> None:
+        limit = self.limits.max_body_bytes
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            if held[0] + len(chunk) > limit:
+                raise Oversized(f"the request body is over --max-body-bytes ({limit})")
+            if self.held + len(chunk) > self.limits.max_buffered_bytes:
+                raise Overloaded(f"the gateway holds {self.held} bytes of request bodies (--max-buffered-"
+                                 f"bytes {self.limits.max_buffered_bytes}): try again shortly")
+            self.held += len(chunk)
+            held[0] += len(chunk)
+            chunks.append(chunk)
 
     def release(self, request: Request) -> None:
         held = request.scope.get("stream.body_held")
