@@ -47,13 +47,17 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="--model minilm on CUDA: the encoder's precision (float32)")
+                   help="--model minilm: the encoder's precision (bfloat16 on CUDA, float32 on the CPU, its only one)")
     p.add_argument("--fixed-shapes", action="store_true", default=None,
                    help="--model minilm: passes of a fixed shape set (lengths to a multiple of 16 tokens, rows to a "
                         "few sizes) instead of each batch's own")
     p.add_argument("--cuda-graphs", action="store_true", default=None,
                    help="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a CUDA graph "
                         "and replayed")
+    p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
+                   help="--model minilm: a batch's texts packed one after another (no padding but to a 1,024-token "
+                        "bucket on CUDA), attention within each text by variable-length flash attention (default: on "
+                        "CUDA in bfloat16 or float16 without --fixed-shapes or --cuda-graphs)")
     p.add_argument("--malloc-mmap-threshold-kib", type=int,
                    help="glibc: allocations this large are mmap'd (default 128; 32768 for --model minilm)")
     p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")

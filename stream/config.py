@@ -140,13 +140,19 @@ class WorkerSettings(BaseSettings):
         default=None, ge=3, le=512,
         description="--model minilm: texts are cut to this many tokens (default 256; the model's limit is 512)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None, description="--model minilm on CUDA: the encoder's weights and activations (default float32)")
+        default=None, description="--model minilm: the encoder's weights and activations (default bfloat16 on CUDA, "
+                                  "float32 on the CPU, the only one there)")
     fixed_shapes: bool | None = Field(
         default=None, description="--model minilm: passes of a fixed shape set (lengths rounded up to a multiple "
                                   "of 16 tokens, rows to a few sizes) instead of each batch's own")
     cuda_graphs: bool | None = Field(
         default=None, description="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a "
                                   "CUDA graph and replayed (one launch instead of hundreds)")
+    packing: bool | None = Field(
+        default=None, description="--model minilm: a batch's texts packed one after another, attention within each "
+                                  "text (variable-length flash attention on CUDA in 16-bit floats), no padding "
+                                  "but to a token bucket (default: on CUDA in bfloat16 or float16 without a fixed "
+                                  "shape set)")
     torch_threads: int = Field(default=1, ge=1, le=1024)
     malloc_mmap_threshold_kib: int | None = Field(
         default=None, ge=4, le=1_048_576,

@@ -47,6 +47,8 @@ def add_parsers(sub: Any) -> None:
     text.add_argument("--cuda-dtypes", default=None, type=_dtype_list,
                       help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")
     text.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, leave the --cuda-graphs runs out")
+    text.add_argument("--no-cuda-packing", action="store_true", help="on CUDA, leave the --packing runs out")
+    text.add_argument("--cuda-batches", default=None, help="CUDA batch sizes, comma-separated (128,512)")
     text.add_argument("--no-reference", action="store_true", help="leave sentence-transformers' encode out")
     text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")
@@ -183,6 +185,9 @@ def run_bench_text_command(args: argparse.Namespace) -> int:
     if args.cuda_dtypes is not None:
         cfg.cuda_dtypes = args.cuda_dtypes
     cfg.cuda_graphs = cfg.cuda_graphs and not args.no_cuda_graphs
+    cfg.cuda_packing = cfg.cuda_packing and not args.no_cuda_packing
+    if args.cuda_batches is not None:
+        cfg.cuda_batches = tuple(int(b) for b in args.cuda_batches.split(","))
     cfg.reference = cfg.reference and not args.no_reference
     if args.stages_rounds == 0:
         cfg.stages = None

@@ -65,6 +65,7 @@ class TextBenchConfig:
     reference: bool = True  # sentence-transformers' own encode of the same texts
     cuda_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     cuda_graphs: bool = True  # on CUDA: the model alone and the worker with --cuda-graphs too
+    cuda_packing: bool = True  # on CUDA, per precision: the model alone and the worker with --packing too
     stages: StagesBenchConfig | None = field(default_factory=StagesBenchConfig)
 
 
@@ -75,7 +76,7 @@ def quick_text_config() -> TextBenchConfig:
 
 
 def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.device,
-                bucketing: bool = True) -> dict[str, Any]:
+                bucketing: bool | None = None) -> dict[str, Any]:
     """The handler's passes over pre-tokenized ``ids`` in batches of ``batch`` (laid out beforehand, copied to the
     device inside the timing as the worker does): texts/s, padded tokens over real ones."""
     layouts = [handler.layout(ids[i:i + batch], bucketing) for i in range(0, len(ids), batch)]
@@ -93,7 +94,7 @@ def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.de
     padded = sum(len(layout["ids"]) for layout in layouts)
     real = sum(len(r) for r in ids)
     return {"texts": len(ids), "seconds": seconds, "rate": len(ids) / seconds, "padding_ratio": padded / real,
-            "passes": sum(len(layout["passes"]) for layout in layouts)}
+            "passes": sum(len(layout.get("passes", layout.get("packs", []))) for layout in layouts)}
 
 
 def reference_encode(texts: list[str], batch: int, device: torch.device, dtype: str = "float32") -> dict[str, Any]:
@@ -136,6 +137,7 @@ class _Run:
     threads: int
     dtype: str = "float32"
     cuda_graphs: bool = False
+    packing: bool = False
 
 
 def _runs(cfg: TextBenchConfig) -> list[_Run]:
@@ -143,6 +145,8 @@ def _runs(cfg: TextBenchConfig) -> list[_Run]:
     if torch.cuda.is_available():
         cuda, threads = torch.device("cuda"), cfg.torch_threads[0]
         runs += [_Run(cuda, threads, dtype) for dtype in cfg.cuda_dtypes]
+        if cfg.cuda_packing:
+            runs += [_Run(cuda, threads, dtype, packing=True) for dtype in cfg.cuda_dtypes]
         if cfg.cuda_graphs:
             runs.append(_Run(cuda, threads, "float32", True))
     return runs
@@ -162,18 +166,19 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
         count = cfg.texts if device.type == "cpu" else cfg.cuda_texts
         batches = cfg.batches if device.type == "cpu" else cfg.cuda_batches
         first = device.type not in topics  # plain padding and the allocator check: once per device
-        what = f"minilm on {device} ({run.dtype}{', CUDA graphs' if run.cuda_graphs else ''}), {threads} thread(s)"
+        what = (f"minilm on {device} ({run.dtype}{', CUDA graphs' if run.cuda_graphs else ''}"
+                f"{', packed' if run.packing else ''}), {threads} thread(s)")
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            handler = MiniLMHandler(dtype=run.dtype, cuda_graphs=run.cuda_graphs)
+            handler = MiniLMHandler(dtype=run.dtype, cuda_graphs=run.cuda_graphs, packing=run.packing)
             handler.load(device)
             texts = generate_texts(count, seed=cfg.seed).texts
             ids = handler.tokenize(texts)
             lengths = np.array([len(r) for r in ids])
             entry: dict[str, Any] = {
                 "device": str(device), "texts": count, "torch_threads": threads, "dtype": run.dtype,
-                "cuda_graphs": run.cuda_graphs,
+                "cuda_graphs": run.cuda_graphs, "packing": run.packing,
                 "tokens": {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
                            "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max()),
                            "truncated": handler.truncated},
@@ -190,7 +195,7 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
                               else row["model_alone"])
                     row.update(plain_padding=plain, bucketed_same_texts_as_plain=subset,
                                bucketing_gain=subset["rate"] / plain["rate"])
-                if cfg.reference and not run.cuda_graphs:
+                if cfg.reference and not run.cuda_graphs and not run.packing:
                     console_print(f"bench: {what}, sentence-transformers' encode at batch {batch} ...")
                     row["sentence_transformers"] = reference_encode(texts, batch, device, run.dtype)
                 entry["batches"].append(row)
@@ -213,7 +218,8 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
         for row in entry["batches"]:
             batch = row["batch"]
             console_print(f"bench: {what}, worker drain at batch {batch} ...")
-            tag = f"{device.type}-{run.dtype}{'-graphs' if run.cuda_graphs else ''}-{threads}t-{batch}"
+            tag = (f"{device.type}-{run.dtype}{'-graphs' if run.cuda_graphs else ''}"
+                   f"{'-packed' if run.packing else ''}-{threads}t-{batch}")
             drain = bench.worker_drain(f"worker-minilm-{tag}", _worker_args(run, batch), input_topic=topic,
                                        model_dir=False)
             row["worker"] = _drain_figures(drain)
@@ -249,7 +255,7 @@ def _worker_args(run: _Run, batch: int) -> list[str]:
             "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size",
             str(batch), "--max-wait-ms", "1000", "--torch-threads", str(run.threads),
             *(["--dtype", run.dtype] if run.dtype != "float32" else []),
-            *(["--cuda-graphs"] if run.cuda_graphs else [])]
+            *(["--cuda-graphs"] if run.cuda_graphs else []), *(["--packing"] if run.packing else [])]
 
 
 def format_text_table(section: dict[str, Any]) -> list[list[str]]:
@@ -258,7 +264,8 @@ def format_text_table(section: dict[str, Any]) -> list[list[str]]:
              "sentence-transformers", "model / s-t", "plain padding (texts/s)", "bucketing gain"]]
     for entry in section["devices"]:
         threads = str(entry["torch_threads"]) if entry["device"] == "cpu" else "-"
-        dtype = entry.get("dtype", "float32") + (", graphs" if entry.get("cuda_graphs") else "")
+        dtype = (entry.get("dtype", "float32") + (", graphs" if entry.get("cuda_graphs") else "")
+                 + (", packed" if entry.get("packing") else ""))
         for b in entry["batches"]:
             plain, second, st = b.get("plain_padding"), b.get("model_alone_second_pass"), b.get("sentence_transformers")
             rows.append([entry["device"], threads, dtype, str(b["batch"]), f"{b['model_alone']['rate']:,.1f}",

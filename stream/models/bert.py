@@ -8,12 +8,18 @@ heads). A key the file lacks or one the module does not know is an error, not a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+try:  # torch 2.9 and later: flash attention over packed texts of any lengths (CUDA, 16-bit floats)
+    from torch.nn.attention.varlen import varlen_attn as _varlen
+except ImportError:
+    _varlen = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class _Layer(nn.Module):
         super().__init__()
         h = c.hidden_size
         self.heads = c.num_attention_heads
-        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.qkv = nn.Linear(h, 3 * h)  # query, key and value in one GEMM (the file's three, concatenated)
         self.attention_out = nn.Linear(h, h)
         self.attention_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
         self.intermediate = nn.Linear(h, c.intermediate_size)
@@ -55,13 +61,18 @@ class _Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, n, self.heads, h // self.heads).transpose(1, 2)
-
-        context = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
-                                                 attn_mask=mask)
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = self.attention_norm(x + self.attention_out(context.transpose(1, 2).reshape(b, n, h)))
+        out: torch.Tensor = self.out_norm(x + self.out(F.gelu(self.intermediate(x))))
+        return out
+
+    def packed(self, x: torch.Tensor, attend: Attention) -> torch.Tensor:
+        """``x`` (tokens, h): every text's tokens one after another, no padding; ``attend`` the attention within
+        each text (`varlen_attention`)."""
+        t, h = x.shape
+        q, k, v = self.qkv(x).view(t, 3, self.heads, h // self.heads).unbind(1)
+        x = self.attention_norm(x + self.attention_out(attend(q, k, v).reshape(t, h)))
         out: torch.Tensor = self.out_norm(x + self.out(F.gelu(self.intermediate(x))))
         return out
 
@@ -88,6 +99,16 @@ class BertEncoder(nn.Module):
         out: torch.Tensor = x
         return out
 
+    def forward_packed(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attention) -> torch.Tensor:
+        """``ids`` (tokens,): texts one after another, ``positions`` each token's place in its text, ``attend``
+        attention within each text -> the last hidden states (tokens, h). No padding, no mask."""
+        x = self.word(ids) + self.position(positions) + self.token_type.weight[0]
+        x = self.norm(x)
+        for layer in self.layers:
+            x = cast(_Layer, layer).packed(x, attend)
+        out: torch.Tensor = x
+        return out
+
     def load_hf_state(self, state: dict[str, torch.Tensor]) -> None:
         """Load a Hugging Face ``BertModel`` state dict (``bert.`` prefix or not; the pooler is not used)."""
         state = {k.removeprefix("bert."): v for k, v in state.items()}
@@ -96,6 +117,14 @@ class BertEncoder(nn.Module):
             if key.startswith("pooler.") or key == "embeddings.position_ids":
                 continue
             renamed[_rename(key)] = value
+        for i in range(self.config.num_hidden_layers):  # the fused projection: query, key, value in that order
+            for leaf in ("weight", "bias"):
+                parts = [renamed.pop(f"layers.{i}.{name}.{leaf}", None) for name in ("query", "key", "value")]
+                if all(p is not None for p in parts):
+                    renamed[f"layers.{i}.qkv.{leaf}"] = torch.cat(parts)  # type: ignore[arg-type]
+                else:
+                    renamed.update({f"layers.{i}.{name}.{leaf}": p for name, p in
+                                    zip(("query", "key", "value"), parts, strict=True) if p is not None})
         missing, unexpected = self.load_state_dict(renamed, strict=False)
         if missing or unexpected:
             raise ValueError(f"weights do not fit the BERT layout (missing {sorted(missing)[:5]}, "
@@ -121,6 +150,44 @@ def _rename(key: str) -> str:
         if inner in _LAYER:
             return f"layers.{parts[2]}.{_LAYER[inner]}.{leaf}"
     return key
+
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def varlen_attention(cu_lengths: torch.Tensor, max_length: int) -> Attention:
+    """Attention within each text of a packed batch: q, k, v (tokens, heads, d) -> (tokens, heads, d), text i
+    being tokens ``cu_lengths[i]:cu_lengths[i + 1]`` (int32, texts + 1 entries), none longer than
+    ``max_length``. On CUDA in 16-bit floats, torch's variable-length flash attention (no mask, no padding);
+    elsewhere `padded_attention`, the same result through a padded copy."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen is not None:
+            return cast(torch.Tensor, _varlen(q, k, v, cu_lengths, cu_lengths, max_length, max_length))
+        return padded_attention(q, k, v, cu_lengths, max_length)
+    return attend
+
+
+def varlen_available() -> bool:
+    """Whether this torch has variable-length flash attention (`varlen_attention`'s fast path on CUDA)."""
+    return _varlen is not None
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_lengths: torch.Tensor,
+                     max_length: int) -> torch.Tensor:
+    """`varlen_attention`'s result the plain way: each text's tokens gathered into a (texts, max_length) padded
+    layout, attention with a key mask, the real rows scattered back (the reference, and the CPU's path)."""
+    starts, lengths = cu_lengths[:-1].long(), (cu_lengths[1:] - cu_lengths[:-1]).long()
+    steps = torch.arange(max_length, device=q.device)
+    real = steps < lengths[:, None]  # (texts, max_length)
+    index = torch.where(real, starts[:, None] + steps, 0)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return t[index].transpose(1, 2)  # (texts, heads, max_length, d)
+
+    context = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=real[:, None, None, :])
+    out = torch.empty_like(q)
+    out[index[real]] = context.transpose(1, 2)[real]
+    return out
 
 
 def mean_pool_normalized(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

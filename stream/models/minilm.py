@@ -33,7 +33,7 @@ from safetensors.torch import load as load_safetensors
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized
+from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized, varlen_attention, varlen_available
 from stream.models.files import read_model_file, unreadable
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
@@ -56,6 +56,25 @@ PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
 # Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
 PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
 CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
+# Packing (``packing=True``): a pass's tokens rounded up to a multiple of this many (the only shapes the encoder
+# meets are these buckets), at most this many tokens a pass; padding tokens form texts of their own of at most
+# PAD_TEXT tokens (attention within them is wasted work, kept small).
+PACK_BUCKET = {"cpu": 1, "cuda": 1024}
+PACK_TOKENS = {"cpu": 16_384, "cuda": 65_536}
+PAD_TEXT = 32
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One packed pass: tokens ``offset:offset + tokens`` of the flat buffers (texts one after another, then
+    padding), its texts' boundaries ``cu[cu_offset:cu_offset + cu_count]`` (relative to ``offset``), the longest
+    of them ``max_length`` tokens."""
+
+    offset: int
+    tokens: int
+    cu_offset: int
+    cu_count: int
+    max_length: int
 
 
 @dataclass(frozen=True)
@@ -147,10 +166,10 @@ class MiniLMHandler:
 
     def __init__(self, model_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS,
                  dtype: str = "float32", bucketing: bool = True, fixed_shapes: bool = False,
-                 cuda_graphs: bool = False, native_tokenizer: bool = True) -> None:
+                 cuda_graphs: bool = False, native_tokenizer: bool = True, packing: bool | None = False) -> None:
         if not 3 <= max_tokens <= MODEL_LIMIT:
             raise ConfigError(f"--max-tokens {max_tokens}: between 3 and the model's limit of {MODEL_LIMIT}")
-        if dtype not in DTYPES:
+        if dtype not in DTYPES and dtype != "auto":
             raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
         self.model_dir = model_dir
         self.max_tokens = max_tokens
@@ -159,6 +178,14 @@ class MiniLMHandler:
         # Passes of a fixed shape set (lengths to a multiple of 16, rows to a few sizes); CUDA graphs need it.
         self.shapes = ShapeSet() if fixed_shapes or cuda_graphs else None
         self.cuda_graphs = cuda_graphs
+        if packing and (fixed_shapes or cuda_graphs):
+            raise ConfigError("packing takes no fixed shape set (--fixed-shapes, --cuda-graphs): its passes' only "
+                              "shapes are token buckets")
+        # A batch's texts packed one after another, no padding but to a token bucket, attention within each text
+        # (`stream.models.bert.varlen_attention`) instead of passes of padded rows. None: where it is the faster
+        # (CUDA in a 16-bit precision, with no fixed shape set), decided at `load`; ``dtype`` "auto" likewise:
+        # bfloat16 on CUDA, float32 elsewhere.
+        self.packing = packing
         self.native_tokenizer = native_tokenizer  # False: the tokenizers library for every text (benchmarks)
         self.name = "all-MiniLM-L6-v2"
         self.version = "unloaded"
@@ -182,6 +209,11 @@ class MiniLMHandler:
             from tokenizers import Tokenizer
         except ImportError:
             raise UnrecoverableModelError(f"--model minilm needs the text extra: {INSTALL_HINT}") from None
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if device.type == "cuda" else "float32"
+        if self.packing is None:
+            self.packing = (device.type == "cuda" and self.dtype != "float32" and self.shapes is None
+                            and varlen_available())
         if self.dtype != "float32" and device.type != "cuda":
             raise UnrecoverableModelError(f"--dtype {self.dtype} needs a CUDA device (this one is {device})")
         if self.cuda_graphs and device.type != "cuda":
@@ -273,11 +305,56 @@ class MiniLMHandler:
         out as one flat int32 buffer (each pass's rows padded to its length); ``truncated``: the texts cut;
         ``tokens``: each text's token count as the model takes it ([CLS] and [SEP] included)."""
         tokens, lengths, cut = self.tokenize_flat(inputs["text"])
-        return {**self.layout_flat(tokens, lengths), "truncated": cut, "tokens": lengths}
+        layout = self.layout_packed(tokens, lengths) if self.packing else self.layout_flat(tokens, lengths)
+        return {**layout, "truncated": cut, "tokens": lengths}
+
+    def layout_packed(self, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
+        """`tokenize_flat`'s ids as packed passes (`Pack`): the texts in input order, one after another, each pass
+        padded to a multiple of the device's token bucket with texts of padding; per token its position in its
+        text and its text (padding: the batch's text count, left out of the pooling)."""
+        device = "cuda" if self._pin else "cpu"
+        bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
+        n = len(lengths)
+        ends = np.cumsum(lengths)
+        firsts = ends - lengths  # where each text starts in tokens
+        packs: list[Pack] = []
+        cus: list[np.ndarray] = []
+        spans: list[tuple[int, int]] = []  # each pack's real tokens: tokens[start:stop]
+        first = offset = cu_offset = 0
+        while first < n:
+            start = int(firsts[first])
+            last = max(first + 1, int(np.searchsorted(ends, start + budget, side="right")))  # texts first:last
+            stop = int(ends[last - 1])
+            real = stop - start
+            padded = -(-real // bucket) * bucket
+            pads = [PAD_TEXT] * ((padded - real) // PAD_TEXT) + ([(padded - real) % PAD_TEXT]
+                                                                  if (padded - real) % PAD_TEXT else [])
+            cu = np.concatenate([[0], ends[first:last] - start, real + np.cumsum(pads, dtype=np.int64)])
+            longest = int(lengths[first:last].max())
+            packs.append(Pack(offset, padded, cu_offset, len(cu), max([longest, *pads])))
+            cus.append(cu.astype(np.int32))
+            spans.append((start, stop))
+            offset += padded
+            cu_offset += len(cu)
+            first = last
+        ids = np.zeros(offset, dtype=np.int32)  # 0: [PAD]
+        positions = np.zeros(offset, dtype=np.int64)
+        segments = np.full(offset, n, dtype=np.int64)
+        texts = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        places = np.arange(len(tokens), dtype=np.int64) - np.repeat(firsts, lengths)
+        for p, (start, stop) in zip(packs, spans, strict=True):
+            span = slice(p.offset, p.offset + stop - start)
+            ids[span], positions[span], segments[span] = tokens[start:stop], places[start:stop], texts[start:stop]
+        cu_all = np.concatenate(cus) if cus else np.zeros(0, dtype=np.int32)
+        return {"ids": ids, "positions": positions, "segments": segments, "cu": cu_all,
+                "lengths": lengths.astype(np.int32), "packs": packs}
 
     def layout(self, ids: list[list[int]], bucketing: bool | None = None) -> dict[str, Any]:
         """Pre-tokenized texts -> the flat buffers ``collate`` copies (used alone by the benchmark's model-only
-        figure); ``bucketing`` False: plain padding (default: the handler's)."""
+        figure): packed where the handler packs, unless ``bucketing`` is given (False: plain padding, True: passes
+        of padded rows by length; default: the handler's)."""
+        if self.packing and bucketing is None:
+            return self.layout_packed(*flatten(ids))
         return self.layout_flat(*flatten(ids), bucketing)
 
     def layout_flat(self, tokens: np.ndarray, lengths: np.ndarray, bucketing: bool | None = None) -> dict[str, Any]:
@@ -310,10 +387,15 @@ class MiniLMHandler:
         def move(name: str) -> torch.Tensor:
             return torch.from_numpy(inputs[name]).to(device, non_blocking=self._pin)
 
+        if "packs" in inputs:
+            return (move("ids"), move("positions"), move("segments"), move("cu"), move("lengths"),
+                    inputs["packs"])
         return move("ids"), move("lengths"), move("inverse"), inputs["passes"]
 
     def predict(self, inputs: tuple[Any, ...]) -> torch.Tensor:
         assert self._encoder is not None, "load() first"
+        if len(inputs) == 6:
+            return self._predict_packed(inputs)
         ids, lengths, inverse, passes = inputs
         n = len(inverse)
         out = torch.empty((n, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
@@ -324,11 +406,43 @@ class MiniLMHandler:
                 out[p.start:p.stop] = run(x, lengths[p.row_offset: p.row_offset + p.rows])[: p.stop - p.start]
         return out.index_select(0, inverse)
 
+    def _predict_packed(self, inputs: tuple[Any, ...]) -> torch.Tensor:
+        """Each pack through the encoder with no padding but its bucket's, every token's hidden state added to
+        its text's sum (float32), then each text's mean, normalised."""
+        assert self._encoder is not None
+        ids, positions, segments, cu, lengths, packs = inputs
+        texts = lengths.shape[0]
+        sums = torch.zeros((texts + 1, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
+        for p in packs:
+            span = slice(p.offset, p.offset + p.tokens)
+            attend = varlen_attention(cu[p.cu_offset: p.cu_offset + p.cu_count], p.max_length)
+            hidden = self._encoder.forward_packed(ids[span], positions[span], attend)
+            sums.index_add_(0, segments[span], hidden.to(torch.float32))
+        pooled = sums[:texts] / lengths[:, None].to(torch.float32).clamp(min=1.0)
+        return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
     def _embed_pass(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """One pass: token ids (rows, length), each row's real length -> its unit embeddings (rows, hidden)."""
         assert self._encoder is not None
         mask = torch.arange(x.shape[1], device=x.device) < lengths[:, None]
         return mean_pool_normalized(self._encoder(x, mask), mask)
+
+    def warm_inputs(self) -> list[dict[str, list[str]]]:
+        """Batches that make the encoder meet what the worker's batches will: packed, each token bucket a pass can
+        have (texts of ``max_tokens`` tokens filling it), then short texts (another attention kernel's choice); a
+        few batches of mixed lengths otherwise (each batch of padded passes is a new shape: the kernels, handles
+        and allocator are what warm there)."""
+        k = self.max_tokens
+        text = " ".join(["hello"] * (k - 2))  # [CLS] + k - 2 words of one token + [SEP]: k tokens
+        mixed = [" ".join(["hello"] * n) for n in (1, 5, 14, 30, 62, k - 2)]
+        if not self.packing:
+            return [{"text": mixed}, {"text": mixed * 8}, {"text": [text] * 32}]
+        device = "cuda" if self._pin else "cpu"
+        bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
+        if bucket == 1:
+            return [{"text": mixed}, {"text": [text] * 8}]
+        batches = [{"text": [text] * max(1, b * bucket // k)} for b in range(1, budget // bucket + 1)]
+        return [*batches, {"text": mixed * 64}, {"text": [mixed[0]] * 2048}]
 
     def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         return {"embedding": raw.numpy()}
@@ -337,7 +451,9 @@ class MiniLMHandler:
         """Embeddings of ``texts`` on the loaded device (tests, scripts)."""
         with torch.inference_mode():
             tokens, lengths, _ = self.tokenize_flat(texts)
-            raw = self.predict(self.collate(self.layout_flat(tokens, lengths, bucketing), self._device))
+            layout = (self.layout_packed(tokens, lengths) if self.packing and bucketing is None
+                      else self.layout_flat(tokens, lengths, bucketing))
+            raw = self.predict(self.collate(layout, self._device))
         return raw.cpu().numpy()
 
 

@@ -37,6 +37,7 @@ class Health:
         self._tick = clock()
         self.polling = False  # the poll loop started: from then on it must keep going round
         self.model_loaded = False
+        self.warming: str | None = None  # the model's warm-up under way (what it has done so far)
         self.joined = False  # an assignment (possibly empty) arrived from the group
         self.failed: str | None = None
         self.unreachable: Callable[[], bool] = lambda: False
@@ -62,6 +63,8 @@ class Health:
         reasons = self.live()
         if not self.model_loaded:
             reasons.append("model not loaded")
+        if self.warming is not None:
+            reasons.append(f"warming the model: {self.warming}")
         if not self.joined:
             reasons.append("not in the consumer group yet (no assignment)")
         if self.unreachable():

@@ -6,7 +6,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -59,6 +59,11 @@ class ModelHandler(Protocol):
         """Raw model output -> one host array per declared output, each with one row per input. A tensor that
         ``predict`` returned on a CUDA device arrives here already copied to host memory."""
 
+    # Optional: ``warm_inputs() -> list of batches`` (each the handler's inputs by name): batches that between them
+    # make the model meet every shape it will use, run by the worker before it joins its group (`InferenceEngine.
+    # warm`), so that kernel loading, library handles, new shapes and the allocator's growth happen before the
+    # worker says ready, not in the first batches of records.
+
 
 def select_device(spec: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; ``cpu`` / ``cuda[:i]`` as given (checked)."""
@@ -72,13 +77,14 @@ def select_device(spec: str) -> torch.device:
 
 @dataclass(frozen=True)
 class TextOptions:
-    """Settings of the built-in text model (``--max-tokens``, ``--dtype``, ``--fixed-shapes``, ``--cuda-graphs``);
-    None: not given."""
+    """Settings of the built-in text model (``--max-tokens``, ``--dtype``, ``--fixed-shapes``, ``--cuda-graphs``,
+    ``--packing``); None: not given."""
 
     max_tokens: int | None = None
     dtype: str | None = None
     fixed_shapes: bool | None = None
     cuda_graphs: bool | None = None
+    packing: bool | None = None
 
 
 def create_handler(name: str, model_dir: Path | None, text: TextOptions | None = None) -> ModelHandler:
@@ -89,10 +95,11 @@ def create_handler(name: str, model_dir: Path | None, text: TextOptions | None =
         from stream.models.minilm import DEFAULT_MAX_TOKENS, MiniLMHandler
 
         return MiniLMHandler(model_dir, max_tokens=text.max_tokens or DEFAULT_MAX_TOKENS,
-                             dtype=text.dtype or "float32", fixed_shapes=bool(text.fixed_shapes),
-                             cuda_graphs=bool(text.cuda_graphs))
+                             dtype=text.dtype or "auto", fixed_shapes=bool(text.fixed_shapes),
+                             cuda_graphs=bool(text.cuda_graphs), packing=text.packing)
     given = [flag for flag, value in (("--max-tokens", text.max_tokens), ("--dtype", text.dtype),
-                                      ("--fixed-shapes", text.fixed_shapes), ("--cuda-graphs", text.cuda_graphs))
+                                      ("--fixed-shapes", text.fixed_shapes), ("--cuda-graphs", text.cuda_graphs),
+                                      ("--packing", text.packing is not None))
              if value]
     if given:
         raise ConfigError(f"{' and '.join(given)} apply to --model minilm only")
@@ -231,6 +238,30 @@ class InferenceEngine:
 
     def run(self, inputs: Mapping[str, Any] | np.ndarray) -> BatchResult:
         return self.result(self.submit(inputs))
+
+    def warm(self, limit_s: float, stop: Callable[[], bool] = lambda: False,
+             progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[int, int, float]:
+        """The handler's warm-up batches (``warm_inputs``) through the same path as records' batches (staging,
+        streams, the device); (batches run, batches in all, seconds). Stops early, saying so in the log, past
+        ``limit_s`` or when ``stop()``; a batch that fails raises its error (the model cannot serve)."""
+        make = getattr(self.handler, "warm_inputs", None)
+        batches = list(make()) if make is not None else []
+        started = time.perf_counter()
+        done = 0
+        for inputs in batches:
+            if stop():
+                break
+            if time.perf_counter() - started > limit_s:
+                log.warning("warm-up stopped after %.0f s, %d of %d batches run: the shapes left will be met "
+                            "by the first batches of records", limit_s, done, len(batches))
+                break
+            self.run(inputs)
+            done += 1
+            progress(done, len(batches))
+        seconds = time.perf_counter() - started
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return done, len(batches), seconds
 
     def prepare(self, inputs: Mapping[str, Any]) -> Prepared:
         """The handler's host-side ``prepare`` of a batch (its inputs as they are when it has none). Never raises

@@ -57,6 +57,7 @@ from stream.pipeline.transactions import Transactions
 __all__ = ["Worker", "WorkerSummary"]
 
 log = logging.getLogger(__name__)
+WARM_LIMIT_S = 120.0  # the model's warm-up at most (then the shapes left are met by records' batches)
 _IDLE_POLL_S = 0.1
 _CLOSE_FLOOR_S = 10.0  # the consumer's close gets at least this long, whatever the shutdown deadline left
 _STALL_STEP_S = 0.05
@@ -76,7 +77,7 @@ class Worker:
         self.health = Health(clock)
         set_torch_threads(s.torch_threads)  # intra-op threads: the pipeline's own threads need the other cores
         handler = handler if handler is not None else create_handler(
-            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs))
+            s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs, s.packing))
         self._engine = InferenceEngine(handler, select_device(s.device))
         self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(s, handler)
         self.metrics.model_info.info({
@@ -139,6 +140,20 @@ class Worker:
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 
+    def _warm(self) -> None:
+        """The model's warm-up batches (`InferenceEngine.warm`) before the worker joins its group: `/readyz` says
+        so meanwhile, the log how long it took."""
+        def progress(done: int, total: int) -> None:
+            self.health.warming = f"{done} of {total} batches"
+
+        self.health.warming = "starting"
+        try:
+            done, total, seconds = self._engine.warm(WARM_LIMIT_S, self._stop.is_set, progress)
+        finally:
+            self.health.warming = None
+        if total:
+            log.info("model warmed in %.1f s: %d of %d batches of the shapes it will use", seconds, done, total)
+
     def run(self) -> WorkerSummary:
         with tuned(self.settings.gil_switch_interval_ms):
             return self._run()
@@ -181,6 +196,7 @@ class Worker:
         self.health.stopped_before = lambda: self._previous.pending(self._tracker.assigned(), self._committer.position)
         self.metrics.stopped_on_purpose.set_function(lambda: len(self.health.stopped_before()))
         assert self._stage is not None
+        self._warm()
         self._stage.start()
         try:
             if s.exactly_once:

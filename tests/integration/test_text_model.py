@@ -78,6 +78,7 @@ def test_minilm_embeds_a_users_text_field_and_dead_letters_texts_it_cannot_take(
     finally:
         code = worker.terminate(60)
     assert code == 0, worker.output()[-3000:]
+    assert "model warmed in" in worker.output(), "the warm-up runs before the worker joins its group"
     reasons = {int(h[HEADER_OFFSET]): h[DLQ_ERROR_REASON] for _, h in dead}
     assert reasons == {10: b"null-input", 20: b"empty-input", 30: b"empty-input", 40: b"corrupt-avro"}
     assert sorted(int(p["ticket_id"][2:]) for p in predictions) == [i for i in range(120) if i not in bad]

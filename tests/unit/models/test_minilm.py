@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from producers.texts import generate_texts
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.models import minilm
+from stream.models import bert, minilm
 from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
 from stream.models.shapes import ShapeSet
 from stream.pipeline.inference import TextOptions, create_handler
@@ -231,6 +231,20 @@ def test_text_options_are_checked() -> None:
     assert isinstance(graphs, MiniLMHandler) and graphs.cuda_graphs and graphs.shapes is not None
     handler = create_handler("minilm", None, TextOptions(max_tokens=64, dtype="bfloat16"))
     assert isinstance(handler, MiniLMHandler) and handler.max_tokens == 64 and handler.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="--packing apply to --model minilm only"):
+        create_handler("demo", None, TextOptions(packing=False))
+
+
+def test_the_worker_s_defaults_are_float32_padded_passes_on_the_cpu() -> None:
+    """--dtype and --packing not given: decided at load, for the device (bfloat16 and packing on CUDA)."""
+    handler = create_handler("minilm", None, TextOptions())
+    assert isinstance(handler, MiniLMHandler) and handler.dtype == "auto" and handler.packing is None
+    handler.load(torch.device("cpu"))
+    assert handler.dtype == "float32" and handler.packing is False
+    asked = create_handler("minilm", None, TextOptions(packing=True))
+    assert isinstance(asked, MiniLMHandler)
+    asked.load(torch.device("cpu"))
+    assert asked.packing is True and asked.dtype == "float32"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -264,3 +278,106 @@ def test_cuda_graphs_replay_what_the_eager_passes_compute_and_stay_bounded(embed
     assert float(np.abs(got[: len(REFERENCE["texts"])] - embedded).max()) <= 1e-4
     assert len(handler._graphs) <= 4 and handler._graphs.captured > 4
     assert engine.run({"text": texts}).outputs["embedding"].tobytes() == got.tobytes(), "replays are deterministic"
+
+
+@pytest.fixture(scope="module")
+def packed() -> MiniLMHandler:
+    h = MiniLMHandler(packing=True)
+    h.load(torch.device("cpu"))
+    return h
+
+
+def test_packed_texts_embed_as_padded_passes_and_sentence_transformers_do(packed: MiniLMHandler,
+                                                                         embedded: np.ndarray) -> None:
+    got = packed.embed(REFERENCE["texts"])
+    want = np.asarray(REFERENCE["embeddings"], dtype=np.float64)
+    assert float(np.abs(got - want).max()) <= 1e-4
+    cosine = (got.astype(np.float64) * embedded).sum(axis=1)
+    assert cosine.min() >= 0.99999, cosine.min()
+    texts = generate_texts(300, seed=11).texts
+    assert float(np.abs(packed.embed(texts) - packed.embed(texts, bucketing=True)).max()) < 1e-5
+
+
+def test_a_packed_layout_holds_every_token_once_in_order_within_its_budget(packed: MiniLMHandler,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(minilm.PACK_BUCKET, "cpu", 64)  # CUDA's rounding, at a size a test can read
+    monkeypatch.setitem(minilm.PACK_TOKENS, "cpu", 500)
+    tokens, lengths, _ = packed.tokenize_flat(generate_texts(120, seed=12).texts)
+    layout = packed.layout_packed(tokens, lengths)
+    packs = layout["packs"]
+    assert len(packs) > 1
+    real = layout["segments"] < len(lengths)
+    assert layout["ids"][real].tolist() == tokens.tolist()  # in input order, none lost, none twice
+    assert np.array_equal(layout["segments"][real], np.repeat(np.arange(len(lengths)), lengths))
+    for p in packs:
+        assert p.tokens % 64 == 0 and (p.tokens <= 500 + 63 or p.cu_count <= 3)  # a longer text travels alone
+        cu = layout["cu"][p.cu_offset: p.cu_offset + p.cu_count]
+        assert cu[0] == 0 and cu[-1] == p.tokens and np.all(np.diff(cu) > 0)
+        assert np.diff(cu).max() == p.max_length and p.max_length <= max(packed.max_tokens, minilm.PAD_TEXT)
+        span = slice(p.offset, p.offset + p.tokens)
+        # positions restart at every text: 0 at each boundary
+        starts = np.zeros(p.tokens, dtype=bool)
+        starts[cu[:-1]] = True
+        segs = layout["segments"][span]
+        assert np.all(layout["positions"][span][starts & (segs < len(lengths))] == 0)
+    assert sum(p.tokens for p in packs) == len(layout["ids"])
+
+
+def test_variable_length_attention_equals_each_text_alone() -> None:
+    torch.manual_seed(0)
+    lengths = [5, 1, 17, 3]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
+    got = bert.padded_attention(q, k, v, cu, max(lengths))
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        alone = torch.nn.functional.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)))
+        assert torch.allclose(got[a:b], alone.transpose(0, 1), atol=1e-6)
+
+
+def test_packing_takes_no_fixed_shape_set() -> None:
+    with pytest.raises(ConfigError, match="packing takes no fixed shape set"):
+        MiniLMHandler(packing=True, cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_on_cuda_matches_the_cpu_in_float32_and_stays_close_in_bfloat16(embedded: np.ndarray) -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    texts = REFERENCE["texts"]
+    full = InferenceEngine(MiniLMHandler(packing=True), torch.device("cuda")).run({"text": texts})
+    assert float(np.abs(full.outputs["embedding"] - embedded).max()) <= 1e-4
+    half = InferenceEngine(MiniLMHandler(packing=True, dtype="bfloat16"), torch.device("cuda")).run({"text": texts})
+    cosine = (half.outputs["embedding"].astype(np.float64) * embedded).sum(axis=1)
+    assert cosine.min() > 0.99
+
+
+def test_the_warm_up_meets_every_token_bucket_a_packed_pass_can_have(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = MiniLMHandler(packing=True, max_tokens=100)
+    h.load(torch.device("cpu"))
+    monkeypatch.setattr(h, "_pin", True)  # lay out as for CUDA (its buckets), run nothing
+    seen = set()
+    for batch in h.warm_inputs():
+        tokens, lengths, _ = h.tokenize_flat(batch["text"])
+        seen.update(p.tokens for p in h.layout_packed(tokens, lengths)["packs"])
+    bucket, budget = minilm.PACK_BUCKET["cuda"], minilm.PACK_TOKENS["cuda"]
+    assert seen == set(range(bucket, budget + 1, bucket))
+
+
+def test_the_engine_warms_through_the_records_path_and_stops_when_told() -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    h = MiniLMHandler(packing=True)
+    engine = InferenceEngine(h, torch.device("cpu"))
+    steps: list[tuple[int, int]] = []
+    done, total, seconds = engine.warm(60.0, progress=lambda d, t: steps.append((d, t)))
+    assert done == total == len(h.warm_inputs()) > 0 and steps[-1] == (total, total) and seconds > 0
+    assert engine.warm(60.0, stop=lambda: True)[0] == 0
+    assert engine.warm(-1.0)[0] == 0  # past its bound at once: nothing run, a warning logged
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_worker_s_defaults_on_cuda_are_bfloat16_packed() -> None:
+    handler = create_handler("minilm", None, TextOptions())
+    assert isinstance(handler, MiniLMHandler)
+    handler.load(torch.device("cuda"))
+    assert handler.dtype == "bfloat16" and handler.packing is bert.varlen_available()

@@ -50,6 +50,9 @@ def test_readiness_needs_the_model_the_group_reachable_brokers_and_no_stalled_pa
     health.stalled = lambda: 2
     assert health.ready() == ["2 partitions stalled"]
     health.stalled = lambda: 0
+    health.warming = "3 of 66 batches"
+    assert health.ready() == ["warming the model: 3 of 66 batches"] and health.live() == []
+    health.warming = None
     health.polling = True
     clock.now += LIVENESS_S + 1
     assert health.ready() == [f"poll loop has not gone round for {LIVENESS_S + 1:.0f}s"], "not alive: not ready"
