@@ -48,6 +48,8 @@ def add_parsers(sub: Any) -> None:
                       help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")
     text.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, leave the --cuda-graphs runs out")
     text.add_argument("--no-cuda-packing", action="store_true", help="on CUDA, leave the --packing runs out")
+    text.add_argument("--worker-rounds", type=int, default=None,
+                      help="worker drains per row, the median kept (1; 3 for figures to report)")
     text.add_argument("--cuda-batches", default=None, help="CUDA batch sizes, comma-separated (128,512)")
     text.add_argument("--no-reference", action="store_true", help="leave sentence-transformers' encode out")
     text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
@@ -131,6 +133,17 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
                       f"{t['p90']:.0f}, p99 {t['p99']:.0f}, max {t['max']} ({t['truncated']} cut), "
                       f"{entry['torch_threads']} torch threads")
         for b in entry["batches"]:
+            w = b.get("worker")
+            if w is not None:
+                steady = [r["steady_rate"] for r in b.get("worker_rounds", [w]) if r.get("steady_rate")]
+                console.print(
+                    f"{entry['device']} {entry.get('dtype', '')}{' packed' if entry.get('packing') else ''}, batch "
+                    f"{b['batch']}: worker steady "
+                    + (f"{w['steady_rate']:,.0f} texts/s ({b['worker_steady_over_model']:.2f}x the model alone)"
+                       if w.get("steady_rate") else "- (drain too short)")
+                    + (f", rounds {min(steady):,.0f}-{max(steady):,.0f}" if len(steady) > 1 else "")
+                    + (f", ready {w['ready_s']:.1f} s after start" if w.get("ready_s") is not None else "")
+                    + (f", device {w['device_ms_per_batch']:.2f} ms a batch" if w.get("device_ms_per_batch") else ""))
             if "worker_mmap_128k" in b:
                 console.print(f"{entry['device']}, batch {b['batch']}: worker with --malloc-mmap-threshold-kib 128 "
                               f"{b['worker_mmap_128k']['rate']:,.1f} texts/s (with the model's 32 MiB: "
@@ -186,6 +199,8 @@ def run_bench_text_command(args: argparse.Namespace) -> int:
         cfg.cuda_dtypes = args.cuda_dtypes
     cfg.cuda_graphs = cfg.cuda_graphs and not args.no_cuda_graphs
     cfg.cuda_packing = cfg.cuda_packing and not args.no_cuda_packing
+    if args.worker_rounds is not None:
+        cfg.worker_rounds = max(1, args.worker_rounds)
     if args.cuda_batches is not None:
         cfg.cuda_batches = tuple(int(b) for b in args.cuda_batches.split(","))
     cfg.reference = cfg.reference and not args.no_reference

@@ -107,6 +107,15 @@ def scrape(port: int, name: str) -> float | None:
         return None
 
 
+def ready(port: int) -> bool:
+    """Whether the worker on ``port`` answers ``/readyz`` 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,17 @@ class Drain:
     transactions: int | None = None  # the worker's under exactly-once, from its summaries
     stage_busy_s: dict[str, float] | None = None  # the workers' stages' working seconds, from their summaries
     cpu_cores: dict[str, float] | None = None  # mean cores of the workers (together) and the local broker, drain window
+    # (seconds since the drain began, records consumed by replica 0) every 0.2 s, for the steady-state rate
+    progress: list[tuple[float, float]] = field(default_factory=list)
+    ready_s: float | None = None  # replica 0's cold start: process start to /readyz 200 (model loaded, warmed, joined)
+    device_busy_s: float | None = None  # CUDA: the workers' device time on batches (CUDA events)
+    batches: int | None = None
+
+    @property
+    def steady_rate(self) -> float | None:
+        """Records a second between 20 % and 95 % of the drain (`steady_rate_of` ``progress``): the rate with
+        the start (fetching, first batches) and the end (the last batches, the last commit) left out."""
+        return steady_rate_of(self.progress, self.events)
 
     @property
     def rate(self) -> float:
@@ -37,6 +49,24 @@ class Drain:
         start = next(rss for consumed, rss in self.rss_samples if consumed >= mark)
         end = self.rss_samples[-1][1]
         return start, end, end / start - 1.0
+
+
+def steady_rate_of(progress: list[tuple[float, float]], total: float, low: float = 0.2,
+                   high: float = 0.95) -> float | None:
+    """The slope of records consumed against time between the moments ``low`` and ``high`` of ``total`` were
+    reached (each found by linear interpolation between samples); None with fewer than three samples between
+    them (too short a drain to say)."""
+    def when(mark: float) -> float | None:
+        for (t0, c0), (t1, c1) in itertools.pairwise(progress):
+            if c0 < mark <= c1:
+                return t0 + (t1 - t0) * (mark - c0) / (c1 - c0)
+        return None
+
+    a, b = when(low * total), when(high * total)
+    inside = sum(1 for _, c in progress if low * total <= c <= high * total)
+    if a is None or b is None or b <= a or inside < 3:
+        return None
+    return (high - low) * total / (b - a)
 
 
 def median_drain(drains: list[Drain], name: str) -> Drain:

@@ -35,6 +35,7 @@ from stream.bench.probes import (
     generator_rate,
     metric,
     read_latencies,
+    ready,
     rss_mib,
     scrape,
     visible_latencies,
@@ -187,7 +188,9 @@ class Bench:
                 summary))
         peak = 0.0
         samples: list[tuple[float, float]] = []  # (consumed by replica 0, its RSS MiB)
-        next_sample = time.monotonic()
+        progress: list[tuple[float, float]] = []  # (seconds since start, consumed by replica 0)
+        started = next_sample = next_progress = time.monotonic()
+        ready_s: float | None = None
         with CpuSampler(every_s=0.1) as sampler:
             for i, (p, _) in enumerate(procs):
                 sampler.watch(f"worker-{i}", p.pid)
@@ -195,12 +198,20 @@ class Bench:
             while any(p.proc.poll() is None for p, _ in procs):
                 for p, _ in procs:
                     peak = max(peak, rss_mib(p.pid, "VmHWM") or 0.0)
-                if time.monotonic() >= next_sample:
-                    next_sample += 0.5
-                    consumed, rss = scrape(port, "stream_records_consumed_total"), rss_mib(procs[0][0].pid)
-                    if consumed and rss:
-                        samples.append((consumed, rss))
-                time.sleep(0.1)
+                now = time.monotonic()
+                if ready_s is None and ready(port):
+                    ready_s = time.monotonic() - started
+                if now >= next_progress:
+                    next_progress += 0.2
+                    consumed = scrape(port, "stream_records_consumed_total")
+                    if consumed is not None:
+                        progress.append((now - started, consumed))
+                    if now >= next_sample:
+                        next_sample += 0.5
+                        rss = rss_mib(procs[0][0].pid)
+                        if consumed and rss:
+                            samples.append((consumed, rss))
+                time.sleep(0.05)
         summaries = []
         for p, path in procs:
             if p.proc.returncode != 0:
@@ -217,9 +228,11 @@ class Bench:
         cores = sampler.cores(first, last)
         cpu = {"workers": sum(v for k, v in cores.items() if k.startswith("worker-")),
                **({"broker": cores["broker"]} if "broker" in cores else {})} if cores else None
+        device = [s["device_busy_s"] for s in summaries if s.get("device_busy_s") is not None]
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
                      sum(s["batched_records"] for s in summaries) / batches if batches else None,
-                     sum(s.get("transactions", 0) for s in summaries) or None, busy or None, cpu)
+                     sum(s.get("transactions", 0) for s in summaries) or None, busy or None, cpu,
+                     progress if replicas == 1 else [], ready_s, sum(device) if device else None, batches)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:

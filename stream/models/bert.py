@@ -161,10 +161,15 @@ def varlen_attention(cu_lengths: torch.Tensor, max_length: int) -> Attention:
     ``max_length``. On CUDA in 16-bit floats, torch's variable-length flash attention (no mask, no padding);
     elsewhere `padded_attention`, the same result through a padded copy."""
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen is not None:
+        if _takes_varlen(q):
             return cast(torch.Tensor, _varlen(q, k, v, cu_lengths, cu_lengths, max_length, max_length))
         return padded_attention(q, k, v, cu_lengths, max_length)
     return attend
+
+
+def _takes_varlen(q: torch.Tensor) -> bool:
+    """Whether torch's variable-length flash attention takes ``q`` (CUDA, 16-bit floats, a torch that has it)."""
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen is not None
 
 
 def varlen_available() -> bool:

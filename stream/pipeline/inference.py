@@ -161,6 +161,7 @@ class InFlight:
     started: float
     raw: Any = None  # the model's output; on CUDA a host tensor being filled by an asynchronous copy
     done: Any = None  # CUDA: event recorded on the compute stream after that copy
+    begun: Any = None  # CUDA: timing event recorded on the compute stream before the batch's work
     error: BaseException | None = None  # raised by result(): the submit failed
     waited: float = 0.0  # seconds result() spent waiting for the device (CUDA), not working
     finished: float | None = None  # when the forward pass was over (CPU: at the end of submit; CUDA: in wait)
@@ -230,6 +231,9 @@ class InferenceEngine:
         self._prepare = getattr(handler, "prepare", None)
         self._submitting = threading.Lock()
         self.asynchronous = device.type == "cuda"
+        # CUDA: the compute stream's time on batches (an event before each batch's work, its done event after),
+        # summed as each batch is waited for; written by the thread that waits (one at a time).
+        self.device_busy_s = 0.0
         if self.asynchronous:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             self._compute_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -314,9 +318,11 @@ class InferenceEngine:
             waiting = time.perf_counter()
             try:
                 flight.done.synchronize()
+                if flight.begun is not None:  # both recorded and complete: reading them waits for nothing
+                    self.device_busy_s += flight.begun.elapsed_time(flight.done) / 1000.0
             except Exception as exc:
                 flight.error = self._classify(exc, flight.n)
-            flight.done = None
+            flight.done = flight.begun = None
             flight.finished = time.perf_counter()
             flight.waited += flight.finished - waiting
 
@@ -330,6 +336,8 @@ class InferenceEngine:
         self._staging.copied(slot, copied)
         compute_stream.wait_event(copied)
         with torch.cuda.stream(compute_stream):
+            begun = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            begun.record(compute_stream)
             for tensor in _tensors(collated):
                 if tensor.device.type == "cuda":
                     tensor.record_stream(compute_stream)  # allocated on the copy stream, read on this one
@@ -337,9 +345,9 @@ class InferenceEngine:
             if isinstance(raw, torch.Tensor) and raw.device.type == "cuda":
                 raw = raw.to("cpu", non_blocking=True)  # into page-locked memory; valid once `done` fires
             # blocking: the thread that waits for it sleeps instead of spinning a core
-            done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+            done = torch.cuda.Event(blocking=True, enable_timing=True)  # type: ignore[no-untyped-call]
             done.record(compute_stream)
-        flight.raw, flight.done = raw, done
+        flight.raw, flight.done, flight.begun = raw, done, begun
 
     def result(self, flight: InFlight) -> BatchResult:
         """Wait for a submitted batch; its outputs, or ModelError / UnrecoverableModelError."""

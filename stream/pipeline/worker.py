@@ -232,6 +232,8 @@ class Worker:
         self._summary.transactions = self._transactions.committed
         if self._stage is not None:
             self._summary.stage_busy_s = self._stage.busy_seconds()
+        if self._engine.device.type == "cuda":
+            self._summary.device_busy_s = self._engine.device_busy_s
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 

@@ -3,15 +3,18 @@ by tests/fixtures/make_minilm_reference.py), and its length bucketing, truncatio
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from producers.texts import generate_texts
 from stream.errors import ConfigError, UnrecoverableModelError
@@ -381,3 +384,73 @@ def test_the_worker_s_defaults_on_cuda_are_bfloat16_packed() -> None:
     assert isinstance(handler, MiniLMHandler)
     handler.load(torch.device("cuda"))
     assert handler.dtype == "bfloat16" and handler.packing is bert.varlen_available()
+
+
+class _Calls(TorchDispatchMode):
+    """Counts the torch calls a forward pass makes (each call is a launch on a GPU) and refuses the ones that make
+    the host wait for the device (a scalar read, ``nonzero``'s data-dependent shape, a copy to the host)."""
+
+    SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item", "aten.is_nonzero")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        if name in self.SYNCING or (name == "aten._to_copy" and (kwargs or {}).get("device") == torch.device("cpu")):
+            raise AssertionError(f"{name}: the host would wait for the device here")
+        self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@torch.library.custom_op("stream_test::varlen", mutates_args=())
+def _fake_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_q: int,
+                 max_k: int) -> torch.Tensor:
+    """One call standing for the CUDA kernel (its inside is not counted: a dispatch mode sees the call only)."""
+    return bert.padded_attention(q, k, v, cu, max_q)
+
+
+@_fake_varlen.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_q: int, max_k: int) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+def test_a_packed_pass_is_a_few_calls_none_waiting_for_the_device(packed: MiniLMHandler,
+                                                                  handler: MiniLMHandler,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU proof of the GPU path: with the variable-length kernel as one call (as on CUDA), a batch of 512
+    texts in one pack is about a hundred torch calls and none of them makes the host wait; the padded passes make
+    many times as many (every pass repeats the whole encoder)."""
+    monkeypatch.setattr(bert, "_takes_varlen", lambda q: True)
+    monkeypatch.setattr(bert, "_varlen", lambda q, k, v, cu, _, max_q, max_k: _fake_varlen(q, k, v, cu, max_q, max_k))
+    texts = generate_texts(512, seed=13).texts
+    counted = {}
+    for name, h in (("packed", packed), ("padded", handler)):
+        inputs = h.collate(h.prepare({"text": texts}), torch.device("cpu"))
+        mode = _Calls()
+        with torch.inference_mode(), mode:
+            h.predict(inputs)
+        counted[name] = mode.calls
+    layers = packed._encoder.config.num_hidden_layers if packed._encoder is not None else 0
+    assert len(counted["packed"]) <= 20 * layers + 20, collections_count(counted["packed"])
+    assert counted["packed"].count("stream_test.varlen") == layers
+    assert len(counted["padded"]) > 5 * len(counted["packed"])  # 100 against 1,787 here
+    want = np.stack([handler.embed([t])[0] for t in texts[:4]])
+    assert float(np.abs(packed.embed(texts)[:4] - want).max()) < 1e-5  # the fake kernel computes the real thing
+
+
+def collections_count(calls: list[str]) -> dict[str, int]:
+    return dict(collections.Counter(calls).most_common())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 256), min_size=1, max_size=3000))
+def test_every_packed_pass_is_one_of_the_warmed_buckets(lengths: list[int]) -> None:
+    h = MiniLMHandler(packing=True)
+    h._pin = True  # CUDA's buckets, no device needed
+    tokens = np.zeros(sum(lengths), dtype=np.int32)
+    packs = h.layout_packed(tokens, np.asarray(lengths, dtype=np.int64))["packs"]
+    bucket, budget = minilm.PACK_BUCKET["cuda"], minilm.PACK_TOKENS["cuda"]
+    assert {p.tokens for p in packs} <= set(range(bucket, budget + 1, bucket))
+    assert sum(p.cu_count - 1 for p in packs) >= len(lengths)
