@@ -437,7 +437,7 @@ def test_a_packed_pass_is_a_few_calls_none_waiting_for_the_device(packed: MiniLM
     assert counted["packed"].count("stream_test.varlen") == layers
     assert len(counted["padded"]) > 5 * len(counted["packed"])  # 100 against 1,787 here
     want = np.stack([handler.embed([t])[0] for t in texts[:4]])
-    assert float(np.abs(packed.embed(texts)[:4] - want).max()) < 1e-5  # the fake kernel computes the real thing
+    assert float(np.abs(packed.embed(texts[:16])[:4] - want).max()) < 1e-5  # the fake kernel computes the real thing
 
 
 def collections_count(calls: list[str]) -> dict[str, int]:
