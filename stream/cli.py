@@ -52,8 +52,8 @@ def _worker_parser(sub: Any) -> None:
                    help="--model minilm: passes of a fixed shape set (lengths to a multiple of 16 tokens, rows to a "
                         "few sizes) instead of each batch's own")
     p.add_argument("--cuda-graphs", action="store_true", default=None,
-                   help="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a CUDA graph "
-                        "and replayed")
+                   help="--model minilm on CUDA: each pass's shape captured once as a CUDA graph and replayed (with "
+                        "--packing one graph per token bucket, all captured by the warm-up; else a fixed shape set)")
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
                    help="--model minilm: a batch's texts packed one after another (no padding but to a 1,024-token "
                         "bucket on CUDA), attention within each text by variable-length flash attention (default: on "

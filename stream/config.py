@@ -146,8 +146,9 @@ class WorkerSettings(BaseSettings):
         default=None, description="--model minilm: passes of a fixed shape set (lengths rounded up to a multiple "
                                   "of 16 tokens, rows to a few sizes) instead of each batch's own")
     cuda_graphs: bool | None = Field(
-        default=None, description="--model minilm on CUDA: a fixed shape set, each shape's pass captured once as a "
-                                  "CUDA graph and replayed (one launch instead of hundreds)")
+        default=None, description="--model minilm on CUDA: each pass's shape captured once as a CUDA graph and "
+                                  "replayed (one launch instead of hundreds); with --packing one graph per token "
+                                  "bucket, all captured by the warm-up, else a fixed shape set")
     packing: bool | None = Field(
         default=None, description="--model minilm: a batch's texts packed one after another, attention within each "
                                   "text (variable-length flash attention on CUDA in 16-bit floats), no padding "

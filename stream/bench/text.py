@@ -150,6 +150,9 @@ def _runs(cfg: TextBenchConfig) -> list[_Run]:
             runs += [_Run(cuda, threads, dtype, packing=True) for dtype in cfg.cuda_dtypes]
         if cfg.cuda_graphs:
             runs.append(_Run(cuda, threads, "float32", True))
+            if cfg.cuda_packing:  # a graph per token bucket
+                runs += [_Run(cuda, threads, dtype, True, packing=True) for dtype in cfg.cuda_dtypes
+                         if dtype != "float32"]
     return runs
 
 

@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,13 +68,22 @@ PAD_TEXT = 32
 class Pack:
     """One packed pass: tokens ``offset:offset + tokens`` of the flat buffers (texts one after another, then
     padding), its texts' boundaries ``cu[cu_offset:cu_offset + cu_count]`` (relative to ``offset``), the longest
-    of them ``max_length`` tokens."""
+    of them ``max_length`` tokens; the batch's texts ``first:first + count``, numbered from 0 in its segments (its
+    padding: ``count``)."""
 
     offset: int
     tokens: int
     cu_offset: int
     cu_count: int
     max_length: int
+    first: int = 0
+    count: int = 0
+
+
+def cu_capacity(tokens: int, max_tokens: int) -> int:
+    """Texts' boundaries a pack of ``tokens`` can need: a text is at least two tokens ([CLS] [SEP]), its padding
+    texts at least ``min(PAD_TEXT, max_tokens)`` each over less than a bucket (the fixed count a graph takes)."""
+    return tokens // 2 + -(-PACK_BUCKET["cuda"] // min(PAD_TEXT, max_tokens)) + 2
 
 
 @dataclass(frozen=True)
@@ -175,12 +184,13 @@ class MiniLMHandler:
         self.max_tokens = max_tokens
         self.dtype = dtype
         self.bucketing = bucketing
-        # Passes of a fixed shape set (lengths to a multiple of 16, rows to a few sizes); CUDA graphs need it.
-        self.shapes = ShapeSet() if fixed_shapes or cuda_graphs else None
+        # Passes of a fixed shape set (lengths to a multiple of 16, rows to a few sizes); CUDA graphs of padded
+        # passes need it. Packed, the token buckets are the shape set: a graph per bucket.
+        self.shapes = ShapeSet() if fixed_shapes or (cuda_graphs and packing is not True) else None
         self.cuda_graphs = cuda_graphs
-        if packing and (fixed_shapes or cuda_graphs):
-            raise ConfigError("packing takes no fixed shape set (--fixed-shapes, --cuda-graphs): its passes' only "
-                              "shapes are token buckets")
+        if packing and fixed_shapes:
+            raise ConfigError("packing takes no fixed shape set (--fixed-shapes): its passes' only shapes are token "
+                              "buckets")
         # A batch's texts packed one after another, no padding but to a token bucket, attention within each text
         # (`stream.models.bert.varlen_attention`) instead of passes of padded rows. None: where it is the faster
         # (CUDA in a 16-bit precision, with no fixed shape set), decided at `load`; ``dtype`` "auto" likewise:
@@ -251,12 +261,32 @@ class MiniLMHandler:
         self._pin = device.type == "cuda"
         self._overhead = PASS_OVERHEAD_TOKENS["cuda" if self._pin else "cpu"]
         self._pass_tokens = PASS_TOKENS["cuda" if self._pin else "cpu"]
-        if self.cuda_graphs:
+        if self.cuda_graphs and self.packing:
+            self.graph_packs(CudaGraphs)
+        elif self.cuda_graphs:
             assert self.shapes is not None
             rows = self._pass_tokens // self.shapes.length_multiple
             self.shapes = ShapeSet(max_rows=rows)
             self._graphs = CudaGraphs(self._embed_pass, [(self._pass_tokens, torch.int32), (rows, torch.int32)],
                                       rows * dim, torch.float32, device)
+
+    def graph_packs(self, graphs: Callable[..., Any]) -> None:
+        """A graph per token bucket (``graphs``: `stream.models.shapes.CudaGraphs`, or a stand-in in tests): every
+        pack's texts' boundaries laid out to the bucket's fixed count (`cu_capacity`), the attention's longest text
+        fixed at ``max_tokens``, each pack's inputs copied into the graphs' static buffers."""
+        assert self._encoder is not None
+        most = PACK_TOKENS["cuda" if self._pin else "cpu"]
+        cu = cu_capacity(most, self.max_tokens)
+        self._graphs = graphs(self._pack_pass, [(most, torch.int32), (most, torch.int64), (most, torch.int64),
+                                                (cu, torch.int32)],
+                              cu * self._encoder.config.hidden_size, torch.float32, self._device,
+                              limit=most // PACK_BUCKET["cuda" if self._pin else "cpu"] + 8)
+
+    def warmed(self) -> None:
+        """The warm-up is over (`stream.pipeline.inference.InferenceEngine.warm`): a graph captured from now on
+        is a shape the warm-up missed, and is logged as such."""
+        if self._graphs is not None and self.packing:  # (padded passes' shape set is larger than a warm-up)
+            self._graphs.frozen = True
 
     # ------------------------------------------------------------------ the batch
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -314,6 +344,8 @@ class MiniLMHandler:
         text and its text (padding: the batch's text count, left out of the pooling)."""
         device = "cuda" if self._pin else "cpu"
         bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
+        pad_text = min(PAD_TEXT, self.max_tokens)  # within the attention's longest text, fixed under graphs
+        graphs = self._graphs is not None
         n = len(lengths)
         ends = np.cumsum(lengths)
         firsts = ends - lengths  # where each text starts in tokens
@@ -327,11 +359,13 @@ class MiniLMHandler:
             stop = int(ends[last - 1])
             real = stop - start
             padded = -(-real // bucket) * bucket
-            pads = [PAD_TEXT] * ((padded - real) // PAD_TEXT) + ([(padded - real) % PAD_TEXT]
-                                                                  if (padded - real) % PAD_TEXT else [])
+            pads = [pad_text] * ((padded - real) // pad_text) + ([(padded - real) % pad_text]
+                                                                  if (padded - real) % pad_text else [])
             cu = np.concatenate([[0], ends[first:last] - start, real + np.cumsum(pads, dtype=np.int64)])
-            longest = int(lengths[first:last].max())
-            packs.append(Pack(offset, padded, cu_offset, len(cu), max([longest, *pads])))
+            if graphs:  # the bucket's fixed count: empty texts at the end
+                cu = np.concatenate([cu, np.full(cu_capacity(padded, self.max_tokens) - len(cu), padded)])
+            longest = self.max_tokens if graphs else max([int(lengths[first:last].max()), *pads])
+            packs.append(Pack(offset, padded, cu_offset, len(cu), longest, first, last - first))
             cus.append(cu.astype(np.int32))
             spans.append((start, stop))
             offset += padded
@@ -344,7 +378,9 @@ class MiniLMHandler:
         places = np.arange(len(tokens), dtype=np.int64) - np.repeat(firsts, lengths)
         for p, (start, stop) in zip(packs, spans, strict=True):
             span = slice(p.offset, p.offset + stop - start)
-            ids[span], positions[span], segments[span] = tokens[start:stop], places[start:stop], texts[start:stop]
+            ids[span], positions[span] = tokens[start:stop], places[start:stop]
+            segments[span] = texts[start:stop] - p.first  # numbered within the pack
+            segments[p.offset + stop - start: p.offset + p.tokens] = p.count  # its padding
         cu_all = np.concatenate(cus) if cus else np.zeros(0, dtype=np.int32)
         return {"ids": ids, "positions": positions, "segments": segments, "cu": cu_all,
                 "lengths": lengths.astype(np.int32), "packs": packs}
@@ -412,14 +448,24 @@ class MiniLMHandler:
         assert self._encoder is not None
         ids, positions, segments, cu, lengths, packs = inputs
         texts = lengths.shape[0]
-        sums = torch.zeros((texts + 1, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
+        sums = torch.empty((texts, self._encoder.config.hidden_size), dtype=torch.float32, device=ids.device)
         for p in packs:
             span = slice(p.offset, p.offset + p.tokens)
-            attend = varlen_attention(cu[p.cu_offset: p.cu_offset + p.cu_count], p.max_length)
-            hidden = self._encoder.forward_packed(ids[span], positions[span], attend)
-            sums.index_add_(0, segments[span], hidden.to(torch.float32))
-        pooled = sums[:texts] / lengths[:, None].to(torch.float32).clamp(min=1.0)
+            args = (ids[span], positions[span], segments[span], cu[p.cu_offset: p.cu_offset + p.cu_count])
+            pack_sums = self._graphs(*args) if self._graphs is not None else self._pack_pass(*args, p.max_length)
+            sums[p.first: p.first + p.count] = pack_sums[: p.count]
+        pooled = sums / lengths[:, None].to(torch.float32).clamp(min=1.0)
         return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+    def _pack_pass(self, ids: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, cu: torch.Tensor,
+                   max_length: int | None = None) -> torch.Tensor:
+        """One pack: each of its texts' summed last hidden states, float32 (one row per entry of ``cu``, its texts
+        first, then padding's); ``max_length`` None: ``max_tokens`` (under a graph)."""
+        assert self._encoder is not None
+        attend = varlen_attention(cu, self.max_tokens if max_length is None else max_length)
+        hidden = self._encoder.forward_packed(ids, positions, attend)
+        sums = torch.zeros((cu.shape[0], hidden.shape[1]), dtype=torch.float32, device=ids.device)
+        return sums.index_add_(0, segments, hidden.to(torch.float32))
 
     def _embed_pass(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """One pass: token ids (rows, length), each row's real length -> its unit embeddings (rows, hidden)."""

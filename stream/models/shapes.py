@@ -86,6 +86,8 @@ class CudaGraphs:
             OrderedDict()
         self._limit = limit
         self.captured = 0  # graphs captured so far (evicted ones included)
+        self.frozen = False  # set once the warm-up is over: a capture after it is a shape the warm-up missed
+        self.late = 0  # graphs captured while frozen
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -107,6 +109,10 @@ class CudaGraphs:
 
     def _capture(self, key: tuple[tuple[int, ...], ...],
                  statics: list[torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        if self.frozen:
+            self.late += 1
+            log.warning("a CUDA graph captured after the warm-up, for input shapes %s (%d so far): a shape the "
+                        "warm-up did not meet, captured while records wait", key, self.late)
         if len(self._graphs) >= self._limit:
             _, (old, _) = self._graphs.popitem(last=False)
             old.reset()

@@ -262,9 +262,12 @@ class InferenceEngine:
             self.run(inputs)
             done += 1
             progress(done, len(batches))
-        seconds = time.perf_counter() - started
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - started
+        warmed = getattr(self.handler, "warmed", None)
+        if warmed is not None and done == len(batches):
+            warmed()
         return done, len(batches), seconds
 
     def prepare(self, inputs: Mapping[str, Any]) -> Prepared:

@@ -309,20 +309,22 @@ def test_a_packed_layout_holds_every_token_once_in_order_within_its_budget(packe
     layout = packed.layout_packed(tokens, lengths)
     packs = layout["packs"]
     assert len(packs) > 1
-    real = layout["segments"] < len(lengths)
-    assert layout["ids"][real].tolist() == tokens.tolist()  # in input order, none lost, none twice
-    assert np.array_equal(layout["segments"][real], np.repeat(np.arange(len(lengths)), lengths))
+    ids, segments, positions = layout["ids"], layout["segments"], layout["positions"]
+    got, texts = [], []
     for p in packs:
-        assert p.tokens % 64 == 0 and (p.tokens <= 500 + 63 or p.cu_count <= 3)  # a longer text travels alone
+        span = slice(p.offset, p.offset + p.tokens)
+        real = segments[span] < p.count  # its texts, numbered from 0; its padding is numbered p.count
+        got += ids[span][real].tolist()
+        texts += (segments[span][real] + p.first).tolist()
+        assert p.tokens % 64 == 0 and (p.tokens <= 500 + 63 or p.count == 1)  # a longer text travels alone
         cu = layout["cu"][p.cu_offset: p.cu_offset + p.cu_count]
         assert cu[0] == 0 and cu[-1] == p.tokens and np.all(np.diff(cu) > 0)
         assert np.diff(cu).max() == p.max_length and p.max_length <= max(packed.max_tokens, minilm.PAD_TEXT)
-        span = slice(p.offset, p.offset + p.tokens)
-        # positions restart at every text: 0 at each boundary
-        starts = np.zeros(p.tokens, dtype=bool)
+        starts = np.zeros(p.tokens, dtype=bool)  # positions restart at every text: 0 at each boundary
         starts[cu[:-1]] = True
-        segs = layout["segments"][span]
-        assert np.all(layout["positions"][span][starts & (segs < len(lengths))] == 0)
+        assert np.all(positions[span][starts & real] == 0)
+    assert got == tokens.tolist()  # in input order, none lost, none twice
+    assert texts == np.repeat(np.arange(len(lengths)), lengths).tolist()
     assert sum(p.tokens for p in packs) == len(layout["ids"])
 
 
@@ -339,7 +341,8 @@ def test_variable_length_attention_equals_each_text_alone() -> None:
 
 def test_packing_takes_no_fixed_shape_set() -> None:
     with pytest.raises(ConfigError, match="packing takes no fixed shape set"):
-        MiniLMHandler(packing=True, cuda_graphs=True)
+        MiniLMHandler(packing=True, fixed_shapes=True)
+    assert MiniLMHandler(packing=True, cuda_graphs=True).shapes is None  # its graphs are per token bucket
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -454,3 +457,73 @@ def test_every_packed_pass_is_one_of_the_warmed_buckets(lengths: list[int]) -> N
     bucket, budget = minilm.PACK_BUCKET["cuda"], minilm.PACK_TOKENS["cuda"]
     assert {p.tokens for p in packs} <= set(range(bucket, budget + 1, bucket))
     assert sum(p.cu_count - 1 for p in packs) >= len(lengths)
+
+
+class _StandInGraphs:
+    """`stream.models.shapes.CudaGraphs`' contract without CUDA: static buffers allocated once, each call's inputs
+    copied into views at their start, a "capture" the first time a shape is met (counted, and counted as late once
+    frozen), the function run on the static views (a replay reads them, never the caller's tensors)."""
+
+    def __init__(self, fn: Any, input_capacity: list[tuple[int, torch.dtype]], output_capacity: int,
+                 output_dtype: torch.dtype, device: torch.device, limit: int = 256) -> None:
+        self._fn = fn
+        self.inputs = [torch.zeros(n, dtype=dtype, device=device) for n, dtype in input_capacity]
+        self.output = torch.zeros(output_capacity, dtype=output_dtype, device=device)
+        self.addresses = [b.data_ptr() for b in (*self.inputs, self.output)]
+        self.shapes: list[tuple[tuple[int, ...], ...]] = []
+        self.frozen = False
+        self.late = 0
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        key = tuple(tuple(t.shape) for t in inputs)
+        statics = [buffer[: t.numel()].view(t.shape) for buffer, t in zip(self.inputs, inputs, strict=True)]
+        for static, t in zip(statics, inputs, strict=True):
+            static.copy_(t)
+        if key not in self.shapes:
+            self.shapes.append(key)
+            self.late += self.frozen
+        result = self._fn(*statics)
+        out = self.output[: result.numel()].view(result.shape)
+        out.copy_(result)
+        assert [b.data_ptr() for b in (*self.inputs, self.output)] == self.addresses, "a static buffer moved"
+        return out
+
+
+def test_graphs_per_bucket_are_all_met_by_the_warm_up_and_replay_what_eager_passes_compute(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    monkeypatch.setitem(minilm.PACK_BUCKET, "cpu", 128)  # CUDA's rounding, at a size the CPU runs in seconds
+    monkeypatch.setitem(minilm.PACK_TOKENS, "cpu", 1024)
+    h = MiniLMHandler(packing=True, max_tokens=32)
+    engine = InferenceEngine(h, torch.device("cpu"))
+    h.graph_packs(_StandInGraphs)
+    graphs = h._graphs
+    assert isinstance(graphs, _StandInGraphs)
+    done, total, _ = engine.warm(120.0)
+    assert done == total and graphs.frozen
+    assert {shape[0] for shape in graphs.shapes} == {(t,) for t in range(128, 1025, 128)}  # every bucket, once
+    eager = MiniLMHandler(packing=True, max_tokens=32)
+    eager.load(torch.device("cpu"))
+    for seed, size in ((21, 3), (22, 40), (23, 97)):
+        texts = generate_texts(size, seed=seed).texts
+        got = engine.run({"text": texts}).outputs["embedding"]
+        assert float(np.abs(got - eager.embed(texts)).max()) < 1e-5
+    assert graphs.late == 0, "after the warm-up no new shape"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_cuda_graphs_are_captured_at_warm_up_and_replay_the_eager_packs() -> None:
+    from stream.pipeline.inference import InferenceEngine
+
+    texts = REFERENCE["texts"] + generate_texts(600, seed=9).texts
+    eager = InferenceEngine(MiniLMHandler(packing=True, dtype="bfloat16"), torch.device("cuda")).run({"text": texts})
+    handler = MiniLMHandler(packing=True, cuda_graphs=True, dtype="bfloat16")
+    engine = InferenceEngine(handler, torch.device("cuda"))
+    engine.warm(120.0)
+    assert handler._graphs is not None and handler._graphs.frozen
+    for size in (7, 64, 300, len(texts)):
+        got = engine.run({"text": texts[:size]}).outputs["embedding"].astype(np.float64)
+        cosine = (got * eager.outputs["embedding"][:size]).sum(axis=1)
+        assert cosine.min() > 0.9999
+    assert handler._graphs.late == 0
