@@ -195,10 +195,13 @@ class EmbeddingsApi:
                                  401: ("no API key", {JSON: openai_error}),
                                  404: ("another model", {JSON: openai_error})},
                       path_params={"model": {"type": "string", "enum": [self.model_name]}}),
-            Operation("POST", "/embed", self.tei_embed, TEI_ERRORS, "text-embeddings-inference's /embed", "tei",
-                      request=schema_of(EmbedRequest, components),
-                      responses={200: ("a vector per input", {JSON: schema_of(list[list[float]], components)}),
-                                 **error_responses(TEI_ERRORS, schema_of(TeiError, components), 401)}),
+            *(Operation("POST", path, self.tei_embed, TEI_ERRORS, f"text-embeddings-inference's {path}", "tei",
+                        request=schema_of(EmbedRequest, components),
+                        responses={200: ("a vector per input", {JSON: schema_of(list[list[float]], components)}),
+                                   **error_responses(TEI_ERRORS, schema_of(TeiError, components), 401)})
+              # TEI answers POST / as /embed for an embedding model: huggingface_hub's InferenceClient(model=URL)
+              # posts there
+              for path in ("/embed", "/")),
         ]
 
     def _card(self) -> dict[str, Any]:
@@ -245,15 +248,18 @@ class EmbeddingsApi:
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def tei_embed(self, request: Request) -> Response:
-        """TEI's ``POST /embed``: ``inputs`` a string or strings, ``normalize`` (true: this model's are; false
-        is refused), ``truncate`` (accepted: the worker cuts every text to its ``--max-tokens``); a list of
-        vectors back."""
+        """TEI's ``POST /embed`` (and ``POST /``): ``inputs`` a string or strings, ``normalize`` (true: this model's
+        are; false is refused), ``truncate`` (accepted: the worker cuts every text to its ``--max-tokens``, at its
+        end: ``truncation_direction`` Right, Left refused); a list of vectors back."""
         given = validated(EmbedRequest, parse_json(await self.budget.read(request)))
         texts = [given.inputs] if isinstance(given.inputs, str) else given.inputs
         if not texts:
             raise BadRequest("inputs must be a string or a non-empty list of strings")
         if not given.normalize:
             raise BadRequest("normalize=false is not served: this gateway answers the model's own vectors")
+        if given.truncation_direction is not None and given.truncation_direction.lower() == "left":
+            raise BadRequest("truncation_direction Left is not served: the model cuts a long text at its end "
+                             "(Right)")
         return json_response(self._vectors(await self._predict(texts)))
 
     async def _predict(self, texts: list[str]) -> list[Prediction]:
@@ -280,5 +286,5 @@ def unavailable_operations(why: str) -> list[Operation]:
 
     return [Operation(method, path, off, OPENAI_ERRORS, "off on this gateway", "openai",
                       responses={404: ("off on this gateway", {})})
-            for method, path in (("POST", "/v1/embeddings"), ("POST", "/embed"), ("GET", "/v1/models"),
+            for method, path in (("POST", "/v1/embeddings"), ("POST", "/embed"), ("POST", "/"), ("GET", "/v1/models"),
                                  ("GET", "/v1/models/{model:path}"))]

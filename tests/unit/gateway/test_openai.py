@@ -95,8 +95,11 @@ def test_tei_s_embed_answers_a_list_of_vectors_and_its_own_errors() -> None:
     assert http.post("/embed", json={"inputs": "one"}).json() == [pytest.approx(vector("one"))]
     got = http.post("/embed", json={"inputs": ["one", "two words"], "normalize": True, "truncate": True}).json()
     assert got == [pytest.approx(vector("one")), pytest.approx(vector("two words"))]
+    assert http.post("/", json={"inputs": ["one"], "truncation_direction": "Right"}).json() == [
+        pytest.approx(vector("one"))]  # TEI answers POST / as /embed (huggingface_hub's InferenceClient posts there)
     for body, status, kind in [({"inputs": []}, 422, "validation"), ({"inputs": ["a", ""]}, 422, "empty"),
                                ({"inputs": "a", "normalize": False}, 422, "validation"),
+                               ({"inputs": "a", "truncation_direction": "Left"}, 422, "validation"),
                                ({"inputs": ["POISON"]}, 424, "backend"), ({"inputs": ["SLOW"]}, 504, "backend")]:
         answer = http.post("/embed", json=body)
         assert answer.status_code == status and answer.json()["error_type"] == kind, (body, answer.text)
@@ -115,3 +118,33 @@ def test_a_text_the_model_cannot_take_is_refused_before_anything_is_sent() -> No
     answer = http.post("/v1/embeddings", json={"model": MODEL, "input": ["fine", "x" * 1_100_000]})
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "request_too_large"
     assert queue.sent == []
+
+
+def test_huggingface_hub_s_inference_client_embeds_through_the_root_url_as_against_tei() -> None:
+    """`InferenceClient(model=URL).feature_extraction` posts to the URL itself, which TEI answers as /embed."""
+    import threading
+    import time
+
+    import uvicorn
+    from huggingface_hub import InferenceClient
+
+    from stream.local.broker import free_port
+
+    http, _ = text_gateway(FakeQueue())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(http.app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client = InferenceClient(model=f"http://127.0.0.1:{port}")
+        got = client.feature_extraction("one")
+        assert np.asarray(got).reshape(-1).tolist() == pytest.approx(vector("one"))
+        both = client.feature_extraction("two words", truncate=True, truncation_direction="right")
+        assert np.asarray(both).reshape(-1).tolist() == pytest.approx(vector("two words"))
+    finally:
+        server.should_exit = True
+        thread.join(10)
