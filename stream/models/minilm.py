@@ -341,7 +341,7 @@ class MiniLMHandler:
     def layout_packed(self, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
         """`tokenize_flat`'s ids as packed passes (`Pack`): the texts in input order, one after another, each pass
         padded to a multiple of the device's token bucket with texts of padding; per token its position in its
-        text and its text (padding: the batch's text count, left out of the pooling)."""
+        text and its text, numbered within its pack (padding: the pack's text count, left out of the pooling)."""
         device = "cuda" if self._pin else "cpu"
         bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
         pad_text = min(PAD_TEXT, self.max_tokens)  # within the attention's longest text, fixed under graphs
@@ -480,7 +480,7 @@ class MiniLMHandler:
         and allocator are what warm there)."""
         k = self.max_tokens
         text = " ".join(["hello"] * (k - 2))  # [CLS] + k - 2 words of one token + [SEP]: k tokens
-        mixed = [" ".join(["hello"] * n) for n in (1, 5, 14, 30, 62, k - 2)]
+        mixed = [" ".join(["hello"] * min(n, k - 2)) for n in (1, 5, 14, 30, 62, k - 2)]  # none cut
         if not self.packing:
             return [{"text": mixed}, {"text": mixed * 8}, {"text": [text] * 32}]
         device = "cuda" if self._pin else "cpu"
