@@ -269,8 +269,9 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
         readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
         assert readyz.status_code == 503 and any("brokers" in why for why in readyz.json()["why"])
         assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200, "alive, not ready"
-        for typo in ("/", "/readz", "/heathz", "/v1/predicts"):  # a mistyped probe fails instead of passing
+        for typo in ("/readz", "/heathz", "/v1/predicts"):  # a mistyped probe fails instead of passing
             assert httpx.get(f"{gateway.url}{typo}", timeout=5).status_code == 404, typo
+        assert httpx.get(f"{gateway.url}/", timeout=5).status_code == 405  # / takes TEI's POST only
     finally:
         if gateway is not None:
             gateway.process.kill()
