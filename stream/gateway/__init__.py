@@ -151,7 +151,7 @@ def make_app(settings: GatewaySettings, source: SchemaSource, client: Any, max_i
     from stream.gateway.server import BodyBudget, Limits
 
     schema = _input_schema(source, settings)
-    encoder = EventEncoder(schema, max_input_bytes)
+    encoder = EventEncoder(schema, max_input_bytes, settings.key_field)
     stage = _decode_stage(settings, source, schema, max_input_bytes)
     output = _output_schema(settings, source)
     door = Door(encoder, stage, client)

@@ -22,6 +22,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stream.codec.registry import RegistryUnavailable
@@ -32,6 +33,14 @@ from stream.gateway.events import EventEncoder
 from stream.pipeline.contract import DecodeStage
 
 BATCH_AFTER_S = 0.002  # requests closer together than this share the decode stage's runs
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request's events as `Door.admit` passed them: framed for the input topic, and each one's record key."""
+
+    values: list[bytes]
+    keys: list[bytes | None]
 
 
 class Queue(Protocol):
@@ -59,9 +68,10 @@ class Door:
     def max_events(self) -> int:
         return self.queue.max_pending
 
-    async def admit(self, events: Sequence[Any]) -> list[bytes]:
-        """The events framed for the input topic, each one checked as the workers' decode stage will check it;
-        `Refused`, `Oversized` or `TooManyEvents` naming the first that fails (nothing sent)."""
+    async def admit(self, events: Sequence[Any]) -> Admitted:
+        """The events framed for the input topic, each one checked as the workers' decode stage will check it,
+        with their record keys (`EventEncoder.key_of`); `Refused`, `Oversized` or `TooManyEvents` naming the
+        first that fails (nothing sent)."""
         if len(events) > self.queue.max_pending:
             raise TooManyEvents(f"{len(events)} events in one request, over --max-pending "
                                 f"({self.queue.max_pending})")
@@ -81,7 +91,7 @@ class Door:
                                     f"{self.encoder.max_input_bytes}", index=i)
                 raise Refused(f"the workers would dead-letter this event ({error.reason}): {error.detail}",
                               index=i, problems=[error.detail])
-        return values
+        return Admitted(values, [self.encoder.key_of(event) for event in events])
 
     def _decode_stage(self, values: list[bytes]) -> asyncio.Future[list[tuple[int, DecodeError]]]:
         """The decode stage's errors for ``values``: at once when no other request ran it in the last
@@ -121,10 +131,9 @@ class Door:
             if not future.done():
                 future.set_result(found)
 
-    async def predict(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None
-                      ) -> list[Prediction]:
-        """Every value's prediction, in order; the first failure raised, naming its event."""
-        futures = self.queue.send(values, keys)
+    async def predict(self, admitted: Admitted) -> list[Prediction]:
+        """Every admitted event's prediction, in order; the first failure raised, naming its event."""
+        futures = self.queue.send(admitted.values, admitted.keys)
         predictions = []
         for i, future in enumerate(futures):
             # In order, one at a time (no gather: for the usual one event, its bookkeeping cost more than the

@@ -16,8 +16,9 @@ from fastavro.validation import ValidationError, validate
 
 from stream.codec import MAGIC, strip_logical_types
 from stream.codec.registry import WriterSchema
-from stream.errors import StreamError
+from stream.errors import ConfigError, StreamError
 from stream.gateway.errors import Oversized, Refused
+from stream.gateway.texts import kind_of
 
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -38,7 +39,9 @@ def _problems(exc: ValidationError) -> list[str]:
 class EventEncoder:
     """The input schema's events to framed records (see the module's docstring)."""
 
-    def __init__(self, schema: WriterSchema, max_input_bytes: int) -> None:
+    def __init__(self, schema: WriterSchema, max_input_bytes: int, key_field: str | None = None) -> None:
+        """``key_field``: the string field whose value is each event's Kafka record key (`key_of`); None: ``key``
+        where the schema has a string field of that name, else no key; "": no key."""
         if schema.schema_id < 0:
             raise StreamError("the input schema must be registered (it has no id to put in the wire format)")
         self.schema_name = schema.name
@@ -47,8 +50,16 @@ class EventEncoder:
         self._parsed: Any = parse_schema(strip_logical_types(raw))
         self._fields = ({f["name"] for f in raw["fields"]} if isinstance(raw, dict) and raw.get("type") == "record"
                         else None)
+        self.key_field = _key_field(raw, key_field)
         self._header = bytes([MAGIC]) + schema.schema_id.to_bytes(4, "big")
         self.json_schema = json_schema(raw)
+
+    def key_of(self, event: Mapping[str, Any]) -> bytes | None:
+        """The event's Kafka record key: its ``key_field`` (UTF-8), none when that is null or there is none."""
+        if self.key_field is None:
+            return None
+        value = event.get(self.key_field)
+        return value.encode() if isinstance(value, str) else None
 
     def encode(self, event: Any) -> bytes:
         """The event framed for the input topic; `Refused` (which fields, why) or `Oversized`."""
@@ -127,3 +138,18 @@ def _primitive(name: str) -> dict[str, Any]:
     if name in ("boolean", "null"):
         return {"type": name}
     return {}
+
+
+def _key_field(raw: Any, given: str | None) -> str | None:
+    fields = ({f["name"]: f for f in raw["fields"]} if isinstance(raw, dict) and raw.get("type") == "record"
+              else {})
+    if given == "":
+        return None
+    name = given or "key"
+    field = fields.get(name)
+    is_string = field is not None and kind_of(field["type"]) == "string"
+    if given and not is_string:
+        raise ConfigError(f"--key-field {given}: the input schema {raw.get('name') if isinstance(raw, dict) else ''} "
+                          + ("has no such field" if field is None else f"has it as a {kind_of(field['type'])}, "
+                             "not a string"))
+    return name if is_string else None

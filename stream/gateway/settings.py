@@ -62,6 +62,9 @@ class GatewaySettings(BaseModel):
                                                            "message.max.bytes less 1 KiB for the key and headers, "
                                                            "at most the workers' default 1 MiB; give the workers' "
                                                            "--max-input-bytes if you changed theirs)", ge=16)
+    key_field: str | None = _field(None, "requests", "the event's string field sent as its Kafka record key (each "
+                                                     "key's events to one partition, in order; default: key, where "
+                                                     "the input schema has it; \"\" for none)")
     max_texts: int = _field(512, "requests", "/v1/embeddings and /embed: the most texts in one request (at most "
                                              "--max-pending)", ge=1)
     # Schemas and the model

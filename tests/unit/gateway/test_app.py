@@ -176,3 +176,24 @@ def test_concurrent_requests_share_one_decode_stage_run_and_each_gets_its_own_ve
         assert answer.status_code == (422 if i % 3 == 0 else 200), (i, answer.text)
     assert sum(runs) == sum(len(b) for b in bodies) and len(runs) < len(bodies), runs
     assert {e["event_id"] for e in queue.sent} == {f"e{i}" for i in range(30) if i % 3}
+
+
+def test_each_event_s_key_field_is_its_record_key_on_every_route() -> None:
+    from stream.errors import ConfigError
+
+    http, queue = gateway()  # the demo's schema has a string field `key`: the default
+    assert http.post("/v1/predict", json=[event(event_id="a", key="acct-7"), event(event_id="b", key="é")]
+                     ).status_code == 200
+    assert queue.keys == [b"acct-7", "é".encode()]
+    text_http, text_queue = gateway(model="minilm", input_schema="stream.demo.TextEvent",
+                                    output_schema="stream.demo.TextEmbedding")
+    assert text_http.post("/embed", json={"inputs": ["one", "two"]}).status_code == 200
+    assert len(text_queue.keys) == 2 and all(k and len(k) >= 8 for k in text_queue.keys)  # a fresh key each
+    assert len(set(text_queue.keys)) == 2
+    off, off_queue = gateway(key_field="")
+    assert off.post("/v1/predict", json=event()).status_code == 200 and off_queue.keys == [None]
+    by_id, id_queue = gateway(key_field="event_id")
+    assert by_id.post("/v1/predict", json=event(event_id="e-9")).status_code == 200 and id_queue.keys == [b"e-9"]
+    for bad, says in (("nope", "has no such field"), ("features", "not a string")):
+        with pytest.raises(ConfigError, match=f"--key-field {bad}: the input schema .*{says}"):
+            gateway(key_field=bad)
