@@ -94,11 +94,33 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
         assert [v.decode() for v in result.as_numpy("event_id").tolist()] == [e["event_id"] for e in v2_events]
         triton.close()
         assert "no --api-key: anyone who can reach" in first.process.output()
+        # Each event went to the input topic with its `key` field as the record's key (one key, one partition).
+        keyed = input_keys(pipeline.bootstrap, pipeline.input, len(sent))
+        assert {e["key"].encode() for e in sent} <= set(keyed) and None not in keyed
         assert first.stop() == 0 and second.stop() == 0
         assert worker.terminate() == 0
     finally:
         first.process.kill()
         second.process.kill()
+
+
+def input_keys(bootstrap: str, topic: str, at_least: int, timeout_s: float = 30.0) -> list[bytes | None]:
+    """The keys of the records on ``topic`` (all of it, read from the beginning until ``at_least`` are read and the
+    topic has no more)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    ends = end_offsets(bootstrap, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"keys-{secrets.token_hex(4)}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    keys: list[bytes | None] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (len(keys) < max(at_least, sum(ends.values()))) and time.monotonic() < deadline:
+            keys += [m.key() for m in consumer.consume(1000, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return keys
 
 
 def http_status_counts(gateway: Gateway) -> dict[str, int]:
