@@ -200,7 +200,7 @@ class Bench:
                     peak = max(peak, rss_mib(p.pid, "VmHWM") or 0.0)
                 now = time.monotonic()
                 if ready_s is None and ready(port):
-                    ready_s = time.monotonic() - started
+                    ready_s = now - started
                 if now >= next_progress:
                     next_progress += 0.2
                     consumed = scrape(port, "stream_records_consumed_total")

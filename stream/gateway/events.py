@@ -48,9 +48,10 @@ class EventEncoder:
         self.max_input_bytes = max_input_bytes
         raw = schema.normalized
         self._parsed: Any = parse_schema(strip_logical_types(raw))
-        self._fields = ({f["name"] for f in raw["fields"]} if isinstance(raw, dict) and raw.get("type") == "record"
-                        else None)
-        self.key_field = _key_field(raw, key_field)
+        fields = ({f["name"]: f for f in raw["fields"]} if isinstance(raw, dict) and raw.get("type") == "record"
+                  else None)
+        self._fields = set(fields) if fields is not None else None
+        self.key_field = _key_field(schema.name, fields or {}, key_field)
         self._header = bytes([MAGIC]) + schema.schema_id.to_bytes(4, "big")
         self.json_schema = json_schema(raw)
 
@@ -140,16 +141,14 @@ def _primitive(name: str) -> dict[str, Any]:
     return {}
 
 
-def _key_field(raw: Any, given: str | None) -> str | None:
-    fields = ({f["name"]: f for f in raw["fields"]} if isinstance(raw, dict) and raw.get("type") == "record"
-              else {})
+def _key_field(schema_name: str, fields: Mapping[str, Any], given: str | None) -> str | None:
     if given == "":
         return None
     name = given or "key"
     field = fields.get(name)
     is_string = field is not None and kind_of(field["type"]) == "string"
     if given and not is_string:
-        raise ConfigError(f"--key-field {given}: the input schema {raw.get('name') if isinstance(raw, dict) else ''} "
+        raise ConfigError(f"--key-field {given}: the input schema {schema_name} "
                           + ("has no such field" if field is None else f"has it as a {kind_of(field['type'])}, "
                              "not a string"))
     return name if is_string else None

@@ -275,12 +275,17 @@ class MiniLMHandler:
         pack's texts' boundaries laid out to the bucket's fixed count (`cu_capacity`), the attention's longest text
         fixed at ``max_tokens``, each pack's inputs copied into the graphs' static buffers."""
         assert self._encoder is not None
-        most = PACK_TOKENS["cuda" if self._pin else "cpu"]
+        bucket, most = self._pack_sizes()
         cu = cu_capacity(most, self.max_tokens)
         self._graphs = graphs(self._pack_pass, [(most, torch.int32), (most, torch.int64), (most, torch.int64),
                                                 (cu, torch.int32)],
                               cu * self._encoder.config.hidden_size, torch.float32, self._device,
-                              limit=most // PACK_BUCKET["cuda" if self._pin else "cpu"] + 8)
+                              limit=most // bucket + 8)
+
+    def _pack_sizes(self) -> tuple[int, int]:
+        """(the token bucket, the most tokens a pass) on the loaded device."""
+        device = "cuda" if self._pin else "cpu"
+        return PACK_BUCKET[device], PACK_TOKENS[device]
 
     def warmed(self) -> None:
         """The warm-up is over (`stream.pipeline.inference.InferenceEngine.warm`): a graph captured from now on
@@ -342,8 +347,7 @@ class MiniLMHandler:
         """`tokenize_flat`'s ids as packed passes (`Pack`): the texts in input order, one after another, each pass
         padded to a multiple of the device's token bucket with texts of padding; per token its position in its
         text and its text, numbered within its pack (padding: the pack's text count, left out of the pooling)."""
-        device = "cuda" if self._pin else "cpu"
-        bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
+        bucket, budget = self._pack_sizes()
         pad_text = min(PAD_TEXT, self.max_tokens)  # within the attention's longest text, fixed under graphs
         graphs = self._graphs is not None
         n = len(lengths)
@@ -484,8 +488,7 @@ class MiniLMHandler:
         if not self.packing:  # (on the CPU no kernel to load: the allocator and oneDNN's caches, in a second)
             return ([{"text": mixed}, {"text": mixed * 8}, {"text": [text] * 32}] if self._pin
                     else [{"text": mixed}, {"text": [text] * 4}])
-        device = "cuda" if self._pin else "cpu"
-        bucket, budget = PACK_BUCKET[device], PACK_TOKENS[device]
+        bucket, budget = self._pack_sizes()
         if bucket == 1:
             return [{"text": mixed}, {"text": [text] * 8}]
         batches = [{"text": [text] * max(1, b * bucket // k)} for b in range(1, budget // bucket + 1)]
