@@ -116,6 +116,8 @@ def _worker_parser(sub: Any) -> None:
                         "python -m stream compare)")
     p.add_argument("--start-from", help="where a partition this group never committed starts: earliest "
                                         "(default), latest, Unix ms or an ISO 8601 time")
+    p.add_argument("--copy-headers", help="NAME[,NAME...]: input record headers carried onto its prediction, dead "
+                                          "letter and reply (traceparent and tracestate always are); at most 10")
     p.add_argument("--reply-topics", help="topics a caller's reply address (the gateway's stream.reply, Spring's "
                                           "kafka_replyTopic) may name, comma-separated (default: "
                                           "<input-topic>.replies, the gateway's)")
@@ -361,10 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--partitions", type=int, default=8)
     bench_cli.add_parsers(sub)
     from stream import gateway
-    from stream.ops import compare
+    from stream.ops import compare, read
 
     gateway.add_parser(sub)
     compare.add_parser(sub)
+    read.add_parser(sub)
     top = sub.add_parser("top", help="a live view of running replicas from their metrics endpoints (Ctrl-C ends it)")
     top.add_argument("targets", nargs="+", metavar="ENDPOINT",
                      help="each replica's --metrics-port: PORT (on 127.0.0.1), HOST:PORT or a URL")
@@ -389,6 +392,12 @@ def run_compare(args: argparse.Namespace) -> int:
     return compare.run(args)
 
 
+def run_read(args: argparse.Namespace) -> int:
+    from stream.ops import read
+
+    return read.run(args)
+
+
 def run_top(args: argparse.Namespace) -> int:
     from stream.ops.top import run
 
@@ -407,7 +416,7 @@ def main(argv: list[str] | None = None, early_signals: list[int] | None = None) 
             return 128 + early[0]
     runners = {"worker": lambda a: run_worker(a, early), "broker": run_broker, "broker-node": run_broker_node,
                "registry": run_registry, "topics": run_topics, "train-model": run_train, "demo": run_demo,
-               "top": run_top, "gateway": run_gateway, "compare": run_compare}
+               "top": run_top, "gateway": run_gateway, "compare": run_compare, "read": run_read}
     if args.command.startswith("bench"):
         from stream.bench.cli import RUNNERS
 

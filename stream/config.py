@@ -90,6 +90,9 @@ def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
     return {**parts[""], **parts["ADMIN"]}
 
 
+MAX_COPY_HEADERS = 10  # --copy-headers: the consumer takes at most 16 header names a record (4 a reply's, 2 W3C's)
+
+
 def parse_start_time(text: str) -> int:
     """``--start-from``'s time: Unix milliseconds, or an ISO 8601 date-time with a zone (Z or +hh:mm)."""
     from datetime import datetime
@@ -232,6 +235,10 @@ class WorkerSettings(BaseSettings):
         description="also put the input record's topic, partition and offset in headers of each prediction "
                     "(stream.input.topic/partition/offset); the prediction schema carries them in its value "
                     "from version 2 on, and with an older schema the headers are always written")
+    copy_headers: str | None = Field(
+        default=None, min_length=1,
+        description="NAME,...: input record headers carried onto its prediction, dead letter and reply (with "
+                    "traceparent and tracestate, always carried); at most 10")
     reply_topics: str | None = Field(
         default=None, min_length=1,
         description="the topics a caller's reply address (header stream.reply, set by the gateway) may name, "
@@ -284,6 +291,29 @@ class WorkerSettings(BaseSettings):
         if self.start_from is None or self.start_from in ("earliest", "latest"):
             return None
         return parse_start_time(self.start_from)
+
+    @field_validator("copy_headers")
+    @classmethod
+    def _check_copy_headers(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = [n.strip() for n in value.split(",")]
+        if any(not n for n in names):
+            raise ValueError(f"copy_headers {value!r}: an empty header name")
+        if len(set(names)) > MAX_COPY_HEADERS:
+            raise ValueError(f"copy_headers: {len(set(names))} names, at most {MAX_COPY_HEADERS}")
+        own = [n for n in names if n.startswith(("stream.", "kafka_"))]  # ours, and Spring's reply headers
+        if own:
+            raise ValueError(f"copy_headers: {own[0]} is the pipeline's own header (set by the worker or the "
+                             "gateway), not copied")
+        return value
+
+    @property
+    def copy_header_names(self) -> tuple[str, ...]:
+        """``copy_headers`` as names (empty: only the trace context is carried)."""
+        if self.copy_headers is None:
+            return ()
+        return tuple(dict.fromkeys(n.strip() for n in self.copy_headers.split(",")))
 
     @property
     def reply_topic_set(self) -> frozenset[str]:

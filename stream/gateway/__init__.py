@@ -288,7 +288,8 @@ def _embeddings_operations(settings: GatewaySettings, door: Door, budget: BodyBu
     model = declared(settings.model)
     api = EmbeddingsApi(door, budget, texts, model_name=settings.served_model_name or model.name or settings.model,
                         embedding_field=settings.embedding_field, dimensions=model.vector_size,
-                        max_texts=min(settings.max_texts, settings.max_pending))
+                        max_texts=min(settings.max_texts, settings.max_pending), pooling=model.pooling,
+                        max_tokens=model.max_tokens)
     log.info("OpenAI's embeddings API: /v1/embeddings serves %s, texts into %s.%s", api.model_name, schema.name,
              texts.text_field)
     return api.operations(components, (metrics.embeddings, metrics.embeddings_latency))

@@ -36,7 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from stream.gateway.client import PredictionClient
-from stream.gateway.door import Door
+from stream.gateway.door import Door, trace_context
 from stream.gateway.errors import (
     BadReply,
     BadRequest,
@@ -167,7 +167,7 @@ def own_operations(door: Door, client: PredictionClient, budget: BodyBudget, met
         events = payload if listed else [payload]
         if not events:
             raise BadRequest("an empty list has no event to predict")
-        predictions = await door.predict(await door.admit(events))
+        predictions = await door.predict(await door.admit(events), trace_context(request.headers))
         records = [p.record for p in predictions]
         return json_response(records if listed else records[0])
 

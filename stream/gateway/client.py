@@ -143,12 +143,13 @@ class PredictionClient:
         self._checker.start()
 
     # -- callers ---------------------------------------------------------------------------------------------
-    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None) -> list[Future[Prediction]]:
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+             context: Sequence[tuple[str, bytes]] = ()) -> list[Future[Prediction]]:
         """Send every value (framed events) to the input topic, each future settling with its `Prediction`, or
         `DeadLettered`, `RequestTimeout`, `NotSent`, `BadReply`. Raises before anything is sent when
         ``max_pending`` would be passed (`Overloaded`), no worker serves the topic (`NoWorkers`) or the client is
         stopping; `Oversized` or `NotSent` (``sent``: the values before it went) when the broker's client refuses
-        one."""
+        one. ``context``: headers every record carries besides its reply address (the trace context)."""
         self.check_room(len(values))
         now = time.monotonic()
         futures: list[Future[Prediction]] = []
@@ -167,7 +168,8 @@ class PredictionClient:
         for i, (value, correlation) in enumerate(zip(values, correlations, strict=True)):
             try:
                 self._producer.produce(self.input_topic, value, keys[i] if keys else None,
-                                       headers=[(REPLY_HEADER, (self.address_prefix + correlation).encode())],
+                                       headers=[(REPLY_HEADER, (self.address_prefix + correlation).encode()),
+                                                *context],
                                        on_delivery=functools.partial(self._delivered, correlation))
             except (BufferError, KafkaException) as exc:
                 with self._lock:

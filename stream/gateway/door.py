@@ -8,9 +8,10 @@
 2. The protocol checks whatever else could fail once the predictions are back (the outputs asked for, the
    parameters, the request's id), before anything is sent.
 3. `Door.predict`: every event sent at once or none (`stream.gateway.client.PredictionClient.send`: room under
-   ``--max-pending`` and a worker serving, checked first), then every prediction awaited; the first failure fails
-   the request, naming its event. Events already on the topic are still predicted: the error says so
-   (``sent``).
+   ``--max-pending`` and a worker serving, checked first), each with the request's W3C trace context
+   (`trace_context`) as headers (the workers carry it onto its prediction, dead letter and reply); then every
+   prediction awaited; the first failure fails the request, naming its event. Events already on the topic are
+   still predicted: the error says so (``sent``).
 
 Each protocol turns a `stream.gateway.errors.GatewayError` into its answer with one table.
 """
@@ -20,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +35,27 @@ from stream.gateway.events import EventEncoder
 from stream.pipeline.contract import DecodeStage
 
 BATCH_AFTER_S = 0.002  # requests closer together than this share the decode stage's runs
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+MAX_TRACESTATE = 512  # W3C: vendors must propagate at least 512 characters; a longer one is dropped here
+Context = Sequence[tuple[str, bytes]]
+
+
+def trace_context(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """A request's W3C trace context (``traceparent``, and ``tracestate`` with it) as record headers; an invalid
+    ``traceparent`` (W3C: version ff, an all-zero id, not lower-case hex) is dropped with its ``tracestate``, as a
+    tracer would restart the trace."""
+    parent = headers.get("traceparent")
+    if parent is None:
+        return []
+    parent = parent.strip()
+    found = _TRACEPARENT.fullmatch(parent)
+    if found is None or parent.startswith("ff") or not found[1].strip("0") or not found[2].strip("0"):
+        return []
+    out = [("traceparent", parent.encode())]
+    state = headers.get("tracestate")
+    if state and len(state) <= MAX_TRACESTATE and state.isascii():
+        out.append(("tracestate", state.strip().encode()))
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,7 @@ class Queue(Protocol):
 
     def check_room(self, count: int) -> None: ...
 
-    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None, context: Context = ()
              ) -> list[Future[Prediction]]: ...
 
 
@@ -131,9 +154,10 @@ class Door:
             if not future.done():
                 future.set_result(found)
 
-    async def predict(self, admitted: Admitted) -> list[Prediction]:
-        """Every admitted event's prediction, in order; the first failure raised, naming its event."""
-        futures = self.queue.send(admitted.values, admitted.keys)
+    async def predict(self, admitted: Admitted, context: Context = ()) -> list[Prediction]:
+        """Every admitted event's prediction, in order; the first failure raised, naming its event. ``context``:
+        headers every event carries (the request's trace context)."""
+        futures = self.queue.send(admitted.values, admitted.keys, context)
         predictions = []
         for i, future in enumerate(futures):
             # In order, one at a time (no gather: for the usual one event, its bookkeeping cost more than the

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stream.gateway.client import Prediction
-from stream.gateway.door import Door
+from stream.gateway.door import Door, trace_context
 from stream.gateway.errors import (
     BadReply,
     BadRequest,
@@ -426,7 +426,8 @@ class InferenceApi:
         body = await self.budget.read(request)
         parsed, tensors = parse_request(body, request.headers.get(HEADER_LENGTH))
         wanted = self._wanted(parsed)
-        predictions = await self.door.predict(await self.door.admit(self._events(tensors)))
+        predictions = await self.door.predict(await self.door.admit(self._events(tensors)),
+                                              trace_context(request.headers))
         return self._answer(parsed, wanted, predictions)
 
     def _wanted(self, request: InferenceRequest) -> list[tuple[str, bool]] | None:

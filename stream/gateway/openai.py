@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stream.gateway.client import Prediction
-from stream.gateway.door import Door
+from stream.gateway.door import Context, Door, trace_context
 from stream.gateway.errors import (
     BadReply,
     BadRequest,
@@ -128,6 +128,26 @@ class EmbedRequest(BaseModel):
     prompt_name: str | None = None
 
 
+class TeiInfo(BaseModel):
+    """TEI's ``GET /info``, with what this gateway knows: the worker's dtype and batching are its own (``auto``,
+    null), the client batch size is ``--max-texts``, concurrent requests ``--max-pending``."""
+
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_type: dict[str, dict[str, str]]
+    max_concurrent_requests: int
+    max_input_length: int | None
+    max_batch_tokens: int | None = None
+    max_batch_requests: int | None = None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int | None = None
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
+
+
 class TeiError(BaseModel):
     error: str
     error_type: str
@@ -170,7 +190,8 @@ class EmbeddingsApi:
     """The routes, over the gateway's `Door`."""
 
     def __init__(self, door: Door, budget: BodyBudget, texts: TextEvents, *, model_name: str, embedding_field: str,
-                 dimensions: int | None, max_texts: int) -> None:
+                 dimensions: int | None, max_texts: int, pooling: str | None = None,
+                 max_tokens: int | None = None) -> None:
         self.door = door
         self.budget = budget
         self.texts = texts
@@ -179,6 +200,11 @@ class EmbeddingsApi:
         self.dimensions = dimensions
         self.max_texts = max_texts
         self.created = int(time.time())
+        self.info = TeiInfo(model_id=model_name, model_dtype="auto",
+                            model_type={"embedding": {"pooling": pooling} if pooling else {}},
+                            max_concurrent_requests=door.max_events, max_input_length=max_tokens,
+                            max_client_batch_size=max_texts, auto_truncate=True,
+                            version=_version()).model_dump()
 
     def operations(self, components: dict[str, Any], counted: Any = None) -> list[Operation]:
         openai_error = schema_of(OpenAIError, components)
@@ -202,7 +228,14 @@ class EmbeddingsApi:
               # TEI answers POST / as /embed for an embedding model: huggingface_hub's InferenceClient(model=URL)
               # posts there
               for path in ("/embed", "/")),
+            Operation("GET", "/info", self.tei_info, TEI_ERRORS, "text-embeddings-inference's /info", "tei",
+                      responses={200: ("the served model and the gateway's limits",
+                                       {JSON: schema_of(TeiInfo, components)}),
+                                 401: ("no API key", {JSON: schema_of(TeiError, components)})}),
         ]
+
+    async def tei_info(self, _request: Request) -> Response:
+        return json_response(self.info)
 
     def _card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "stream"}
@@ -235,7 +268,7 @@ class EmbeddingsApi:
             raise BadRequest(f"dimensions {given.dimensions}: this model's embeddings have "
                              f"{self.dimensions or 'a fixed number of'} dimensions and are not shortened",
                              field="dimensions")
-        predictions = await self._predict(texts)
+        predictions = await self._predict(texts, trace_context(request.headers))
         vectors = self._vectors(predictions)
         if given.dimensions is not None and any(len(v) != given.dimensions for v in vectors):
             raise BadReply(f"the model's embeddings do not have {given.dimensions} dimensions", sent=True)
@@ -260,15 +293,15 @@ class EmbeddingsApi:
         if given.truncation_direction is not None and given.truncation_direction.lower() == "left":
             raise BadRequest("truncation_direction Left is not served: the model cuts a long text at its end "
                              "(Right)")
-        return json_response(self._vectors(await self._predict(texts)))
+        return json_response(self._vectors(await self._predict(texts, trace_context(request.headers))))
 
-    async def _predict(self, texts: list[str]) -> list[Prediction]:
+    async def _predict(self, texts: list[str], context: Context) -> list[Prediction]:
         if len(texts) > self.max_texts:
             raise TooManyEvents(f"{len(texts)} inputs in one request: at most {self.max_texts} (--max-texts)")
         for i, text in enumerate(texts):
             if not text.strip():
                 raise EmptyInput("the text is empty", index=i)
-        return await self.door.predict(await self.door.admit([self.texts.event(t) for t in texts]))
+        return await self.door.predict(await self.door.admit([self.texts.event(t) for t in texts]), context)
 
     def _vectors(self, predictions: list[Prediction]) -> list[list[float]]:
         vectors = [p.record.get(self.embedding_field) for p in predictions]
@@ -279,6 +312,11 @@ class EmbeddingsApi:
         return vectors  # type: ignore[return-value]
 
 
+def _version() -> str:
+    from stream import __version__
+    return __version__
+
+
 def unavailable_operations(why: str) -> list[Operation]:
     """The API's routes on a gateway whose input schema cannot take a text: each answers 404 saying why."""
     async def off(_request: Request) -> Response:
@@ -286,5 +324,5 @@ def unavailable_operations(why: str) -> list[Operation]:
 
     return [Operation(method, path, off, OPENAI_ERRORS, "off on this gateway", "openai",
                       responses={404: ("off on this gateway", {})})
-            for method, path in (("POST", "/v1/embeddings"), ("POST", "/embed"), ("POST", "/"), ("GET", "/v1/models"),
-                                 ("GET", "/v1/models/{model:path}"))]
+            for method, path in (("POST", "/v1/embeddings"), ("POST", "/embed"), ("POST", "/"), ("GET", "/info"),
+                                 ("GET", "/v1/models"), ("GET", "/v1/models/{model:path}"))]

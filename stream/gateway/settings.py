@@ -54,7 +54,7 @@ class GatewaySettings(BaseModel):
     # Requests
     timeout_ms: float = _field(5000.0, "requests", "answer 504 when no prediction came within this long", gt=0,
                                le=3_600_000)
-    max_pending: int = _field(1000, "requests", "answer 503 (429 on OpenAI's route) while this many events wait "
+    max_pending: int = _field(4096, "requests", "answer 503 (429 on OpenAI's route) while this many events wait "
                                                 "for their predictions; also the most events in one request",
                               ge=1, le=1_000_000)
     max_input_bytes: int | None = _field(None, "requests", "answer 413 for an event over this size encoded "
@@ -65,8 +65,8 @@ class GatewaySettings(BaseModel):
     key_field: str | None = _field(None, "requests", "the event's string field sent as its Kafka record key (each "
                                                      "key's events to one partition, in order; default: key, where "
                                                      "the input schema has it; \"\" for none)")
-    max_texts: int = _field(512, "requests", "/v1/embeddings and /embed: the most texts in one request (at most "
-                                             "--max-pending)", ge=1)
+    max_texts: int = _field(2048, "requests", "/v1/embeddings and /embed: the most texts in one request (OpenAI's "
+                                              "own limit; at most --max-pending)", ge=1)
     # Schemas and the model
     schema_registry_url: str | None = _field(None, "schemas and model", "a Confluent-compatible schema registry "
                                                                         "(SCHEMA_REGISTRY_URL); without it, "

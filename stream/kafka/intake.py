@@ -13,6 +13,7 @@ from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
 from stream.kafka import native
 from stream.kafka.records import Records
+from stream.kafka.replies import ADDRESS_HEADERS, watched_headers
 
 log = logging.getLogger(__name__)
 _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
@@ -21,8 +22,10 @@ _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at l
 class Intake:
     """Takes up to n records for the poll thread, serving the group (rebalances, commit results, errors) meanwhile."""
 
-    def __init__(self, consumer: Consumer, source: native.NativeInput | None, clock: Callable[[], float]) -> None:
+    def __init__(self, consumer: Consumer, source: native.NativeInput | None, clock: Callable[[], float],
+                 watched: tuple[str, ...] = ADDRESS_HEADERS) -> None:
         self._consumer = consumer
+        self._watched = watched
         self._source = source
         self._clock = clock
         self._serve_consumer_at = 0.0  # native input: when the consumer's own queue is next served
@@ -31,16 +34,17 @@ class Intake:
     def open(cls, consumer: Consumer, settings: WorkerSettings, clock: Callable[[], float]) -> Intake:
         """The C consumer when it can be used, else confluent-kafka's; logs the choice."""
         why_not = "--no-native-consumer" if not settings.native_consumer else native.unavailable()
+        watched = watched_headers(settings.copy_header_names)
         if why_not is None:
             try:
-                source = native.NativeInput(consumer, settings.input_topic)
+                source = native.NativeInput(consumer, settings.input_topic, watched)
             except (RuntimeError, TypeError, ValueError) as exc:
                 why_not = str(exc)
             else:
                 log.info("input records taken through the native consumer (stream.kafka._nativeconsume)")
-                return cls(consumer, source, clock)
+                return cls(consumer, source, clock, watched)
         log.info("input records taken through confluent-kafka (native consumer off: %s)", why_not)
-        return cls(consumer, None, clock)
+        return cls(consumer, None, clock, watched)
 
     def route(self, tps: list[tuple[str, int]]) -> None:
         """Newly assigned partitions (from on_assign, before confluent-kafka assigns them): the input topic's
@@ -88,8 +92,7 @@ class Intake:
             self._source.close()
             self._source = None
 
-    @staticmethod
-    def _records_of(messages: list[Message]) -> Records:
+    def _records_of(self, messages: list[Message]) -> Records:
         good = []
         for msg in messages:
             err = msg.error()
@@ -97,7 +100,7 @@ class Intake:
                 good.append(msg)
             else:
                 consume_error(err)
-        return Records.from_messages(good) if good else Records.empty()
+        return Records.from_messages(good, self._watched) if good else Records.empty()
 
 
 def consume_error(err: KafkaError) -> None:

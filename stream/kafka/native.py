@@ -160,7 +160,9 @@ class NativeInput:
     commits, pause, seek and its callbacks, which its own ``consume()`` serves; ``consume`` here returns early and
     says ``pending`` when the consumer's queue has something for it. ``close`` must come before the consumer's."""
 
-    def __init__(self, consumer: confluent_kafka.Consumer, topic: str) -> None:
+    def __init__(self, consumer: confluent_kafka.Consumer, topic: str,
+                 watched: tuple[str, ...] = ADDRESS_HEADERS) -> None:
+        """``watched``: the header names whose values each record's `Records.replies` entry holds."""
         reason = unavailable()
         if reason is not None:
             raise RuntimeError(f"native consumer unavailable: {reason}")
@@ -168,7 +170,7 @@ class NativeInput:
             raise TypeError(f"a confluent_kafka.Consumer is needed, got {type(consumer).__name__}")
         assert _nativeconsume is not None
         self.topic = topic
-        self._queue = _nativeconsume.Queue(consumer, topic, ADDRESS_HEADERS)
+        self._queue = _nativeconsume.Queue(consumer, topic, watched)
         self._closed = False
 
     def route(self, partitions: list[int]) -> None:

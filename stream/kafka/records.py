@@ -26,8 +26,8 @@ class Records:
     keys: list[bytes | None]
     partitions: np.ndarray  # int32
     offsets: np.ndarray  # int64
-    # {row: its reply headers' values (`stream.kafka.replies.ADDRESS_HEADERS`)} of the records carrying any of them;
-    # None when none does
+    # {row: its watched headers' values (`stream.kafka.replies.watched_headers`: a reply address's, then those carried
+    # onto its prediction)} of the records carrying any of them; None when none does
     replies: dict[int, AddressHeaders] | None = None
 
     def __len__(self) -> int:
@@ -48,16 +48,17 @@ class Records:
                    replies or None)
 
     @classmethod
-    def from_messages(cls, messages: Sequence[Message]) -> Records:
-        """Records of consumed, error-free ``Message``s (each has a partition and an offset)."""
+    def from_messages(cls, messages: Sequence[Message], watched: Sequence[str] = ADDRESS_HEADERS) -> Records:
+        """Records of consumed, error-free ``Message``s (each has a partition and an offset); ``watched``: the
+        header names whose values `replies` holds."""
         replies: dict[int, AddressHeaders] = {}
         for i, m in enumerate(messages):
             headers = m.headers()
             if headers:
                 pairs = headers.items() if isinstance(headers, dict) else headers  # a consumed one's: a list
-                last = {k: v for k, v in pairs if k in ADDRESS_HEADERS and isinstance(v, bytes)}
+                last = {k: v for k, v in pairs if k in watched and isinstance(v, bytes)}
                 if last:
-                    replies[i] = tuple(last.get(name) for name in ADDRESS_HEADERS)
+                    replies[i] = tuple(last.get(name) for name in watched)
         return cls.build([m.value() for m in messages], [m.key() for m in messages],
                          [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
                          replies)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,29 @@ REPLY_HEADER = "stream.reply"
 SPRING_REPLY_TOPIC = "kafka_replyTopic"
 SPRING_REPLY_PARTITION = "kafka_replyPartition"
 SPRING_CORRELATION_ID = "kafka_correlationId"
-# The headers the consumer hands over per record (`stream.kafka.records.Records.replies`), in this order.
+# A reply address's headers: the first the consumer hands over per record (`stream.kafka.records.Records.replies`).
 ADDRESS_HEADERS = (REPLY_HEADER, SPRING_REPLY_TOPIC, SPRING_REPLY_PARTITION, SPRING_CORRELATION_ID)
-# One record's values of ADDRESS_HEADERS (the last of each name; None: absent).
+# W3C trace context: carried from an input record onto its prediction, dead letter and reply copy, with the
+# operator's --copy-headers after it.
+TRACE_HEADERS = ("traceparent", "tracestate")
+# One record's values of the watched headers (`watched_headers`: the last of each name; None: absent).
 AddressHeaders = tuple["bytes | None", ...]
+
+
+def carried_headers(copy_headers: Sequence[str] = ()) -> tuple[str, ...]:
+    """The headers an input record passes on to what it produces: the trace context, then ``copy_headers``."""
+    return TRACE_HEADERS + tuple(dict.fromkeys(h for h in copy_headers if h not in TRACE_HEADERS))
+
+
+def watched_headers(copy_headers: Sequence[str] = ()) -> tuple[str, ...]:
+    """The headers whose values the consumer hands over per record: a reply address's, then the carried ones."""
+    return ADDRESS_HEADERS + carried_headers(copy_headers)
+
+
+def carried_of(values: AddressHeaders, names: Sequence[str]) -> list[tuple[str, str | bytes | None]]:
+    """A record's carried headers (``names``, after the address's in ``values``) that it has."""
+    # (a shorter tuple, an address's alone, has none)
+    return [(name, v) for name, v in zip(names, values[len(ADDRESS_HEADERS):], strict=False) if v is not None]
 ANY_PARTITION = -1  # a reply partition left to the producer's partitioner
 # On a reply: the tokens the model took of its input (decimal ASCII), when the model reports them (a text model's
 # ``prepare`` does: `stream.pipeline.inference.ModelHandler`); the gateway's OpenAI route sums them as its usage.
@@ -76,7 +95,7 @@ class Reply:
 def parse_reply(values: AddressHeaders) -> Reply | None:
     """The reply a record asks for by its ADDRESS_HEADERS values; None when it asks for none (a Spring correlation
     id alone); ValueError naming what is wrong with an address."""
-    own, topic, partition, correlation = values
+    own, topic, partition, correlation = values[:len(ADDRESS_HEADERS)]
     if own is not None:
         address = ReplyAddress.parse(own)
         return Reply(address.topic, address.partition, ((REPLY_HEADER, own),))

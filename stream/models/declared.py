@@ -23,12 +23,15 @@ class Declared:
     vector_size: int | None = None  # the size of its one array<float> output (an embedding), if it has one
     output_schema: str | None = None  # the prediction schema it writes by default (a handler's output_schema)
     inputs: tuple[InputSpec, ...] | None = None  # what it takes; None: ask the handler (`stream.pipeline.contract`)
+    pooling: str | None = None  # an embedding model's pooling of its token states (TEI's /info), if known
+    max_tokens: int | None = None  # the tokens a text is cut to by default (the worker's --max-tokens may lower it)
 
 
 BUILT_IN = {
     "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp", None, PREDICTION_SCHEMA,
                      (InputSpec("features", "float32", (32,)),)),
-    "minilm": Declared(None, "all-MiniLM-L6-v2", 384, inputs=(InputSpec("text", "string", nonempty=True),)),
+    "minilm": Declared(None, "all-MiniLM-L6-v2", 384, inputs=(InputSpec("text", "string", nonempty=True),),
+                       pooling="mean", max_tokens=256),
 }
 
 

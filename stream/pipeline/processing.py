@@ -47,7 +47,7 @@ from stream.kafka.publish import (
     Publisher,
 )
 from stream.kafka.records import Records
-from stream.kafka.replies import USAGE_TOKENS_HEADER, Reply, ReplyRouter
+from stream.kafka.replies import TRACE_HEADERS, USAGE_TOKENS_HEADER, AddressHeaders, Reply, ReplyRouter, carried_of
 from stream.ops.metrics import StreamMetrics
 from stream.pipeline import faults
 from stream.pipeline.contract import Decoded, DecodeStage
@@ -103,6 +103,9 @@ class ProcessingPolicy:
     provenance_headers: bool = False
     event_time_field: str | None = None  # the input field holding each event's time (ms), for end-to-end latency
     reply_topics: frozenset[str] = frozenset()  # the topics reply addresses may name (`stream.kafka.replies`)
+    # the input headers carried onto a record's prediction, dead letter and reply (`stream.kafka.replies`), in the
+    # order the consumer hands them over after a reply address's
+    carried: tuple[str, ...] = TRACE_HEADERS
     registry_backoff_max_s: float = 5.0
 
 
@@ -268,7 +271,9 @@ class BatchProcessor:
         """Wait for the batch's forward pass (isolating poison records), then publish its predictions and dead
         letters. Batches are completed in the order they were begun."""
         batch, decoded, dead = begun.batch, begun.decoded, begun.dead
-        replies = self._replies.route(batch.records.replies) if batch.records.replies else {}
+        watched = batch.records.replies
+        replies = self._replies.route(watched) if watched else {}
+        carried = self._carried(watched) if watched else {}
         copies: list[tuple[int, bytes | None, Headers]] = []  # (row, value, headers) of the reply copies
         if replies:  # before any of the batch's records is produced, so that no span completes without them
             for p, n in zip(*np.unique(batch.partitions[list(replies)], return_counts=True), strict=True):
@@ -285,16 +290,16 @@ class BatchProcessor:
             dead += failed
             if poison:
                 decoded = decoded.take(ok_rows)
-            self._publish_predictions(batch, decoded, outputs, replies, copies)
+            self._publish_predictions(batch, decoded, outputs, replies, copies, carried)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
-            self._dead_letter(batch, dead, replies, copies)
+            self._dead_letter(batch, dead, replies, copies, carried)
         if len(copies) != len(replies):  # each is expected by its span: one missing would hold it forever
             raise StreamError(f"internal: {len(replies)} records to reply to, {len(copies)} replies made")
         if copies:
             tokens = begun.prepared.tokens if begun.prepared is not None else None
             usage = dict(zip(begun.decoded.index.tolist(), tokens.tolist(), strict=True)) if tokens is not None else {}
-            self._send_replies(batch, replies, copies, usage)
+            self._send_replies(batch, replies, copies, usage, carried)
         self._publisher.send_now()
 
     # ------------------------------------------------------------------ model, with poison isolation
@@ -360,9 +365,19 @@ class BatchProcessor:
                 flight = None
 
     # ------------------------------------------------------------------ publishing
+    def _carried(self, watched: dict[int, AddressHeaders]) -> dict[int, Headers]:
+        """{row: the headers it carries onto what it produces} of the rows that have any."""
+        names = self.policy.carried
+        out: dict[int, Headers] = {}
+        for row, values in watched.items():
+            hdrs = carried_of(values, names)
+            if hdrs:
+                out[row] = list(hdrs)
+        return out
+
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray],
-                             replies: dict[int, Reply],
-                             copies: list[tuple[int, bytes | None, Headers]]) -> None:
+                             replies: dict[int, Reply], copies: list[tuple[int, bytes | None, Headers]],
+                             carried: dict[int, Headers]) -> None:
         if not len(decoded):
             return
         records = batch.records
@@ -381,7 +396,7 @@ class BatchProcessor:
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
         reply_rows = np.flatnonzero(np.isin(decoded.index, list(replies))).tolist() if replies else []
-        if not self._provenance_headers:
+        if not self._provenance_headers and not carried:
             # One buffer for the whole batch; the native producer takes it as is (no bytes object per record).
             joined, ends = self._encoder.encode_joined(
                 decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
@@ -395,17 +410,25 @@ class BatchProcessor:
             decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
             batch_size=len(records), source=source)
         parts = row_partitions.tolist()
-        # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().
-        topic_header = (HEADER_TOPIC, self._topic_header)
-        partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
-        headers: list[Headers | None] = [[topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
-                                         for p, o in zip(parts, row_offsets.tolist(), strict=True)]
+        headers: list[Headers | None]
+        if self._provenance_headers:
+            # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().
+            topic_header = (HEADER_TOPIC, self._topic_header)
+            partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
+            headers = [[topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
+                       for p, o in zip(parts, row_offsets.tolist(), strict=True)]
+        else:
+            headers = [None] * len(parts)
+        for j, row in enumerate(decoded.index.tolist()):  # a batch with records carrying a trace context
+            extra = carried.get(row)
+            if extra:
+                headers[j] = [*(headers[j] or ()), *extra]
         callbacks = [deliveries[p] for p in parts]
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
         copies += [(int(decoded.index[j]), payloads[j], []) for j in reply_rows]
 
     def _dead_letter(self, batch: Dispatched, dead: list[DeadRecord], replies: dict[int, Reply],
-                     copies: list[tuple[int, bytes | None, Headers]]) -> None:
+                     copies: list[tuple[int, bytes | None, Headers]], carried: dict[int, Headers]) -> None:
         records = batch.records
         first = dead[0]
         if self.policy.dlq_topic is None:
@@ -437,6 +460,7 @@ class BatchProcessor:
             ]
             if d.stage == "model":
                 hdrs.append((DLQ_MODEL, f"{handler.name}:{handler.version}".encode()))
+            hdrs += carried.get(d.index, ())
             # The original bytes travel with the error, except an oversized value (its size is in a header).
             values.append(None if oversized else raw)
             keys.append(records.keys[d.index])
@@ -450,18 +474,21 @@ class BatchProcessor:
         self._publisher.produce_many(self.policy.dlq_topic, values, keys, headers, callbacks)
 
     def _send_replies(self, batch: Dispatched, replies: dict[int, Reply],
-                      copies: list[tuple[int, bytes | None, Headers]], usage: dict[int, int]) -> None:
+                      copies: list[tuple[int, bytes | None, Headers]], usage: dict[int, int],
+                      carried: dict[int, Headers]) -> None:
         """A copy of each reply-addressed record's prediction or dead-letter record to its address, with the
-        headers naming its request (`stream.kafka.replies.Reply`), the input record's provenance and, when the
-        model reported it (``usage``: {row: tokens}), the tokens it took (``stream.usage.tokens``); acknowledged as
-        part of its span."""
+        headers naming its request (`stream.kafka.replies.Reply`), the input record's provenance and carried
+        headers and, when the model reported it (``usage``: {row: tokens}), the tokens it took
+        (``stream.usage.tokens``); acknowledged as part of its span."""
         by_topic: dict[str, list[tuple[int, bytes | None, Headers]]] = {}
         for copy in copies:
             by_topic.setdefault(replies[copy[0]].topic, []).append(copy)
         for topic, some in by_topic.items():
             headers: list[Headers | None] = []
             for row, _value, hdrs in some:
-                provenance = hdrs or self._provenance(int(batch.partitions[row]), int(batch.offsets[row]))
+                # a dead letter's headers (provenance and carried among them), else a prediction's
+                provenance = hdrs or [*self._provenance(int(batch.partitions[row]), int(batch.offsets[row])),
+                                      *carried.get(row, ())]
                 used = usage.get(row)
                 headers.append([*replies[row].headers, *provenance,
                                 *(() if used is None else ((USAGE_TOKENS_HEADER, b"%d" % used),))])

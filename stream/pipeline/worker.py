@@ -32,6 +32,7 @@ from stream.kafka.intake import Intake, close_within
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import Publisher, native_topic
 from stream.kafka.records import Records
+from stream.kafka.replies import carried_headers
 from stream.ops.health import Health
 from stream.ops.health import serve as serve_http
 from stream.ops.metrics import StreamMetrics
@@ -247,7 +248,8 @@ class Worker:
         self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
-                                  event_time_field=self._event_time_field, reply_topics=s.reply_topic_set)
+                                  event_time_field=self._event_time_field, reply_topics=s.reply_topic_set,
+                                  carried=carried_headers(s.copy_header_names))
         admin_config = self._admin_config
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set,

@@ -8,6 +8,7 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,7 +73,21 @@ def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status
             dead = http.post("/v1/predict", json={**good[0], "features": good[0]["features"][:31]})
             assert dead.status_code == 422, dead.text
             assert "would dead-letter this event (shape)" in dead.json()["error"] and dead.json()["sent"] is False
-        assert http_status_counts(first) == {"200": len(sent) + 1, "413": 1, "422": 2, "400": 1}
+            # A caller's W3C trace context goes with its event and comes back on its prediction's record.
+            traced = events(1, seed=49)[0]
+            parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+            assert http.post("/v1/predict", json=traced, headers={"traceparent": parent, "tracestate": "k=v"}
+                             ).status_code == 200
+        assert http_status_counts(first) == {"200": len(sent) + 2, "413": 1, "422": 2, "400": 1}
+        # ... read back as users read the output topic (python -m stream read)
+        read = subprocess.run([sys.executable, "-m", "stream", "read", "--bootstrap-servers", pipeline.bootstrap,
+                               "--topic", pipeline.output, "--from-beginning"], capture_output=True, text=True,
+                              timeout=120, check=True)
+        predictions = [json.loads(line) for line in read.stdout.splitlines()]
+        assert len(predictions) >= len(sent) + 3
+        [mine] = [p for p in predictions if p["value"]["event_id"] == traced["event_id"]]
+        assert mine["headers"] == {"traceparent": parent, "tracestate": "k=v"}, mine
+        assert not [p for p in predictions if p["headers"] and p is not mine]
         # Its collector's pauses are exported (thousands of requests: young collections happened).
         text = httpx.get(f"{first.url}/metrics", timeout=5).text
         assert re.search(r'^stream_gateway_gc_pause_seconds_count\{generation="0"\} [1-9]', text, re.M), text

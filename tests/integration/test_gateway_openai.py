@@ -92,3 +92,110 @@ def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm
     finally:
         worker.proc.send_signal(signal.SIGCONT)
         gateway.process.kill()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_langchain_haystack_and_kserve_s_sdk_work_unchanged_and_a_full_request_of_2048_texts_is_served(
+        pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each library as its documentation shows it, against the model run directly: LangChain's OpenAIEmbeddings
+    embeds 1,000 documents in one request (its default chunk size), Haystack's OpenAI embedders, and KServe's
+    REST client (server and model health, infer); then the OpenAI SDK's most texts in one request (2,048, the
+    gateway's default --max-texts), the gateway's memory measured around it."""
+    from haystack import Document
+    from haystack.components.embedders import OpenAIDocumentEmbedder, OpenAITextEmbedder
+    from haystack.utils import Secret
+    from langchain_openai import OpenAIEmbeddings
+
+    monkeypatch.setenv("HAYSTACK_TELEMETRY_ENABLED", "False")  # no posthog calls from this machine
+    key = secrets.token_urlsafe(24)
+    weights = importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP)
+    worker = pipeline.worker("--model", "minilm", "--model-dir", str(weights), "--input-schema", TEXT_EVENT_SCHEMA,
+                             "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS,
+                             "--max-wait-ms", "20", "--max-batch-size", "256")
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--model", "minilm",
+                      "--timeout-ms", "120000", "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
+    try:
+        wait_for_assignment(worker)
+        gateway.wait_ready()
+        handler = MiniLMHandler()
+        handler.load(torch.device("cpu"))
+        texts = list(generate_texts(2048, seed=11).texts)
+        expected = np.asarray(handler.embed(texts))
+
+        # LangChain: its documented OpenAI-compatible setup; check_embedding_ctx_length=False sends text, not
+        # tiktoken's token ids (which the gateway refuses, naming this setting). Default chunk_size: 1,000.
+        lc = OpenAIEmbeddings(model=MODEL, base_url=f"{gateway.url}/v1", api_key=key,
+                              check_embedding_ctx_length=False)
+        assert lc.chunk_size == 1000
+        sent = topic_size(pipeline)
+        got = np.asarray(lc.embed_documents(texts[:1000]))
+        assert got == pytest.approx(expected[:1000], abs=1e-5)
+        assert topic_size(pipeline) == sent + 1000
+        assert np.asarray(lc.embed_query(texts[0])) == pytest.approx(expected[0], abs=1e-5)
+        # What LangChain sends by default (tiktoken's token ids): a 400 naming the setting that fixes it.
+        with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
+            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key).embeddings.create(model=MODEL,
+                                                                                        input=[[101, 2023, 102]])
+
+        # Haystack: its OpenAI embedders pointed at the gateway.
+        secret = Secret.from_token(key)
+        one = OpenAITextEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1").run(texts[1])
+        assert np.asarray(one["embedding"]) == pytest.approx(expected[1], abs=1e-5)
+        docs = OpenAIDocumentEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1",
+                                      batch_size=32, progress_bar=False).run(
+            documents=[Document(content=t) for t in texts[:40]])["documents"]
+        assert np.asarray([d.embedding for d in docs]) == pytest.approx(expected[:40], abs=1e-5)
+
+        # huggingface_hub as against text-embeddings-inference: the root URL, the key as its token.
+        from huggingface_hub import InferenceClient
+
+        hub = InferenceClient(model=gateway.url, token=key)
+        assert np.asarray(hub.feature_extraction(texts[2])).reshape(-1) == pytest.approx(expected[2], abs=1e-5)
+
+        # KServe's SDK: the Open Inference Protocol's health calls and a BYTES tensor of texts.
+        kserve_checks(gateway.url, key, texts[:5], expected[:5])
+
+        # The most texts one request may carry (--max-texts 2,048), as floats: the gateway's memory around it.
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, timeout=120)
+        before = rss_mib(gateway.process.pid)
+        full = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+        after = rss_mib(gateway.process.pid)
+        assert np.asarray([d.embedding for d in full.data]) == pytest.approx(expected, abs=1e-5)
+        print(f"gateway RSS around one request of {len(texts)} texts: {before:.0f} -> {after:.0f} MiB")
+        assert after - before < 96, f"{before:.0f} -> {after:.0f} MiB"
+        with pytest.raises(openai.BadRequestError, match="at most 2048"):
+            client.embeddings.create(model=MODEL, input=[*texts, "one more"])
+        assert worker.terminate() == 0
+        assert gateway.stop() == 0
+    finally:
+        gateway.process.kill()
+
+
+def kserve_checks(url: str, key: str, texts: list[str], expected: np.ndarray) -> None:
+    import asyncio
+
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+    async def run() -> None:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=60))
+        auth = {"Authorization": f"Bearer {key}"}
+        try:
+            assert await client.is_server_live(url, headers=auth) is True
+            assert await client.is_server_ready(url, headers=auth) is True
+            assert await client.is_model_ready(url, MODEL, headers=auth) is True
+            given = InferInput("text", [len(texts)], "BYTES")
+            given.set_data_from_numpy(np.asarray([t.encode() for t in texts], dtype=np.object_))
+            result = await client.infer(url, InferRequest(MODEL, [given]), model_name=MODEL, headers=auth)
+            [out] = [o for o in result.outputs if o.name == "embedding"]
+            assert np.asarray(out.data, dtype=np.float32).reshape(len(texts), -1) == pytest.approx(expected,
+                                                                                                    abs=1e-5)
+        finally:
+            await client.close()
+
+    asyncio.run(run())

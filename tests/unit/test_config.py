@@ -202,3 +202,18 @@ def test_reply_topics_shadow_and_start_from() -> None:
                      ({"shadow": True, "reply_topics": "x"}, "answers no caller")):
         with pytest.raises(ConfigError, match=why):
             load_settings({**BASE, **bad}, environ={})
+
+
+def test_copy_headers_are_names_beside_the_trace_context_and_never_the_pipeline_s_own() -> None:
+    from stream.kafka.replies import carried_headers, watched_headers
+
+    assert load_settings(BASE, environ={}).copy_header_names == ()
+    s = load_settings({**BASE, "copy_headers": " tenant, x-request-id,tenant"}, environ={})
+    assert s.copy_header_names == ("tenant", "x-request-id")
+    assert carried_headers(s.copy_header_names) == ("traceparent", "tracestate", "tenant", "x-request-id")
+    assert len(watched_headers(s.copy_header_names)) == 8  # a reply address's four first
+    for bad, why in (("a,,b", "an empty header name"), (",".join(f"h{i}" for i in range(11)), "11 names, at most 10"),
+                     ("stream.reply", "the pipeline's own header"), ("kafka_replyTopic", "the pipeline's own"),
+                     ("stream.input.offset", "the pipeline's own")):
+        with pytest.raises(ConfigError, match=why):
+            load_settings({**BASE, "copy_headers": bad}, environ={})

@@ -59,6 +59,7 @@ class FakeQueue:
         self.serving = True
         self.sent: list[dict[str, Any]] = []
         self.keys: list[bytes | None] = []
+        self.contexts: list[list[tuple[str, bytes]]] = []  # each send's headers besides the reply address
         self.replies_read = self.foreign_replies = 0
 
     def check_room(self, count: int) -> None:
@@ -67,8 +68,10 @@ class FakeQueue:
         if self.pending + count > self.max_pending:
             raise Overloaded(f"{self.pending} events are waiting (--max-pending {self.max_pending})")
 
-    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None) -> list[Future[Prediction]]:
+    def send(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+             context: Sequence[tuple[str, bytes]] = ()) -> list[Future[Prediction]]:
         self.check_room(len(values))
+        self.contexts.append(list(context))
         futures = []
         for i, value in enumerate(values):
             event = decode(REGISTRY, value)[1]

@@ -100,7 +100,7 @@ def test_failures_after_sending_name_the_event_and_say_it_was_sent() -> None:
 
 def test_a_broker_that_does_not_take_an_event_is_503_without_its_internal_error() -> None:
     class Refusing(FakeQueue):
-        def send(self, values: Any, keys: Any = None) -> Any:
+        def send(self, values: Any, keys: Any = None, context: Any = ()) -> Any:
             raise NotSent("the broker's client did not take the event: try again shortly", index=0)
 
     http, _ = gateway(Refusing())
@@ -197,3 +197,50 @@ def test_each_event_s_key_field_is_its_record_key_on_every_route() -> None:
     for bad, says in (("nope", "has no such field"), ("features", "not a string")):
         with pytest.raises(ConfigError, match=f"--key-field {bad}: the input schema .*{says}"):
             gateway(key_field=bad)
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_request_s_trace_context_goes_with_each_of_its_events_on_every_route() -> None:
+    """W3C traceparent (and tracestate) on the request: headers of each record it sends, whatever the protocol."""
+    http, queue = gateway()
+    given = {"traceparent": TRACEPARENT, "tracestate": "vendor=abc"}
+    assert http.post("/v1/predict", json=[event(event_id="a"), event(event_id="b")], headers=given).status_code == 200
+    v2 = {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": [0.1] * 32}]}
+    assert http.post("/v2/models/demo-fraud-mlp/infer", json=v2, headers={"traceparent": TRACEPARENT}
+                     ).status_code == 200
+    assert http.post("/v1/predict", json=event()).status_code == 200  # none: no headers
+    expected = [("traceparent", TRACEPARENT.encode()), ("tracestate", b"vendor=abc")]
+    assert queue.contexts == [expected, [expected[0]], []]
+    text_http, text_queue = gateway(model="minilm", input_schema="stream.demo.TextEvent",
+                                    output_schema="stream.demo.TextEmbedding")
+    assert text_http.post("/embed", json={"inputs": ["one"]}, headers=given).status_code == 200
+    assert text_http.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["one"]},
+                          headers=given).status_code == 200
+    assert text_queue.contexts == [expected, expected]
+
+
+@pytest.mark.parametrize("parent", [
+    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+    "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # an all-zero trace id
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # an all-zero parent id
+    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # the forbidden version
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+    "x" * 10_000,
+])
+def test_an_invalid_traceparent_is_dropped_with_its_tracestate_and_the_request_served(parent: str) -> None:
+    from stream.gateway.door import trace_context
+
+    assert trace_context({"traceparent": parent, "tracestate": "a=b"}) == []
+    http, queue = gateway()
+    assert http.post("/v1/predict", json=event(), headers={"traceparent": parent, "tracestate": "a=b"}
+                     ).status_code == 200
+    assert queue.contexts == [[]]
+
+
+def test_a_tracestate_over_512_characters_is_dropped_and_the_traceparent_kept() -> None:
+    from stream.gateway.door import trace_context
+
+    assert trace_context({"traceparent": TRACEPARENT, "tracestate": "a=" + "b" * 600}) == [
+        ("traceparent", TRACEPARENT.encode())]

@@ -130,7 +130,7 @@ def test_huggingface_hub_s_inference_client_embeds_through_the_root_url_as_again
 
     from stream.local.broker import free_port
 
-    http, _ = text_gateway(FakeQueue())
+    http, _ = text_gateway(FakeQueue(), max_texts=4)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(http.app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off"))
@@ -145,6 +145,10 @@ def test_huggingface_hub_s_inference_client_embeds_through_the_root_url_as_again
         assert np.asarray(got).reshape(-1).tolist() == pytest.approx(vector("one"))
         both = client.feature_extraction("two words", truncate=True, truncation_direction="right")
         assert np.asarray(both).reshape(-1).tolist() == pytest.approx(vector("two words"))
+        # TEI's GET /info: the model and the gateway's own limits (the library asks it of its hf-inference provider)
+        info = InferenceClient(model=f"http://127.0.0.1:{port}", provider="hf-inference").get_endpoint_info()
+        assert info["model_id"] == MODEL and info["model_type"] == {"embedding": {"pooling": "mean"}}
+        assert info["max_client_batch_size"] == 4 and info["max_input_length"] == 256 and info["auto_truncate"]
     finally:
         server.should_exit = True
         thread.join(10)

@@ -53,7 +53,7 @@ def test_every_setting_is_a_flag_with_help_and_its_default(capsys: pytest.Captur
     assert set(flags) == set(GatewaySettings.model_fields)
     for name, action in flags.items():
         assert action.help and action.default is None, name
-    assert "(1000)" in flags["max_pending"].help and "(16,384)" in flags["max_header_bytes"].help
+    assert "(4096)" in flags["max_pending"].help and "(16,384)" in flags["max_header_bytes"].help
     with pytest.raises(SystemExit):
         parser.parse_args(["gateway", "--help"])
     shown = capsys.readouterr().out

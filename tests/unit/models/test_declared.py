@@ -10,7 +10,7 @@ import pytest
 from stream.errors import ConfigError
 from stream.models.declared import BUILT_IN, declared, declared_input_schema
 from stream.models.demo import DemoFraudHandler
-from stream.models.minilm import MiniLMHandler
+from stream.models.minilm import DEFAULT_MAX_TOKENS, MiniLMHandler
 
 
 def test_each_model_declares_what_its_handler_reads_by_default() -> None:
@@ -32,6 +32,7 @@ def test_the_built_in_table_says_what_the_handlers_say() -> None:
     assert declared("tests.handlers:PoisonHandler").output_schema == demo.output_schema
     [embedding] = minilm.outputs
     assert embedding.type == "array<float>" and declared("minilm").vector_size == embedding.size
+    assert declared("minilm").max_tokens == DEFAULT_MAX_TOKENS == minilm.max_tokens
 
 
 def test_the_built_in_answers_need_no_torch() -> None:

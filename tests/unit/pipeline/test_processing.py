@@ -25,7 +25,7 @@ from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.kafka.records import Records
-from stream.kafka.replies import AddressHeaders
+from stream.kafka.replies import AddressHeaders, carried_headers
 from stream.models.demo import EVENT_SCHEMA
 from stream.ops.metrics import StreamMetrics
 from stream.ops.verify import input_source
@@ -58,6 +58,7 @@ class FakePublisher:
         self.kicks: list[int] = []  # len(sent) at each send_now()
         self.partitions: list[int] = []  # the partition each record was sent to (-1: the partitioner's)
         self.topic_partitions: dict[str, int] = {"in.replies": 4}
+        self.joined = 0  # produce_joined calls (a batch's predictions in one buffer, without headers)
         self.held_topics: set[str] = set()  # records to these topics are acknowledged by release()
         self.held: list[SpanDelivery] = []
 
@@ -91,6 +92,7 @@ class FakePublisher:
 
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
                        row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
+        self.joined += 1
         starts = [0, *ends[:-1].tolist()]
         self.produce_many(topic, [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], keys,
                           [None] * len(keys), [deliveries[p] for p in row_partitions.tolist()])
@@ -119,7 +121,8 @@ def make(model_dir: Path, *, dlq: str | None = "dlq", handler: Any = None, retri
                               "schemas_dir": schemas_dir, **given}, environ={})
     decoder, binder, encoder, event_time = build_codecs(settings, engine.handler)
     policy = ProcessingPolicy("in", "out", dlq, 10_000, retries, 0.0, max_fraction, 1000, provenance_headers,
-                              event_time_field=event_time, reply_topics=reply_topics)
+                              event_time_field=event_time, reply_topics=reply_topics,
+                              carried=carried_headers(settings.copy_header_names))
     processor = BatchProcessor(policy, engine, decoder, binder, encoder, publisher, StreamMetrics(),  # type: ignore[arg-type]
                                sleep=lambda s: None, reply_partitions=publisher.partition_count)
     return processor, publisher
@@ -216,6 +219,35 @@ def test_a_reply_addressed_record_gets_a_copy_at_its_address_and_commits_only_on
     assert tracker.committable() == {("in", 0): 20}
     metrics = processor._metrics.replies
     assert metrics.labels("sent")._value.get() == 6 and metrics.labels("refused")._value.get() == 5
+
+
+def test_a_record_s_trace_context_and_copied_headers_go_onto_its_prediction_dead_letter_and_reply(
+        model_dir: Path) -> None:
+    processor, pub = make(model_dir, reply_topics=frozenset({"in.replies"}), copy_headers="tenant,traceparent")
+    parent = [b"00-%032x-%016x-01" % (i + 1, i + 1) for i in range(3)]
+
+    def watched(address: bytes | None = None, trace: bytes | None = None, state: bytes | None = None,
+                tenant: bytes | None = None) -> AddressHeaders:  # in `watched_headers(("tenant",))`'s order
+        return (address, None, None, None, trace, state, tenant)
+
+    replies = {1: watched(trace=parent[0], state=b"v=1"), 3: watched(trace=parent[1], tenant=b"acme"),
+               5: watched(address=b"in.replies:1:five", trace=parent[2]), 6: watched(tenant=b"alone")}
+    batch, tracker = batch_of(events(8, poison_rows=[3]), pub, replies)
+    processor.process(batch)
+    out = {offset: h for (_, _, offset), (t, _, _, h) in zip(pub.sources(), [s for s in pub.sent if s[0] == "out"],
+                                                              strict=True)}
+    assert out == {0: {}, 1: {"traceparent": parent[0], "tracestate": b"v=1"}, 2: {}, 4: {},
+                   5: {"traceparent": parent[2]}, 6: {"tenant": b"alone"}, 7: {}}
+    [(_, _, _, dead)] = [s for s in pub.sent if s[0] == "dlq"]
+    assert dead[HEADER_OFFSET] == b"3" and dead["traceparent"] == parent[1] and dead["tenant"] == b"acme"
+    [(_, _, _, reply)] = [s for s in pub.sent if s[0] == "in.replies"]
+    assert reply["stream.reply"] == b"in.replies:1:five" and reply["traceparent"] == parent[2]
+    assert reply[HEADER_OFFSET] == b"5"
+    assert tracker.committable() == {("in", 0): 8}
+    # A batch with no trace context keeps its one-buffer path.
+    plain, pub2 = make(model_dir)
+    plain.process(batch_of(events(4), pub2)[0])
+    assert pub2.joined == 1 and pub.joined == 0
 
 
 class CountingHandler(PoisonHandler):
