@@ -46,6 +46,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
+    p.add_argument("--max-batch-tokens", type=int,
+                   help="a text model: also close a batch before its texts could take more tokens than this (each "
+                        "counted at its most: its record's bytes + 2, at most --max-tokens)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="--model minilm: the encoder's precision (bfloat16 on CUDA, float32 on the CPU, its only one)")
     p.add_argument("--fixed-shapes", action="store_true", default=None,

@@ -142,6 +142,10 @@ class WorkerSettings(BaseSettings):
     max_tokens: int | None = Field(
         default=None, ge=3, le=512,
         description="--model minilm: texts are cut to this many tokens (default 256; the model's limit is 512)")
+    max_batch_tokens: int | None = Field(
+        default=None, ge=1,
+        description="a text model: also close a batch before its texts could take more tokens than this (each "
+                    "counted at its most: its record's bytes + 2, at most --max-tokens); at least --max-tokens")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="--model minilm: the encoder's weights and activations (default bfloat16 on CUDA, "
                                   "float32 on the CPU, the only one there)")

@@ -1,10 +1,12 @@
-"""A pure count-or-time micro-batcher: no threads, no Kafka, an injected monotonic clock."""
+"""A pure count-, weight- or time micro-batcher: no threads, no Kafka, an injected monotonic clock."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
+
+import numpy as np
 
 from stream.errors import ConfigError
 
@@ -17,15 +19,23 @@ class MicroBatcher(Generic[T]):
     FIRST item has waited ``max_wait_ms`` (measured on ``clock``, seconds, monotonic).
 
     With ``size``, each item is a chunk of that many records (the worker's consumed ``Records``), and every
-    count here (``len``, ``room``, the size limit, ``discard``) is of records."""
+    count here (``len``, ``room``, the size limit, ``discard``) is of records. With ``weight`` and ``max_weight``
+    a batch is also ready once its items weigh ``max_weight`` (a text model's token bound: `token_bounds`); the
+    caller cuts what it takes at that weight."""
 
     def __init__(self, max_batch_size: int, max_wait_ms: float, clock: Clock = time.monotonic,
-                 size: Callable[[T], int] | None = None) -> None:
+                 size: Callable[[T], int] | None = None, weight: Callable[[T], int] | None = None,
+                 max_weight: int | None = None) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_weight is not None and (max_weight < 1 or weight is None):
+            raise ConfigError(f"max_weight must be >= 1 and come with a weight, got {max_weight}")
         self.max_batch_size = max_batch_size
+        self.max_weight = max_weight
+        self._weigh = weight
+        self._weight = 0
         self.max_wait_s = max_wait_ms / 1000.0
         self._clock = clock
         self._size = size
@@ -39,6 +49,14 @@ class MicroBatcher(Generic[T]):
     def _measure(self, items: list[T]) -> int:
         size = self._size
         return len(items) if size is None else sum(size(item) for item in items)
+
+    def _weigh_all(self, items: list[T]) -> int:
+        weigh = self._weigh
+        return 0 if weigh is None else sum(weigh(item) for item in items)
+
+    @property
+    def weight(self) -> int:
+        return self._weight
 
     @property
     def room(self) -> int:
@@ -55,6 +73,7 @@ class MicroBatcher(Generic[T]):
         before = self._count
         self._items.extend(added)
         self._count += self._measure(added)
+        self._weight += self._weigh_all(added)
         if before == 0 and self._count:
             self._opened_at = self._clock()
 
@@ -72,6 +91,8 @@ class MicroBatcher(Generic[T]):
             return False
         if self._count >= self.max_batch_size:
             return True
+        if self.max_weight is not None and self._weight >= self.max_weight:
+            return True
         deadline = self.deadline()
         return deadline is not None and self._clock() >= deadline
 
@@ -82,6 +103,7 @@ class MicroBatcher(Generic[T]):
     def take(self) -> list[T]:
         """Close the batch and return its items (possibly empty); the next add opens a new one."""
         items, self._items, self._count, self._opened_at = self._items, [], 0, None
+        self._weight = 0
         return items
 
     def discard(self, keep: Callable[[T], T | bool]) -> int:
@@ -100,7 +122,18 @@ class MicroBatcher(Generic[T]):
         count = self._measure(kept)
         dropped = self._count - count
         self._items, self._count = kept, count
+        self._weight = self._weigh_all(kept)
         if not count:
             self._items = []
             self._opened_at = None
         return dropped
+
+
+def token_bounds(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """Each record's most tokens for a text model, from its value's length (bytes; -1 a tombstone): a WordPiece
+    token takes at least one character of the text, the text is within the value, and the model adds two ([CLS],
+    [SEP]) and cuts at ``cap`` (its ``--max-tokens``). An upper bound, known before decoding: a batch closed on
+    it never holds more tokens than it says (text-embeddings-inference counts after tokenizing, so its batches
+    carry more texts for the same number)."""
+    bounds: np.ndarray = np.minimum(np.maximum(lengths, 0) + 2, cap)
+    return bounds

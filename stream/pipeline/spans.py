@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,11 +37,13 @@ log = logging.getLogger(__name__)
 class Spans:
     def __init__(self, topic: str, batcher: MicroBatcher[Records], tracker: OffsetTracker, committer: Committer,
                  transactions: Transactions, summary: WorkerSummary, metrics: StreamMetrics, *,
-                 exactly_once: bool) -> None:
+                 exactly_once: bool, tokens: Callable[[Records], np.ndarray] | None = None) -> None:
+        """``tokens``: each record's most tokens, when the batcher closes batches on a token budget."""
         self.topic = topic
         self._batcher, self._tracker, self._committer = batcher, tracker, committer
         self._transactions, self._summary, self._metrics = transactions, summary, metrics
         self._exactly_once = exactly_once
+        self._tokens = tokens
         # Once the clients exist (`Worker._connect`).
         self.publisher: Publisher | None = None
         self.consumer: Any = None
@@ -72,6 +75,14 @@ class Spans:
         if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
             records, rest = records.split(self._batcher.max_batch_size)
             self._batcher.add([rest])
+        budget = self._batcher.max_weight
+        if budget is not None and self._tokens is not None:
+            # The texts within the token budget (at least one: a budget is at least one text's most), the rest
+            # opening the next batch.
+            fit = max(int(np.searchsorted(np.cumsum(self._tokens(records)), budget, side="right")), 1)
+            if fit < len(records):
+                records, rest = records.split(fit)
+                self._batcher.add([rest])
         partitions, offsets = records.partitions, records.offsets
         assert self.publisher is not None
         deliveries = {}

@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from stream.config import WorkerSettings
-from stream.errors import KafkaClientError, StoppedOnPurpose, StreamError
+from stream.errors import ConfigError, KafkaClientError, StoppedOnPurpose, StreamError
 from stream.kafka.access import check_access, ensure_dlq_topic, reply_partitions
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.client_stats import ConsumerStats
@@ -39,7 +40,7 @@ from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
 from stream.pipeline import faults
-from stream.pipeline.batching import MicroBatcher
+from stream.pipeline.batching import MicroBatcher, token_bounds
 from stream.pipeline.committer import Committer
 from stream.pipeline.failure import Failure
 from stream.pipeline.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
@@ -67,6 +68,20 @@ EXIT_STOPPED_ON_PURPOSE = 3  # the worker's exit status when it stopped itself (
 _IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
 # whether the model went idle (the C consumer's take is woken instead)
 
+
+def _token_bound(max_batch_tokens: int | None, handler: ModelHandler) -> Callable[[Records], np.ndarray] | None:
+    """Each record's most tokens (`stream.pipeline.batching.token_bounds`) when batches close on a token budget;
+    ConfigError when the model takes no tokens or one text could be over the budget."""
+    if max_batch_tokens is None:
+        return None
+    cap = getattr(handler, "max_tokens", None)
+    if not isinstance(cap, int):
+        raise ConfigError(f"--max-batch-tokens: the model {handler.name} takes no tokens (a text model, such as "
+                          "--model minilm, does)")
+    if max_batch_tokens < cap:
+        raise ConfigError(f"--max-batch-tokens {max_batch_tokens} is below the model's --max-tokens {cap}: one "
+                          "text may take that many")
+    return lambda records: token_bounds(records.lengths, cap)
 
 class Worker:
     def __init__(self, settings: WorkerSettings, *, handler: ModelHandler | None = None,
@@ -100,7 +115,10 @@ class Worker:
         self._fail, self._failed = self._failure.fail, self._failure.failed
         self._admin_config = {**s.admin_config(), "error_cb": self._failure.on_admin_error}
         self._summary = WorkerSummary()
-        self._batcher: MicroBatcher[Records] = MicroBatcher(s.max_batch_size, s.max_wait_ms, clock, size=len)
+        tokens = _token_bound(s.max_batch_tokens, handler)
+        self._batcher: MicroBatcher[Records] = MicroBatcher(
+            s.max_batch_size, s.max_wait_ms, clock, size=len,
+            weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens)
         self._tracker = OffsetTracker()
         self._stalls = StallDetector(s.stall_timeout_s, clock)
         self._pause = InputPause(self.metrics)
@@ -115,7 +133,7 @@ class Worker:
             revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
             rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
         self._spans = Spans(s.input_topic, self._batcher, self._tracker, self._committer, self._transactions,
-                            self._summary, self.metrics, exactly_once=s.exactly_once)
+                            self._summary, self.metrics, exactly_once=s.exactly_once, tokens=tokens)
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
         self._consumer: Consumer | None = None

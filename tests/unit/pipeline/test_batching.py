@@ -136,3 +136,25 @@ def test_property_batches_respect_size_and_wait(max_size: int, max_wait: int,
             assert deadline == pytest.approx(first_at + max_wait / 1000.0)
     seen.extend(b.take())
     assert seen == list(range(counter))
+
+
+def test_a_weight_budget_closes_a_batch_before_its_count_and_discard_reweighs() -> None:
+    b: MicroBatcher[int] = MicroBatcher(100, 1000, FakeClock(), weight=lambda x: x, max_weight=10)
+    b.add([3, 4])
+    assert not b.ready() and b.weight == 7
+    b.add([2])
+    assert not b.ready()
+    b.add([1])
+    assert b.ready() and b.weight == 10
+    assert b.discard(lambda x: x != 4) == 1 and b.weight == 6 and not b.ready()
+    assert b.take() == [3, 2, 1] and b.weight == 0
+    with pytest.raises(ConfigError, match="max_weight"):
+        MicroBatcher(10, 10, max_weight=5)
+
+
+def test_token_bounds_are_a_value_s_bytes_plus_two_at_most_the_cap() -> None:
+    import numpy as np
+
+    from stream.pipeline.batching import token_bounds
+
+    assert token_bounds(np.array([-1, 0, 10, 300]), 256).tolist() == [2, 2, 12, 256]

@@ -89,3 +89,33 @@ def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
     worker._tracker.assign([("in", 0)])
     worker._spans.accept(records([0, 0], [10, 11]))
     assert worker._spans.close_batch().offsets.tolist() == [10, 11]
+
+
+class TextLike(PoisonHandler):
+    max_tokens = 10  # a text model's cut: each record counts min(its bytes + 2, 10) tokens
+
+
+def test_a_token_budget_closes_a_batch_at_its_texts_most_tokens_and_the_rest_opens_the_next(model_dir: Path) -> None:
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, max_batch_size=100, max_batch_tokens=25, native_consumer=False)
+    w = Worker(settings, handler=TextLike(model_dir))
+    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    w._tracker.assign([("in", 0)])
+    sizes = [3, 500, 1, 6, 2]  # value bytes: at most 5, 10, 3, 8, 4 tokens
+    w._spans.accept(Records.build([b"x" * n for n in sizes], [None] * 5, [0] * 5, range(5)))
+    assert w._batcher.ready() and w._batcher.weight == 30
+    first = w._spans.close_batch()
+    assert first.offsets.tolist() == [0, 1, 2]  # 5 + 10 + 3 = 18; with the next 8, 26 > 25
+    assert w._batcher.weight == 12 and not w._batcher.ready()
+    assert w._spans.close_batch().offsets.tolist() == [3, 4]
+
+
+def test_a_token_budget_needs_a_text_model_and_room_for_one_text(model_dir: Path) -> None:
+    from stream.errors import ConfigError
+
+    base = {"bootstrap_servers": "127.0.0.1:1", "input_topic": "in", "output_topic": "out", "group_id": "g",
+            "model_dir": model_dir, "native_consumer": False}
+    with pytest.raises(ConfigError, match="takes no tokens"):
+        Worker(WorkerSettings(**base, max_batch_tokens=100), handler=PoisonHandler(model_dir))
+    with pytest.raises(ConfigError, match="below the model's --max-tokens 10"):
+        Worker(WorkerSettings(**base, max_batch_tokens=9), handler=TextLike(model_dir))
