@@ -197,15 +197,110 @@ static int fill_messages(rd_kafka_message_t *msgs, Py_ssize_t n, const Py_buffer
     return 0;
 }
 
-/* produce(values, ends, keys, slots) -> records enqueued. values: one buffer holding every value back to back;
- * ends: int64 end offset of each value in it; keys: list of bytes or None; slots: int32 slot of each record.
- * A full local queue is waited out by serving delivery reports (1 ms polls) until everything is enqueued or
- * abort() is called; a record librdkafka refuses for another reason is a failure of its slot. */
+/* Rows [at, end) of msgs enqueued with rd_kafka_produce_batch(); a full local queue is waited out by serving delivery
+ * reports (1 ms polls). Returns how far it got: `end`, or less once abort() is called. No GIL. */
+static Py_ssize_t enqueue_run(Producer *self, rd_kafka_message_t *msgs, const int32_t *slot, Py_ssize_t at,
+                              Py_ssize_t end) {
+    while (at < end && !self->aborting) {
+        rdk.produce_batch(self->rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, msgs + at, (int)(end - at));
+        /* The queue only frees when delivery reports are served, which only this thread does now: once a
+         * record finds it full, all after it do too. Retry from the first of those. */
+        Py_ssize_t retry_from = end;
+        pthread_mutex_lock(&self->lock);
+        for (Py_ssize_t i = at; i < end; i++) {
+            if (msgs[i].err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                retry_from = i;
+                break;
+            }
+            if (msgs[i].err)
+                record_failure(self, slot[i], msgs[i].err);
+            else
+                self->queued++;
+        }
+        pthread_mutex_unlock(&self->lock);
+        at = retry_from;
+        if (at < end) {
+            for (Py_ssize_t i = at; i < end; i++)
+                msgs[i].err = 0;
+            rdk.poll(self->rk, 1);
+        }
+    }
+    return at;
+}
+
+/* One record with headers, through rd_kafka_producev() (the batch call takes no headers); librdkafka owns *hdrs
+ * once it took the record (*hdrs is then NULL). 0: enqueued, or refused (a failure of its slot); -1: abort() was
+ * called while the queue was full. No GIL. */
+static int enqueue_one(Producer *self, const rd_kafka_message_t *m, int32_t slot, rd_kafka_headers_t **hdrs) {
+    for (;;) {
+        int err = rdk.producev(self->rk, RD_KAFKA_VTYPE_RKT, self->rkt, RD_KAFKA_VTYPE_PARTITION,
+                               (int32_t)RD_KAFKA_PARTITION_UA, RD_KAFKA_VTYPE_MSGFLAGS, RD_KAFKA_MSG_F_COPY,
+                               RD_KAFKA_VTYPE_VALUE, m->payload, m->len, RD_KAFKA_VTYPE_KEY, m->key, m->key_len,
+                               RD_KAFKA_VTYPE_OPAQUE, m->_private, RD_KAFKA_VTYPE_HEADERS, *hdrs,
+                               RD_KAFKA_VTYPE_END);
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            if (self->aborting)
+                return -1;
+            rdk.poll(self->rk, 1);
+            continue;
+        }
+        pthread_mutex_lock(&self->lock);
+        if (err)
+            record_failure(self, slot, err);
+        else
+            self->queued++;
+        pthread_mutex_unlock(&self->lock);
+        if (!err)
+            *hdrs = NULL;
+        return 0;
+    }
+}
+
+/* ``given``: {row: [(name str, value bytes), ...]} -> out[row], a librdkafka header list (out[] starts NULL). -1
+ * with an exception set on bad input (the caller destroys what was built). GIL held. */
+static int build_headers(PyObject *given, Py_ssize_t n, rd_kafka_headers_t **out) {
+    PyObject *row, *list;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(given, &pos, &row, &list)) {
+        Py_ssize_t i = PyLong_AsSsize_t(row);
+        if (i == -1 && PyErr_Occurred())
+            return -1;
+        if (i < 0 || i >= n || out[i] || !PyList_Check(list)) {
+            PyErr_SetString(PyExc_ValueError, "headers must be {row: [(name, value), ...]} with rows in range");
+            return -1;
+        }
+        Py_ssize_t k = PyList_GET_SIZE(list);
+        out[i] = rdk.headers_new((size_t)(k ? k : 1));
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyObject *pair = PyList_GET_ITEM(list, j);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)) ||
+                !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
+                PyErr_SetString(PyExc_TypeError, "a header must be a (str, bytes) tuple");
+                return -1;
+            }
+            Py_ssize_t name_len;
+            const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &name_len);
+            if (!name)
+                return -1;
+            PyObject *value = PyTuple_GET_ITEM(pair, 1);
+            rdk.header_add(out[i], name, name_len, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+        }
+    }
+    return 0;
+}
+
+/* produce(values, ends, keys, slots[, headers]) -> records enqueued. values: one buffer holding every value back to
+ * back; ends: int64 end offset of each value in it; keys: list of bytes or None; slots: int32 slot of each record;
+ * headers: {row: [(name, value bytes), ...]} of the rows that carry any (None: none does). Records are enqueued in
+ * row order: runs of rows without headers in one batch call each, a row with headers on its own. A full local
+ * queue is waited out by serving delivery reports (1 ms polls) until everything is enqueued or abort() is called;
+ * a record librdkafka refuses for another reason is a failure of its slot. */
 static PyObject *Producer_produce(Producer *self, PyObject *args) {
     Py_buffer values = {0}, ends = {0}, slots = {0};
-    PyObject *keys;
+    PyObject *keys, *given = Py_None;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*O!y*", &values, &ends, &PyList_Type, &keys, &slots))
+    rd_kafka_headers_t **hdrs = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*O!y*|O", &values, &ends, &PyList_Type, &keys, &slots, &given))
         return NULL;
     Py_ssize_t n = ends.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *end = ends.buf;
@@ -213,6 +308,10 @@ static PyObject *Producer_produce(Producer *self, PyObject *args) {
     if (ends.len % (Py_ssize_t)sizeof(int64_t) || slots.len != n * (Py_ssize_t)sizeof(int32_t) ||
         PyList_GET_SIZE(keys) != n) {
         PyErr_SetString(PyExc_ValueError, "ends, keys and slots must have one entry per record");
+        goto out;
+    }
+    if (given != Py_None && !PyDict_Check(given)) {
+        PyErr_SetString(PyExc_TypeError, "headers must be a dict or None");
         goto out;
     }
     if (n && (end[n - 1] > values.len)) {
@@ -238,6 +337,15 @@ static PyObject *Producer_produce(Producer *self, PyObject *args) {
         }
         msgs[i]._private = (void *)(intptr_t)slot[i];
     }
+    if (given != Py_None && PyDict_GET_SIZE(given)) {
+        hdrs = calloc(n ? (size_t)n : 1, sizeof *hdrs);
+        if (!hdrs) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        if (build_headers(given, n, hdrs) < 0)
+            goto out;
+    }
     if (enter(self) < 0)
         goto out;
     /* Count every record before any can be acknowledged, so no slot completes while its records are queued. */
@@ -248,33 +356,27 @@ static PyObject *Producer_produce(Producer *self, PyObject *args) {
     Py_ssize_t at = 0;
     Py_BEGIN_ALLOW_THREADS
     while (at < n && !self->aborting) {
-        rdk.produce_batch(self->rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, msgs + at, (int)(n - at));
-        /* The queue only frees when delivery reports are served, which only this thread does now: once a
-         * record finds it full, all after it do too. Retry from the first of those. */
-        Py_ssize_t retry_from = n;
-        pthread_mutex_lock(&self->lock);
-        for (Py_ssize_t i = at; i < n; i++) {
-            if (msgs[i].err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-                retry_from = i;
-                break;
-            }
-            if (msgs[i].err)
-                record_failure(self, slot[i], msgs[i].err);
-            else
-                self->queued++;
-        }
-        pthread_mutex_unlock(&self->lock);
-        at = retry_from;
+        Py_ssize_t run = at;
+        while (run < n && !(hdrs && hdrs[run]))
+            run++;
+        if (run > at && (at = enqueue_run(self, msgs, slot, at, run)) < run)
+            break;
         if (at < n) {
-            for (Py_ssize_t i = at; i < n; i++)
-                msgs[i].err = 0;
-            rdk.poll(self->rk, 1);
+            if (enqueue_one(self, &msgs[at], slot[at], &hdrs[at]) < 0)
+                break;
+            at++;
         }
     }
     pthread_mutex_unlock(&self->use);
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(at);
 out:
+    if (hdrs) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (hdrs[i])
+                rdk.headers_destroy(hdrs[i]);
+        free(hdrs);
+    }
     PyBuffer_Release(&values);
     PyBuffer_Release(&ends);
     PyBuffer_Release(&slots);

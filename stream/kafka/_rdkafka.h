@@ -42,6 +42,15 @@ typedef void (*error_cb_t)(rd_kafka_t *, int, const char *, void *);
 #define RD_KAFKA_RESP_ERR__QUEUE_FULL (-184)
 #define RD_KAFKA_RESP_ERR__FATAL (-150)
 #define RD_KAFKA_RESP_ERR__INVALID_ARG (-186)
+/* rd_kafka_producev()'s argument tags (rd_kafka_vtype_t) */
+#define RD_KAFKA_VTYPE_END 0
+#define RD_KAFKA_VTYPE_RKT 2
+#define RD_KAFKA_VTYPE_PARTITION 3
+#define RD_KAFKA_VTYPE_VALUE 4
+#define RD_KAFKA_VTYPE_KEY 5
+#define RD_KAFKA_VTYPE_OPAQUE 6
+#define RD_KAFKA_VTYPE_MSGFLAGS 7
+#define RD_KAFKA_VTYPE_HEADERS 10
 
 static struct {
     rd_kafka_conf_t *(*conf_new)(void);
@@ -54,6 +63,10 @@ static struct {
     rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
     void (*topic_destroy)(rd_kafka_topic_t *);
     int (*produce_batch)(rd_kafka_topic_t *, int32_t, int, rd_kafka_message_t *, int);
+    int (*producev)(rd_kafka_t *, ...);
+    rd_kafka_headers_t *(*headers_new)(size_t);
+    int (*header_add)(rd_kafka_headers_t *, const char *, ssize_t, const void *, ssize_t);
+    void (*headers_destroy)(rd_kafka_headers_t *);
     int (*poll)(rd_kafka_t *, int);
     int (*flush)(rd_kafka_t *, int);
     int (*outq_len)(rd_kafka_t *);
@@ -102,6 +115,10 @@ static PyObject *rdk_load(PyObject *module, PyObject *args) {
     SYM(topic_new, "rd_kafka_topic_new");
     SYM(topic_destroy, "rd_kafka_topic_destroy");
     SYM(produce_batch, "rd_kafka_produce_batch");
+    SYM(producev, "rd_kafka_producev");
+    SYM(headers_new, "rd_kafka_headers_new");
+    SYM(header_add, "rd_kafka_header_add");
+    SYM(headers_destroy, "rd_kafka_headers_destroy");
     SYM(poll, "rd_kafka_poll");
     SYM(flush, "rd_kafka_flush");
     SYM(outq_len, "rd_kafka_outq_len");

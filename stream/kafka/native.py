@@ -103,11 +103,13 @@ class NativeProducer:
         self._producer = _nativeproduce.Producer(
             {k: _conf_str(v) for k, v in config.items()}, topic, slots)
 
-    def produce(self, values: bytes, ends: np.ndarray, keys: list[bytes | None], slots: np.ndarray) -> int:
-        """Enqueue records ``values[ends[i-1]:ends[i]]``; returns how many were enqueued (all of them unless
-        ``abort`` was called while the local queue was full)."""
+    def produce(self, values: bytes, ends: np.ndarray, keys: list[bytes | None], slots: np.ndarray,
+                headers: dict[int, list[tuple[str, bytes]]] | None = None) -> int:
+        """Enqueue records ``values[ends[i-1]:ends[i]]`` in order (``headers``: {row: its headers} of the rows
+        that carry any: each of those goes on its own, librdkafka's batch call taking no headers); returns how
+        many were enqueued (all of them unless ``abort`` was called while the local queue was full)."""
         return int(self._producer.produce(values, np.ascontiguousarray(ends, dtype=np.int64),
-                                          keys, np.ascontiguousarray(slots, dtype=np.int32)))
+                                          keys, np.ascontiguousarray(slots, dtype=np.int32), headers))
 
     def poll(self, timeout_s: float) -> np.ndarray:
         return np.frombuffer(self._producer.poll(timeout_s), dtype=np.int32)

@@ -193,17 +193,21 @@ class Publisher:
                     self._serve(0.001)
 
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
-                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
-        """Queue one record per row, ``values[ends[i-1]:ends[i]]``, for the span of its input partition. Through
-        the C client when ``topic`` is its topic, else split into values for ``produce_many``."""
-        if topic == self._native_txn_topic:
+                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery],
+                       headers: dict[int, list[tuple[str, bytes]]] | None = None) -> None:
+        """Queue one record per row, ``values[ends[i-1]:ends[i]]``, for the span of its input partition, in row
+        order; ``headers``: {row: its headers} of the rows that carry any (a trace context). Through the C client
+        when ``topic`` is its topic, else split into values for ``produce_many`` (on the same client as the C
+        call under exactly-once, so the order holds)."""
+        if topic == self._native_txn_topic and not headers:
             self._produce_into(topic, values, ends, keys)
             return
         native = self._native
         if native is None or topic != native.topic:
             starts = np.concatenate(([0], ends[:-1])).tolist()
             split = [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
-            self.produce_many(topic, split, keys, [None] * len(split),
+            given = headers or {}
+            self.produce_many(topic, split, keys, [given.get(i) for i in range(len(split))],  # type: ignore[misc]
                               [deliveries[p] for p in row_partitions.tolist()])
             return
         if self._closing:
@@ -218,7 +222,7 @@ class Publisher:
                 self._native_spans[slot] = (deliveries[p], int(np.count_nonzero(rows)))
                 slots[rows] = slot
         try:
-            enqueued = native.produce(values, ends, keys, slots)
+            enqueued = native.produce(values, ends, keys, slots, headers or None)
         except RuntimeError as exc:  # closed meanwhile
             raise PublishError("produce", str(exc)) from exc
         if enqueued < len(slots):

@@ -396,12 +396,16 @@ class BatchProcessor:
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
         reply_rows = np.flatnonzero(np.isin(decoded.index, list(replies))).tolist() if replies else []
-        if not self._provenance_headers and not carried:
-            # One buffer for the whole batch; the native producer takes it as is (no bytes object per record).
+        if not self._provenance_headers:
+            # One buffer for the whole batch; the native producer takes it as is (no bytes object per record), the
+            # records carrying a trace context with their headers, in order among the others.
             joined, ends = self._encoder.encode_joined(
                 decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
                 batch_size=len(records), source=source)
-            self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries)
+            traced = {j: carried[row] for j, row in enumerate(decoded.index.tolist()) if row in carried} \
+                if carried else None
+            self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries,
+                                           traced)  # type: ignore[arg-type]
             for j in reply_rows:
                 start = int(ends[j - 1]) if j else 0
                 copies.append((int(decoded.index[j]), bytes(joined[start:int(ends[j])]), []))
@@ -410,16 +414,12 @@ class BatchProcessor:
             decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
             batch_size=len(records), source=source)
         parts = row_partitions.tolist()
-        headers: list[Headers | None]
-        if self._provenance_headers:
-            # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().
-            topic_header = (HEADER_TOPIC, self._topic_header)
-            partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
-            headers = [[topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
-                       for p, o in zip(parts, row_offsets.tolist(), strict=True)]
-        else:
-            headers = [None] * len(parts)
-        for j, row in enumerate(decoded.index.tolist()):  # a batch with records carrying a trace context
+        # Three headers cost a record ~1 µs of producer CPU, about as much as the rest of produce().
+        topic_header = (HEADER_TOPIC, self._topic_header)
+        partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
+        headers: list[Headers | None] = [[topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
+                                         for p, o in zip(parts, row_offsets.tolist(), strict=True)]
+        for j, row in enumerate(decoded.index.tolist()):  # the records carrying a trace context
             extra = carried.get(row)
             if extra:
                 headers[j] = [*(headers[j] or ()), *extra]

@@ -79,6 +79,51 @@ def test_records_arrive_once_keyed_like_confluent_kafka_and_spans_complete_after
     assert all(by_value[v][0] == expected[v] for v in keyed)  # same partitioner, same partition per key
 
 
+def test_records_with_headers_go_in_row_order_among_the_others_through_the_c_client(
+        broker: BrokerInfo, unique_name: Callable[[str], str]) -> None:
+    """A batch where some rows carry a trace context: those go one by one (librdkafka's batch call takes no
+    headers), the others in runs; every record once, the headers on exactly their rows, each key's records in row
+    order, every span complete."""
+    out = unique_name("out")
+    create_topics(broker.bootstrap, [out], PARTITIONS)
+    n = 2000
+    keys: list[bytes | None] = [b"account-%d" % (i % 13) for i in range(n)]
+    values = [b"%06d" % i for i in range(n)]
+    traced = {i: [("traceparent", b"00-%032x-%016x-01" % (i + 1, i + 1)), ("tenant", b"t%d" % i)]
+              for i in range(n) if i % 7 in (0, 1) or i >= n - 3}  # runs of one and two, and the last rows
+    tracker = OffsetTracker()
+    tracker.assign([("in", 0)])
+    done: list[SpanDelivery] = []
+    publisher = Publisher({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "acks": "all",
+                           "linger.ms": 5}, on_span_done=done.append, native_topic=out)
+    delivery = SpanDelivery(publisher, tracker.dispatch(("in", 0), 0, n - 1, n))
+    publisher.produce_joined(out, b"".join(values), np.cumsum([len(v) for v in values]).astype(np.int64), keys,
+                             np.zeros(n, dtype=np.int64), {0: delivery}, traced)
+    for _ in range(100):
+        publisher.send_now(0.1)
+        if done:
+            break
+    assert done == [delivery] and delivery.span.outstanding == 0 and publisher.failure() is None
+    assert publisher.close(5.0) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"{out}-reader",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(out, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    got: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = []
+    try:
+        for _ in range(300):
+            got += [(m.key(), m.value(), list(m.headers() or [])) for m in consumer.consume(1000, 0.1)  # type: ignore[misc]
+                    if m.error() is None]
+            if len(got) >= n:
+                break
+    finally:
+        consumer.close()
+    assert sorted(v for _, v, _ in got) == values  # each once
+    assert {int(v): h for _, v, h in got if h} == traced  # the headers on their rows, and on no other
+    for key in set(keys):
+        rows = [int(v) for k, v, _ in got if k == key]
+        assert rows == sorted(rows), f"{key!r} out of row order"
+
+
 def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[Consumer, native.NativeInput]:
     def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.append(f"assign {sorted(tp.partition for tp in partitions)}")

@@ -74,6 +74,10 @@ def test_bad_arguments_are_refused_before_anything_is_queued() -> None:
         producer.produce(values[:-1], ends, [None, None], slots)
     with pytest.raises(TypeError, match="bytes or None"):
         producer.produce(values, ends, [None, "key"], slots)  # type: ignore[list-item]
+    for bad, error in (({2: []}, ValueError), ({0: [("a", "not bytes")]}, TypeError), ({0: "x"}, ValueError),
+                       ({0: [("a",)]}, TypeError)):
+        with pytest.raises(error):
+            producer.produce(values, ends, [None, None], slots, bad)  # type: ignore[arg-type]
     producer.close(0.0)
     with pytest.raises(RuntimeError, match="closed"):
         producer.produce(values, ends, [None, None], slots)

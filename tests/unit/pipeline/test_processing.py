@@ -91,11 +91,13 @@ class FakePublisher:
         return self.topic_partitions.get(topic)
 
     def produce_joined(self, topic: str, values: bytes, ends: np.ndarray, keys: list[bytes | None],
-                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery]) -> None:
+                       row_partitions: np.ndarray, deliveries: Mapping[int, SpanDelivery],
+                       headers: dict[int, Any] | None = None) -> None:
         self.joined += 1
         starts = [0, *ends[:-1].tolist()]
         self.produce_many(topic, [values[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], keys,
-                          [None] * len(keys), [deliveries[p] for p in row_partitions.tolist()])
+                          [(headers or {}).get(i) for i in range(len(keys))],
+                          [deliveries[p] for p in row_partitions.tolist()])
 
     def span_done(self, delivery: SpanDelivery) -> None:
         self.done.append(delivery)
@@ -244,10 +246,14 @@ def test_a_record_s_trace_context_and_copied_headers_go_onto_its_prediction_dead
     assert reply["stream.reply"] == b"in.replies:1:five" and reply["traceparent"] == parent[2]
     assert reply[HEADER_OFFSET] == b"5"
     assert tracker.committable() == {("in", 0): 8}
-    # A batch with no trace context keeps its one-buffer path.
-    plain, pub2 = make(model_dir)
-    plain.process(batch_of(events(4), pub2)[0])
-    assert pub2.joined == 1 and pub.joined == 0
+    assert pub.joined == 1, "the traced records go in the batch's one buffer, their headers beside it"
+    with_provenance, pub2 = make(model_dir, provenance_headers=True, copy_headers="tenant")
+    with_provenance.process(batch_of(events(3), pub2, {1: watched(trace=parent[0], tenant=b"acme")})[0])
+    by_offset = {offset: h for (_, _, offset), (t, _, _, h) in zip(
+        pub2.sources(), [s for s in pub2.sent if s[0] == "out"], strict=True)}
+    assert by_offset[1] == {HEADER_TOPIC: b"in", HEADER_PARTITION: b"0", HEADER_OFFSET: b"1",
+                            "traceparent": parent[0], "tenant": b"acme"}
+    assert by_offset[0] == {HEADER_TOPIC: b"in", HEADER_PARTITION: b"0", HEADER_OFFSET: b"0"}
 
 
 class CountingHandler(PoisonHandler):
