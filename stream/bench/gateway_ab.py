@@ -1,6 +1,6 @@
 """``python -m stream.bench.gateway_ab --baseline REV``: the gateway benchmark (`stream.bench.gateway`) on another
-revision and on this checkout, taking turns, ``--runs`` times each, on the same machine in one go; every run's
-report and, per cell, the median and range of each side's figures, in one file.
+revision and on this checkout, taking turns (ABBA: neither always first), ``--runs`` times each, on the same
+machine in one go; every run's report and, per cell, the median and range of each side's figures, in one file.
 
 Any other flag goes to `stream.bench.gateway` as it is (``--rates 400 --rounds 1 --openai-rounds 0`` keeps a run to
 a few minutes)."""
@@ -65,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"this clone does not have {args.baseline}")
     runs: dict[str, list[dict[str, Any]]] = {base: [], head: []}
     try:
+        sides = ((base, tree), (head, ROOT))
         for r in range(args.runs):
-            for side, cwd in ((base, tree), (head, ROOT)):
+            # ABBA...: neither side always goes first (a run's first pipeline on a fresh broker, or after a
+            # quiet spell, has been the slowest in probes of either revision)
+            for side, cwd in sides if r % 2 == 0 else sides[::-1]:
                 out = work / f"{side}-{r}.json"
                 print(f"gateway A/B: run {r + 1} of {args.runs} at {side} ...", flush=True)
                 subprocess.run([sys.executable, "-m", "stream.bench.gateway", *bench_args, "--results", str(out)],
