@@ -26,7 +26,6 @@ For each device and batch size, all on the same texts:
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 import zipfile
@@ -101,7 +100,6 @@ def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.de
 def reference_encode(texts: list[str], batch: int, device: torch.device, dtype: str = "float32") -> dict[str, Any]:
     """sentence-transformers' own ``encode`` of ``texts`` in batches of ``batch``, from the same ``model.zip`` the
     handler reads (installed package), in ``dtype``: texts/s (after one warm-up batch)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local folder: never ask the hub
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging
 
@@ -113,7 +111,9 @@ def reference_encode(texts: list[str], batch: int, device: torch.device, dtype: 
         with zipfile.ZipFile(_model_zip()) as archive:
             archive.extractall(folder)
         read_model_files(Path(folder))  # the layout the handler reads, checked the same way
-        model = SentenceTransformer(folder, device=str(device))
+        # the model is a local folder: never ask the hub (and no process-wide HF_HUB_OFFLINE, which huggingface_hub
+        # reads once, at import: it stayed on for the gateway tests run later in the same pytest process)
+        model = SentenceTransformer(folder, device=str(device), local_files_only=True)
         model.to(DTYPES[dtype])
         model.encode(texts[:batch], batch_size=batch, convert_to_numpy=True)
         if device.type == "cuda":
