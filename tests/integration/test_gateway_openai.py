@@ -20,6 +20,7 @@ import tritonclient.utils
 
 from producers.texts import generate_texts
 from stream.kafka.topics import end_offsets
+from stream.local.children import WorkerProcess
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
 from stream.models.minilm import PACKAGE, PACKAGE_ZIP, MiniLMHandler
 from tests.gateway_cli import Gateway
@@ -33,23 +34,39 @@ def topic_size(pipeline: Pipeline) -> int:
     return sum(end_offsets(pipeline.bootstrap, pipeline.input).values())
 
 
-def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm_after_a_timeout(
-        pipeline: Pipeline, tmp_path: Path) -> None:
-    key = secrets.token_urlsafe(24)
+def text_pipeline(pipeline: Pipeline, tmp_path: Path, key: str, timeout_ms: int, *worker_flags: str
+                  ) -> tuple[WorkerProcess, Gateway]:
+    """A `--model minilm` worker (the installed weights) and a gateway with ``key`` in front of it, both ready."""
     weights = importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP)  # the installed weights' zip
     worker = pipeline.worker("--model", "minilm", "--model-dir", str(weights),  # (after the harness's demo dir)
-                             "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema",
-                             TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--dlq-topic",
-                             pipeline.input.replace("-in-", "-dlq-"), "--max-wait-ms", "20")
+                             "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema", TEXT_EMBEDDING_SCHEMA,
+                             "--copy-fields", TEXT_COPY_FIELDS, "--max-wait-ms", "20", *worker_flags)
     gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--model", "minilm",
-                      "--timeout-ms", "8000", "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
+                      "--timeout-ms", str(timeout_ms), "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
     try:
         wait_for_assignment(worker)
         gateway.wait_ready()
-        handler = MiniLMHandler()
-        handler.load(torch.device("cpu"))
-        texts = list(generate_texts(12, seed=5).texts)
-        expected = handler.embed(texts)
+    except BaseException:
+        gateway.process.kill()
+        raise
+    return worker, gateway
+
+
+def model_embeddings(count: int, seed: int) -> tuple[list[str], np.ndarray, MiniLMHandler]:
+    """``count`` generated texts, their embeddings as the model computes them directly, and the model."""
+    handler = MiniLMHandler()
+    handler.load(torch.device("cpu"))
+    texts = list(generate_texts(count, seed=seed).texts)
+    return texts, np.asarray(handler.embed(texts)), handler
+
+
+def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm_after_a_timeout(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    key = secrets.token_urlsafe(24)
+    worker, gateway = text_pipeline(pipeline, tmp_path, key, 8000, "--dlq-topic",
+                                    pipeline.input.replace("-in-", "-dlq-"))
+    try:
+        texts, expected, handler = model_embeddings(12, seed=5)
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key)
         assert [m.id for m in client.models.list()] == [MODEL]
         one = client.embeddings.create(model=MODEL, input=texts[0])  # the SDK's default: base64, decoded by it
@@ -114,19 +131,9 @@ def test_langchain_haystack_and_kserve_s_sdk_work_unchanged_and_a_full_request_o
 
     monkeypatch.setenv("HAYSTACK_TELEMETRY_ENABLED", "False")  # no posthog calls from this machine
     key = secrets.token_urlsafe(24)
-    weights = importlib.metadata.distribution(PACKAGE).locate_file(PACKAGE_ZIP)
-    worker = pipeline.worker("--model", "minilm", "--model-dir", str(weights), "--input-schema", TEXT_EVENT_SCHEMA,
-                             "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS,
-                             "--max-wait-ms", "20", "--max-batch-size", "256")
-    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--model", "minilm",
-                      "--timeout-ms", "120000", "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
+    worker, gateway = text_pipeline(pipeline, tmp_path, key, 120_000, "--max-batch-size", "256")
     try:
-        wait_for_assignment(worker)
-        gateway.wait_ready()
-        handler = MiniLMHandler()
-        handler.load(torch.device("cpu"))
-        texts = list(generate_texts(2048, seed=11).texts)
-        expected = np.asarray(handler.embed(texts))
+        texts, expected, _ = model_embeddings(2048, seed=11)
 
         # LangChain: its documented OpenAI-compatible setup; check_embedding_ctx_length=False sends text, not
         # tiktoken's token ids (which the gateway refuses, naming this setting). Default chunk_size: 1,000.
