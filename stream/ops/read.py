@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +29,8 @@ from stream.codec.registry import WireDecoder, open_source
 from stream.config import kafka_admin_env_config, kafka_env_config
 from stream.errors import ConfigError, StreamError
 from stream.kafka.topics import end_offsets, partitions_of
+
+STALL_S = 60.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -113,6 +116,7 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
                          "group.id": f"stream-read-{uuid.uuid4()}", "enable.auto.commit": False,
                          "isolation.level": args.isolation})
     printed = 0
+    progress_at = time.monotonic()  # without --follow, a read that stops getting anywhere ends with an error
     try:
         decode = WireDecoder(source)
         consumer.assign([TopicPartition(args.topic, p, start) for p in (chosen if args.follow else todo)])
@@ -131,6 +135,7 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
                         del todo[p]
                 out.write(json.dumps(line_of(msg, decode), ensure_ascii=False) + "\n")
                 printed += 1
+                progress_at = time.monotonic()
                 if args.max is not None and printed >= args.max:
                     out.flush()
                     return printed
@@ -140,6 +145,9 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
                 for tp in consumer.position([TopicPartition(args.topic, p) for p in list(todo)]):
                     if tp.offset >= 0 and tp.offset >= todo.get(tp.partition, math.inf):
                         todo.pop(tp.partition, None)
+                if todo and time.monotonic() - progress_at > STALL_S:
+                    raise StreamError(f"reading {args.topic}: no record for {STALL_S:.0f} s, partitions "
+                                      f"{sorted(todo)} not read to the end offsets they had at the start")
     except KafkaException as exc:
         raise StreamError(f"reading {args.topic}: {exc}") from exc
     finally:
