@@ -72,17 +72,16 @@ class Spans:
 
     def close_batch(self) -> Dispatched:
         records = Records.concat(self._batcher.take())
-        if len(records) > self._batcher.max_batch_size:  # a record that slipped in while paused
-            records, rest = records.split(self._batcher.max_batch_size)
-            self._batcher.add([rest])
+        # At most max_batch_size (records can slip in while paused) and, with a token budget, the texts within
+        # it (at least one: a budget is at least one text's most); the rest, in order, opens the next batch.
+        fit = self._batcher.max_batch_size
         budget = self._batcher.max_weight
         if budget is not None and self._tokens is not None:
-            # The texts within the token budget (at least one: a budget is at least one text's most), the rest
-            # opening the next batch.
-            fit = max(int(np.searchsorted(np.cumsum(self._tokens(records)), budget, side="right")), 1)
-            if fit < len(records):
-                records, rest = records.split(fit)
-                self._batcher.add([rest])
+            within = int(np.searchsorted(np.cumsum(self._tokens(records)), budget, side="right"))
+            fit = min(fit, max(within, 1))
+        if len(records) > fit:
+            records, rest = records.split(fit)
+            self._batcher.add([rest])
         partitions, offsets = records.partitions, records.offsets
         assert self.publisher is not None
         deliveries = {}

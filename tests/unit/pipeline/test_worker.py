@@ -119,3 +119,17 @@ def test_a_token_budget_needs_a_text_model_and_room_for_one_text(model_dir: Path
         Worker(WorkerSettings(**base, max_batch_tokens=100), handler=PoisonHandler(model_dir))
     with pytest.raises(ConfigError, match="below the model's --max-tokens 10"):
         Worker(WorkerSettings(**base, max_batch_tokens=9), handler=TextLike(model_dir))
+
+
+def test_a_batch_over_both_its_size_and_its_token_budget_is_cut_once_and_the_rest_stays_in_order(
+        model_dir: Path) -> None:
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, max_batch_size=4, max_batch_tokens=25, native_consumer=False)
+    w = Worker(settings, handler=TextLike(model_dir))
+    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    w._tracker.assign([("in", 0)])
+    # Six records taken at once (over the size of 4), each counting 10 tokens: the first two fit 25.
+    w._spans.accept(Records.build([b"x" * 20] * 6, [None] * 6, [0] * 6, range(6)))
+    assert w._spans.close_batch().offsets.tolist() == [0, 1]
+    assert w._spans.close_batch().offsets.tolist() == [2, 3]
+    assert w._spans.close_batch().offsets.tolist() == [4, 5]
