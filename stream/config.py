@@ -93,6 +93,11 @@ def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
 MAX_COPY_HEADERS = 10  # --copy-headers: the consumer takes at most 16 header names a record (4 a reply's, 2 W3C's)
 
 
+def _names(listed: str) -> tuple[str, ...]:
+    """A comma-separated list's names, stripped, each once, in order."""
+    return tuple(dict.fromkeys(n.strip() for n in listed.split(",")))
+
+
 def parse_start_time(text: str) -> int:
     """``--start-from``'s time: Unix milliseconds, or an ISO 8601 date-time with a zone (Z or +hh:mm)."""
     from datetime import datetime
@@ -301,11 +306,11 @@ class WorkerSettings(BaseSettings):
     def _check_copy_headers(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        names = [n.strip() for n in value.split(",")]
-        if any(not n for n in names):
+        names = _names(value)
+        if "" in names:
             raise ValueError(f"copy_headers {value!r}: an empty header name")
-        if len(set(names)) > MAX_COPY_HEADERS:
-            raise ValueError(f"copy_headers: {len(set(names))} names, at most {MAX_COPY_HEADERS}")
+        if len(names) > MAX_COPY_HEADERS:
+            raise ValueError(f"copy_headers: {len(names)} names, at most {MAX_COPY_HEADERS}")
         own = [n for n in names if n.startswith(("stream.", "kafka_"))]  # ours, and Spring's reply headers
         if own:
             raise ValueError(f"copy_headers: {own[0]} is the pipeline's own header (set by the worker or the "
@@ -315,9 +320,7 @@ class WorkerSettings(BaseSettings):
     @property
     def copy_header_names(self) -> tuple[str, ...]:
         """``copy_headers`` as names (empty: only the trace context is carried)."""
-        if self.copy_headers is None:
-            return ()
-        return tuple(dict.fromkeys(n.strip() for n in self.copy_headers.split(",")))
+        return () if self.copy_headers is None else _names(self.copy_headers)
 
     @property
     def reply_topic_set(self) -> frozenset[str]:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stream import __version__
 from stream.gateway.client import Prediction
 from stream.gateway.door import Context, Door, trace_context
 from stream.gateway.errors import (
@@ -204,7 +205,7 @@ class EmbeddingsApi:
                             model_type={"embedding": {"pooling": pooling} if pooling else {}},
                             max_concurrent_requests=door.max_events, max_input_length=max_tokens,
                             max_client_batch_size=max_texts, auto_truncate=True,
-                            version=_version()).model_dump()
+                            version=__version__).model_dump()
 
     def operations(self, components: dict[str, Any], counted: Any = None) -> list[Operation]:
         openai_error = schema_of(OpenAIError, components)
@@ -310,11 +311,6 @@ class EmbeddingsApi:
                 raise BadReply(f"the prediction has no float vector {self.embedding_field!r} (it has "
                                f"{', '.join(predictions[0].record)}): set --embedding-field", sent=True)
         return vectors  # type: ignore[return-value]
-
-
-def _version() -> str:
-    from stream import __version__
-    return __version__
 
 
 def unavailable_operations(why: str) -> list[Operation]:

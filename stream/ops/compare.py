@@ -40,6 +40,14 @@ IGNORED = frozenset({"model_name", "model_version", "predicted_ts_ms", "batch_si
 Lineage = tuple[str, int, int]
 
 
+def drop_read_to_end(consumer: Consumer, topic: str, todo: dict[int, int]) -> None:
+    """Take out of ``todo`` ({partition: its end offset}) the partitions whose position has reached their end: a
+    transaction's control record or aborted records can end a partition without a record at end - 1."""
+    for tp in consumer.position([TopicPartition(topic, p) for p in list(todo)]):
+        if tp.offset >= 0 and tp.offset >= todo.get(tp.partition, math.inf):
+            todo.pop(tp.partition, None)
+
+
 def read_topic(bootstrap: str, topic: str, config: dict[str, Any] | None = None,
                timeout_s: float = 120.0) -> Iterator[tuple[bytes | None, dict[str, bytes]]]:
     """(value, headers) of every record of ``topic`` up to the end offsets it had at the call."""
@@ -62,10 +70,7 @@ def read_topic(bootstrap: str, topic: str, config: dict[str, Any] | None = None,
                     yield msg.value(), headers_of(msg)
                 if p in todo and offset + 1 >= todo[p]:
                     del todo[p]
-            # A transaction's control record or aborted records can end a partition without a record at end - 1.
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(todo)]):
-                if tp.offset >= 0 and tp.offset >= todo.get(tp.partition, math.inf):
-                    todo.pop(tp.partition, None)
+            drop_read_to_end(consumer, topic, todo)
     finally:
         consumer.close()
 

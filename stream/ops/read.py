@@ -29,6 +29,7 @@ from stream.codec.registry import WireDecoder, open_source
 from stream.config import kafka_admin_env_config, kafka_env_config
 from stream.errors import ConfigError, StreamError
 from stream.kafka.topics import end_offsets, partitions_of
+from stream.ops.compare import drop_read_to_end
 
 STALL_S = 60.0
 
@@ -141,10 +142,7 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
                     return printed
             out.flush()
             if todo:
-                # A transaction's control record, or aborted records, can end a partition with nothing at end - 1.
-                for tp in consumer.position([TopicPartition(args.topic, p) for p in list(todo)]):
-                    if tp.offset >= 0 and tp.offset >= todo.get(tp.partition, math.inf):
-                        todo.pop(tp.partition, None)
+                drop_read_to_end(consumer, args.topic, todo)
                 if todo and time.monotonic() - progress_at > STALL_S:
                     raise StreamError(f"reading {args.topic}: no record for {STALL_S:.0f} s, partitions "
                                       f"{sorted(todo)} not read to the end offsets they had at the start")

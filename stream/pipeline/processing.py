@@ -372,7 +372,7 @@ class BatchProcessor:
         for row, values in watched.items():
             hdrs = carried_of(values, names)
             if hdrs:
-                out[row] = list(hdrs)
+                out[row] = hdrs
         return out
 
     def _publish_predictions(self, batch: Dispatched, decoded: Columns, outputs: dict[str, np.ndarray],
@@ -396,16 +396,17 @@ class BatchProcessor:
         source = InputSource(self.policy.input_topic, row_partitions, row_offsets)
         now_ms = int(time.time() * 1000)
         reply_rows = np.flatnonzero(np.isin(decoded.index, list(replies))).tolist() if replies else []
+        # {position among the predictions: its carried headers} of the records carrying a trace context
+        traced = {j: carried[row] for j, row in enumerate(decoded.index.tolist()) if row in carried} \
+            if carried else {}
         if not self._provenance_headers:
             # One buffer for the whole batch; the native producer takes it as is (no bytes object per record), the
             # records carrying a trace context with their headers, in order among the others.
             joined, ends = self._encoder.encode_joined(
                 decoded, outputs, model_name=handler.name, model_version=handler.version, predicted_ts_ms=now_ms,
                 batch_size=len(records), source=source)
-            traced = {j: carried[row] for j, row in enumerate(decoded.index.tolist()) if row in carried} \
-                if carried else None
             self._publisher.produce_joined(self.policy.output_topic, joined, ends, keys, row_partitions, deliveries,
-                                           traced)  # type: ignore[arg-type]
+                                           traced or None)  # type: ignore[arg-type]
             for j in reply_rows:
                 start = int(ends[j - 1]) if j else 0
                 copies.append((int(decoded.index[j]), bytes(joined[start:int(ends[j])]), []))
@@ -419,10 +420,8 @@ class BatchProcessor:
         partition_headers = {p: (HEADER_PARTITION, b"%d" % p) for p in deliveries}
         headers: list[Headers | None] = [[topic_header, partition_headers[p], (HEADER_OFFSET, b"%d" % o)]
                                          for p, o in zip(parts, row_offsets.tolist(), strict=True)]
-        for j, row in enumerate(decoded.index.tolist()):  # the records carrying a trace context
-            extra = carried.get(row)
-            if extra:
-                headers[j] = [*(headers[j] or ()), *extra]
+        for j, extra in traced.items():
+            headers[j] = [*(headers[j] or ()), *extra]
         callbacks = [deliveries[p] for p in parts]
         self._publisher.produce_many(self.policy.output_topic, payloads, keys, headers, callbacks)
         copies += [(int(decoded.index[j]), payloads[j], []) for j in reply_rows]
