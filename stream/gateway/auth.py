@@ -40,7 +40,7 @@ def _check_key(key: str, where: str) -> str:
     if len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
         raise ConfigError(f"{where}: an API key must be at least {MIN_KEY_CHARS} characters without spaces (one is "
                           f"{len(key)} long); make one with `python3 -c 'import secrets; "
-                          "print(secrets.token_urlsafe(32))'`")
+                          "print(secrets.token_hex(32))'`")
     return key
 
 

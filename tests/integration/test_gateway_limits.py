@@ -59,7 +59,7 @@ def test_no_caller_without_a_key_can_grow_the_gateway_s_memory_or_hold_its_socke
     key = secrets.token_urlsafe(24)
     cert, private = self_signed(tmp_path)
     worker = pipeline.worker("--max-wait-ms", "5")
-    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--api-key", key,
+    gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", f"--api-key={key}",
                       "--ssl-certfile", str(cert), "--ssl-keyfile", str(private), "--max-buffered-bytes",
                       str(16 * MIB), "--header-timeout-s", "2", "--body-timeout-s", "3",
                       "--tls-handshake-timeout-s", "2", api_key=key, ca=cert)
@@ -72,7 +72,11 @@ def test_no_caller_without_a_key_can_grow_the_gateway_s_memory_or_hold_its_socke
 
         def connect(secure: bool = True) -> socket.socket:
             raw = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
-            return tls.wrap_socket(raw, server_hostname="127.0.0.1") if secure else raw
+            try:
+                return tls.wrap_socket(raw, server_hostname="127.0.0.1") if secure else raw
+            except BaseException:
+                raw.close()
+                raise
 
         with sockets() as held:
             # 1. Header lines without end, over 4 TLS connections (64 MiB offered in all): each gets 431.

@@ -5,9 +5,12 @@ putting the texts on the topic again."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.metadata
 import secrets
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,6 +33,15 @@ pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
 
 
+@pytest.fixture
+def closing() -> Iterator[contextlib.ExitStack]:
+    """The test's clients, closed after it; then a collection, so that a client's socket left to the collector
+    fails this test's teardown (ResourceWarning) rather than whichever test the collector next runs in."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+    gc.collect()
+
+
 def topic_size(pipeline: Pipeline) -> int:
     return sum(end_offsets(pipeline.bootstrap, pipeline.input).values())
 
@@ -42,7 +54,7 @@ def text_pipeline(pipeline: Pipeline, tmp_path: Path, key: str, timeout_ms: int,
                              "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema", TEXT_EMBEDDING_SCHEMA,
                              "--copy-fields", TEXT_COPY_FIELDS, "--max-wait-ms", "20", *worker_flags)
     gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--model", "minilm",
-                      "--timeout-ms", str(timeout_ms), "--api-key", key, input_schema=TEXT_EVENT_SCHEMA, api_key=key)
+                      "--timeout-ms", str(timeout_ms), f"--api-key={key}", input_schema=TEXT_EVENT_SCHEMA, api_key=key)
     try:
         wait_for_assignment(worker)
         gateway.wait_ready()
@@ -61,13 +73,13 @@ def model_embeddings(count: int, seed: int) -> tuple[list[str], np.ndarray, Mini
 
 
 def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm_after_a_timeout(
-        pipeline: Pipeline, tmp_path: Path) -> None:
+        pipeline: Pipeline, tmp_path: Path, closing: contextlib.ExitStack) -> None:
     key = secrets.token_urlsafe(24)
     worker, gateway = text_pipeline(pipeline, tmp_path, key, 8000, "--dlq-topic",
                                     pipeline.input.replace("-in-", "-dlq-"))
     try:
         texts, expected, handler = model_embeddings(12, seed=5)
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key)
+        client = closing.enter_context(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key))
         assert [m.id for m in client.models.list()] == [MODEL]
         one = client.embeddings.create(model=MODEL, input=texts[0])  # the SDK's default: base64, decoded by it
         assert np.asarray(one.data[0].embedding) == pytest.approx(expected[0], abs=1e-5)
@@ -92,8 +104,8 @@ def test_the_openai_sdk_gets_the_model_s_embeddings_and_usage_and_no_retry_storm
         with pytest.raises(openai.BadRequestError, match="dimensions"):
             client.embeddings.create(model=MODEL, input="x", dimensions=128)
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-" + key).embeddings.create(model=MODEL,
-                                                                                               input="x")
+            closing.enter_context(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-" + key)
+                                  ).embeddings.create(model=MODEL, input="x")
         # A worker that stopped answering (SIGSTOP: still in the group): the one text waits on the topic; the SDK
         # gets 504 and does not send it again.
         worker.proc.send_signal(signal.SIGSTOP)
@@ -119,7 +131,8 @@ def rss_mib(pid: int) -> float:
 
 
 def test_langchain_haystack_and_kserve_s_sdk_work_unchanged_and_a_full_request_of_2048_texts_is_served(
-        pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closing: contextlib.ExitStack
+) -> None:
     """Each library as its documentation shows it, against the model run directly: LangChain's OpenAIEmbeddings
     embeds 1,000 documents in one request (its default chunk size), Haystack's OpenAI embedders, and KServe's
     REST client (server and model health, infer); then the OpenAI SDK's most texts in one request (2,048, the
@@ -138,7 +151,7 @@ def test_langchain_haystack_and_kserve_s_sdk_work_unchanged_and_a_full_request_o
         # LangChain: its documented OpenAI-compatible setup; check_embedding_ctx_length=False sends text, not
         # tiktoken's token ids (which the gateway refuses, naming this setting). Default chunk_size: 1,000.
         lc = OpenAIEmbeddings(model=MODEL, base_url=f"{gateway.url}/v1", api_key=key,
-                              check_embedding_ctx_length=False)
+                              check_embedding_ctx_length=False, http_client=closing.enter_context(httpx.Client()))
         assert lc.chunk_size == 1000
         sent = topic_size(pipeline)
         got = np.asarray(lc.embed_documents(texts[:1000]))
@@ -147,29 +160,32 @@ def test_langchain_haystack_and_kserve_s_sdk_work_unchanged_and_a_full_request_o
         assert np.asarray(lc.embed_query(texts[0])) == pytest.approx(expected[0], abs=1e-5)
         # What LangChain sends by default (tiktoken's token ids): a 400 naming the setting that fixes it.
         with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
-            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key).embeddings.create(model=MODEL,
-                                                                                        input=[[101, 2023, 102]])
+            closing.enter_context(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key)
+                                  ).embeddings.create(model=MODEL, input=[[101, 2023, 102]])
 
         # Haystack: its OpenAI embedders pointed at the gateway.
         secret = Secret.from_token(key)
-        one = OpenAITextEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1").run(texts[1])
+        text_embedder = OpenAITextEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1")
+        one = text_embedder.run(texts[1])
+        closing.enter_context(text_embedder.client)  # created by run(): its connections closed with the test
         assert np.asarray(one["embedding"]) == pytest.approx(expected[1], abs=1e-5)
-        docs = OpenAIDocumentEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1",
-                                      batch_size=32, progress_bar=False).run(
-            documents=[Document(content=t) for t in texts[:40]])["documents"]
+        doc_embedder = OpenAIDocumentEmbedder(api_key=secret, model=MODEL, api_base_url=f"{gateway.url}/v1",
+                                              batch_size=32, progress_bar=False)
+        docs = doc_embedder.run(documents=[Document(content=t) for t in texts[:40]])["documents"]
+        closing.enter_context(doc_embedder.client)
         assert np.asarray([d.embedding for d in docs]) == pytest.approx(expected[:40], abs=1e-5)
 
         # huggingface_hub as against text-embeddings-inference: the root URL, the key as its token.
         from huggingface_hub import InferenceClient
 
-        hub = InferenceClient(model=gateway.url, token=key)
+        hub = closing.enter_context(InferenceClient(model=gateway.url, token=key))
         assert np.asarray(hub.feature_extraction(texts[2])).reshape(-1) == pytest.approx(expected[2], abs=1e-5)
 
         # KServe's SDK: the Open Inference Protocol's health calls and a BYTES tensor of texts.
         kserve_checks(gateway.url, key, texts[:5], expected[:5])
 
         # The most texts one request may carry (--max-texts 2,048), as floats: the gateway's memory around it.
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, timeout=120)
+        client = closing.enter_context(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, timeout=120))
         before = rss_mib(gateway.process.pid)
         full = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
         after = rss_mib(gateway.process.pid)
