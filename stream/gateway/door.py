@@ -32,6 +32,7 @@ from stream.errors import DecodeError
 from stream.gateway.client import Prediction
 from stream.gateway.errors import BadReply, GatewayError, NotSent, Oversized, Refused, TooManyEvents
 from stream.gateway.events import EventEncoder
+from stream.ops.tracing import request_trace_headers
 from stream.pipeline.contract import DecodeStage
 
 BATCH_AFTER_S = 0.002  # requests closer together than this share the decode stage's runs
@@ -43,7 +44,10 @@ Context = Sequence[tuple[str, bytes]]
 def trace_context(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
     """A request's W3C trace context (``traceparent``, and ``tracestate`` with it) as record headers; an invalid
     ``traceparent`` (W3C: version ff, an all-zero id, not lower-case hex) is dropped with its ``tracestate``, as a
-    tracer would restart the trace."""
+    tracer would restart the trace. A gateway that traces (`stream.ops.tracing`) gives its request span's instead."""
+    own = request_trace_headers()
+    if own is not None:
+        return own
     parent = headers.get("traceparent")
     if parent is None:
         return []

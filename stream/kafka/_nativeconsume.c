@@ -12,6 +12,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_REPLY_HEADERS 16
 
@@ -139,9 +140,12 @@ static PyObject *Queue_route(Queue *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* One record's reply headers into (*replies)[row], a tuple of each name's last value (or None), when it carries
- * any of them; *replies is made at the first. 0, or -1 with an exception set. */
-static int add_reply(Queue *self, const rd_kafka_headers_t *hdrs, Py_ssize_t row, PyObject **replies) {
+/* One record's reply headers into (*replies)[row], when it carries any of them: a tuple of each name's last value
+ * (or None), then the record's Kafka timestamp in ms (None: it has none) and when it was taken (``taken_ns``, the
+ * wall clock's ns: the tracing spans of `stream.ops.tracing` start from them); *replies is made at the first. 0,
+ * or -1 with an exception set. */
+static int add_reply(Queue *self, const rd_kafka_message_t *m, const rd_kafka_headers_t *hdrs, Py_ssize_t row,
+                     PyObject *taken_ns, PyObject **replies) {
     const void *values[MAX_REPLY_HEADERS];
     size_t sizes[MAX_REPLY_HEADERS];
     int found = 0;
@@ -153,10 +157,11 @@ static int add_reply(Queue *self, const rd_kafka_headers_t *hdrs, Py_ssize_t row
     }
     if (!found)
         return 0;
-    PyObject *item = PyTuple_New(self->n_reply_headers);
+    const Py_ssize_t n = self->n_reply_headers;
+    PyObject *item = PyTuple_New(n + 2);
     if (!item)
         return -1;
-    for (Py_ssize_t i = 0; i < self->n_reply_headers; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = values[i] ? PyBytes_FromStringAndSize(values[i], (Py_ssize_t)sizes[i]) : Py_NewRef(Py_None);
         if (!v) {
             Py_DECREF(item);
@@ -164,6 +169,15 @@ static int add_reply(Queue *self, const rd_kafka_headers_t *hdrs, Py_ssize_t row
         }
         PyTuple_SET_ITEM(item, i, v);
     }
+    int ts_type;
+    const int64_t ts = rdk.message_timestamp(m, &ts_type);
+    PyObject *when = ts >= 0 ? PyLong_FromLongLong((long long)ts) : Py_NewRef(Py_None);
+    if (!when) {
+        Py_DECREF(item);
+        return -1;
+    }
+    PyTuple_SET_ITEM(item, n, when);
+    PyTuple_SET_ITEM(item, n + 1, Py_NewRef(taken_ns));
     PyObject *key = PyLong_FromSsize_t(row);
     if (key && !*replies)
         *replies = PyDict_New();
@@ -173,13 +187,20 @@ static int add_reply(Queue *self, const rd_kafka_headers_t *hdrs, Py_ssize_t row
     return rc;
 }
 
+/* The wall clock in ns, as time.time_ns() (a new reference). */
+static PyObject *wall_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+}
+
 /* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
  * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
  * events among them (end of partition included); pending: the consumer's queue holds something to serve;
- * replies: {row: (each reply_headers name's last value, or None)} of the records carrying at least one of those
- * headers, None when none does. */
+ * replies: {row: (each reply_headers name's last value, or None; then its timestamp in ms and when it was taken in
+ * ns, `add_reply`)} of the records carrying at least one of those headers, None when none does. */
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
@@ -223,6 +244,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *keys = PyList_New(good);
     PyObject *errors = PyList_New(nerr);
     PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
+    PyObject *taken_ns = NULL; /* the wall clock, read at the first record with headers */
     if (values && starts && lens && parts && offs && keys && errors) {
         char *vb = PyBytes_AS_STRING(values);
         int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
@@ -267,9 +289,15 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
             of[g] = m->offset;
             if (self->n_reply_headers) {
                 rd_kafka_headers_t *hdrs;
-                if (rdk.message_headers(m, &hdrs) == 0 && add_reply(self, hdrs, g, &replies) < 0) {
-                    failed = 1;
-                    break;
+                if (rdk.message_headers(m, &hdrs) == 0) {
+                    if (!taken_ns && !(taken_ns = wall_ns())) {
+                        failed = 1;
+                        break;
+                    }
+                    if (add_reply(self, m, hdrs, g, taken_ns, &replies) < 0) {
+                        failed = 1;
+                        break;
+                    }
                 }
             }
             g++;
@@ -291,6 +319,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_XDECREF(keys);
     Py_XDECREF(errors);
     Py_XDECREF(replies);
+    Py_XDECREF(taken_ns);
     return result;
 }
 

@@ -89,6 +89,7 @@ static struct {
     void (*message_destroy)(rd_kafka_message_t *);
     int (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
     int (*header_get_last)(const rd_kafka_headers_t *, const char *, const void **, size_t *);
+    int64_t (*message_timestamp)(const rd_kafka_message_t *, int *); /* -1: none; the int: its type */
 } rdk;
 static int rdk_loaded = 0;
 
@@ -140,6 +141,7 @@ static PyObject *rdk_load(PyObject *module, PyObject *args) {
     SYM(message_destroy, "rd_kafka_message_destroy");
     SYM(message_headers, "rd_kafka_message_headers");
     SYM(header_get_last, "rd_kafka_header_get_last");
+    SYM(message_timestamp, "rd_kafka_message_timestamp");
 #undef SYM
     rdk_loaded = 1;
     Py_RETURN_NONE;

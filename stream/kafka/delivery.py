@@ -5,7 +5,7 @@ commit acknowledges the whole span at once."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from confluent_kafka import KafkaError, Message
@@ -23,13 +23,15 @@ class SpanDelivery:
     """The delivery state of one span, and its only writer: the delivery callback for its predictions (and dead
     letters), counting them down; the publisher's ``on_span_done`` is called once all are acknowledged."""
 
-    __slots__ = ("_publisher", "dead", "span", "ts_ms")
+    __slots__ = ("_publisher", "dead", "span", "traced", "ts_ms")
 
     def __init__(self, publisher: Publisher, span: Span) -> None:
         self._publisher = publisher
         self.span = span
         self.ts_ms: np.ndarray | None = None  # event times of its predictions, for end-to-end latency
         self.dead = 0  # how many of the span's records went to the dead-letter topic
+        # the open tracing spans of its records with a trace context (`stream.ops.tracing.RecordTrace`)
+        self.traced: list[Any] | None = None
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if self._publisher.transactional:

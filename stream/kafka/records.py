@@ -7,6 +7,7 @@ from librdkafka, no ``Message`` object per record) or from confluent-kafka ``Mes
 
 from __future__ import annotations
 
+import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
@@ -52,13 +53,15 @@ class Records:
         """Records of consumed, error-free ``Message``s (each has a partition and an offset); ``watched``: the
         header names whose values `replies` holds."""
         replies: dict[int, AddressHeaders] = {}
+        taken_ns = time.time_ns()
         for i, m in enumerate(messages):
             headers = m.headers()
             if headers:
                 pairs = headers.items() if isinstance(headers, dict) else headers  # a consumed one's: a list
                 last = {k: v for k, v in pairs if k in watched and isinstance(v, bytes)}
                 if last:
-                    replies[i] = tuple(last.get(name) for name in watched)
+                    kind, ts_ms = m.timestamp()
+                    replies[i] = (*(last.get(name) for name in watched), ts_ms if kind else None, taken_ns)
         return cls.build([m.value() for m in messages], [m.key() for m in messages],
                          [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
                          replies)

@@ -38,8 +38,9 @@ ADDRESS_HEADERS = (REPLY_HEADER, SPRING_REPLY_TOPIC, SPRING_REPLY_PARTITION, SPR
 # W3C trace context: carried from an input record onto its prediction, dead letter and reply copy, with the
 # operator's --copy-headers after it.
 TRACE_HEADERS = ("traceparent", "tracestate")
-# One record's values of the watched headers (`watched_headers`: the last of each name; None: absent).
-AddressHeaders = tuple["bytes | None", ...]
+# One record's values of the watched headers (`watched_headers`: the last of each name; None: absent), then its
+# Kafka timestamp in ms (None: it has none) and when the consumer took it (wall clock, ns): `record_times`.
+AddressHeaders = tuple["bytes | int | None", ...]
 
 
 def carried_headers(copy_headers: Sequence[str] = ()) -> tuple[str, ...]:
@@ -55,7 +56,17 @@ def watched_headers(copy_headers: Sequence[str] = ()) -> tuple[str, ...]:
 def carried_of(values: AddressHeaders, names: Sequence[str]) -> list[tuple[str, str | bytes | None]]:
     """A record's carried headers (``names``, after the address's in ``values``) that it has."""
     # (a shorter tuple, an address's alone, has none)
-    return [(name, v) for name, v in zip(names, values[len(ADDRESS_HEADERS):], strict=False) if v is not None]
+    return [(name, v) for name, v in zip(names, values[len(ADDRESS_HEADERS):], strict=False)
+            if isinstance(v, bytes)]
+
+
+def record_times(values: AddressHeaders, watched: int) -> tuple[int | None, int | None]:
+    """A record's Kafka timestamp (ms) and when the consumer took it (ns), after its ``watched`` headers' values;
+    None for each it lacks."""
+    if len(values) != watched + 2:
+        return None, None
+    ts_ms, taken_ns = values[watched], values[watched + 1]
+    return (ts_ms if isinstance(ts_ms, int) else None), (taken_ns if isinstance(taken_ns, int) else None)
 ANY_PARTITION = -1  # a reply partition left to the producer's partitioner
 # On a reply: the tokens the model took of its input (decimal ASCII), when the model reports them (a text model's
 # ``prepare`` does: `stream.pipeline.inference.ModelHandler`); the gateway's OpenAI route sums them as its usage.
@@ -95,7 +106,7 @@ class Reply:
 def parse_reply(values: AddressHeaders) -> Reply | None:
     """The reply a record asks for by its ADDRESS_HEADERS values; None when it asks for none (a Spring correlation
     id alone); ValueError naming what is wrong with an address."""
-    own, topic, partition, correlation = values[:len(ADDRESS_HEADERS)]
+    own, topic, partition, correlation = (v if isinstance(v, bytes) else None for v in values[:len(ADDRESS_HEADERS)])
     if own is not None:
         address = ReplyAddress.parse(own)
         return Reply(address.topic, address.partition, ((REPLY_HEADER, own),))

@@ -47,8 +47,18 @@ from stream.kafka.publish import (
     Publisher,
 )
 from stream.kafka.records import Records
-from stream.kafka.replies import TRACE_HEADERS, USAGE_TOKENS_HEADER, AddressHeaders, Reply, ReplyRouter, carried_of
+from stream.kafka.replies import (
+    ADDRESS_HEADERS,
+    TRACE_HEADERS,
+    USAGE_TOKENS_HEADER,
+    AddressHeaders,
+    Reply,
+    ReplyRouter,
+    carried_of,
+    record_times,
+)
 from stream.ops.metrics import StreamMetrics
+from stream.ops.tracing import BatchTraces
 from stream.pipeline import faults
 from stream.pipeline.contract import Decoded, DecodeStage
 from stream.pipeline.inference import InferenceEngine, InFlight, Prepared
@@ -75,6 +85,7 @@ class Dispatched:
     epoch: int = 0  # exactly-once: batches of an epoch before a rewind are dropped
     group_metadata: Any = None  # exactly-once: the consumer group generation when the batch was consumed
     queued_at: float = 0.0  # monotonic time it entered the processing stage's queue
+    closed_ns: int = 0  # wall clock (ns) when it was closed, for the tracing spans (`stream.ops.tracing`)
 
 
 @dataclass
@@ -88,6 +99,7 @@ class Begun:
     dead: list[DeadRecord]
     prepared: Prepared | None  # None when no record decoded
     flight: InFlight | None = None  # set by submit; None when no record decoded
+    submitted_ns: int | None = None  # wall clock (ns) when submit handed it to the model
 
 
 @dataclass(frozen=True)
@@ -201,9 +213,11 @@ class BatchProcessor:
     def __init__(self, policy: ProcessingPolicy, engine: InferenceEngine, decoder: ColumnDecoder,
                  binder: InputBinder, encoder: OutputEncoder, publisher: Publisher, metrics: StreamMetrics,
                  sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False,
-                 reply_partitions: Callable[[str], int | None] = lambda topic: None) -> None:
+                 reply_partitions: Callable[[str], int | None] = lambda topic: None,
+                 traces: BatchTraces | None = None) -> None:
         """``reply_partitions(topic)``: a reply topic's partition count when the worker may write to it, else
-        None (`stream.kafka.access.reply_partitions`)."""
+        None (`stream.kafka.access.reply_partitions`); ``traces``: the tracing spans of records with a trace context
+        (`stream.ops.tracing`), None when tracing is off."""
         self.policy = policy
         self._engine = engine
         self._decode_stage = DecodeStage(decoder, binder, policy.max_input_bytes)
@@ -219,6 +233,8 @@ class BatchProcessor:
         # fields for them (version 2 on), as headers when asked for or when it has not.
         self._provenance_headers = policy.provenance_headers or not encoder.carries_source
         self._replies = ReplyRouter(policy.reply_topics, reply_partitions, metrics.replies.labels("refused").inc)
+        self._traces = traces
+        self._watched = len(ADDRESS_HEADERS) + len(policy.carried)  # the values before a record's times
 
     @property
     def engine(self) -> InferenceEngine:
@@ -248,6 +264,7 @@ class BatchProcessor:
         """Hand the prepared batch to the model without waiting for its forward pass (on the CPU it runs now)."""
         if begun.prepared is not None:
             faults.reach("during-inference")
+            begun.submitted_ns = time.time_ns()
             begun.flight = self._engine.submit(begun.inputs, begun.prepared)
         return begun
 
@@ -278,6 +295,7 @@ class BatchProcessor:
         if replies:  # before any of the batch's records is produced, so that no span completes without them
             for p, n in zip(*np.unique(batch.partitions[list(replies)], return_counts=True), strict=True):
                 batch.deliveries[int(p)].expect(int(n))
+        outputs = None
         if begun.flight is not None:
             reached = len(decoded)
             ok_rows, outputs, poison = self._infer_isolating(begun.inputs, begun.flight)
@@ -290,6 +308,9 @@ class BatchProcessor:
             dead += failed
             if poison:
                 decoded = decoded.take(ok_rows)
+        if self._traces is not None and carried:  # before any of its records is produced, as the replies
+            self._start_traces(begun, carried, dead)
+        if outputs is not None:
             self._publish_predictions(batch, decoded, outputs, replies, copies, carried)
         if dead:
             dead.sort(key=lambda d: d.index)  # input-offset order per partition, whatever the stage
@@ -363,6 +384,24 @@ class BatchProcessor:
                 self._sleep(delay_s)
             finally:
                 flight = None
+
+    def _start_traces(self, begun: Begun, carried: dict[int, Headers], dead: list[DeadRecord]) -> None:
+        """The spans of the batch's records that carry a trace context, each handed to its span's delivery, which
+        ends it once acknowledged (`stream.pipeline.spans.Spans.done`)."""
+        assert self._traces is not None
+        batch = begun.batch
+        watched = batch.records.replies or {}
+        n = self._watched
+        traces = self._traces.start(
+            carried, {row: record_times(watched[row], n) for row in carried if row in watched},
+            batch.partitions.tolist(), batch.offsets.tolist(), batch_size=len(batch.records),
+            closed_ns=batch.closed_ns or time.time_ns(), submitted_ns=begun.submitted_ns,
+            inferred_ns=time.time_ns(), dead={d.index: d.stage for d in dead})
+        for row, trace in traces.items():
+            delivery = batch.deliveries[int(batch.partitions[row])]
+            if delivery.traced is None:
+                delivery.traced = []
+            delivery.traced.append(trace)
 
     # ------------------------------------------------------------------ publishing
     def _carried(self, watched: dict[int, AddressHeaders]) -> dict[int, Headers]:

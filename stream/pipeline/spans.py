@@ -25,6 +25,7 @@ from stream.kafka.publish import Publisher
 from stream.kafka.records import Records
 from stream.ops.metrics import StreamMetrics
 from stream.ops.summary import WorkerSummary
+from stream.ops.tracing import BatchTraces
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher
 from stream.pipeline.committer import Committer
@@ -44,6 +45,7 @@ class Spans:
         self._transactions, self._summary, self._metrics = transactions, summary, metrics
         self._exactly_once = exactly_once
         self._tokens = tokens
+        self.traces: BatchTraces | None = None  # tracing's side (`stream.ops.tracing`), when it is on
         # Once the clients exist (`Worker._connect`).
         self.publisher: Publisher | None = None
         self.consumer: Any = None
@@ -96,11 +98,14 @@ class Spans:
         self._metrics.batches.inc()
         self._metrics.batch_size.observe(len(records))
         metadata = self.consumer.consumer_group_metadata() if self._exactly_once and self.consumer else None
-        return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata)
+        return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata,
+                          closed_ns=time.time_ns())
 
     def done(self, delivery: SpanDelivery) -> None:
         faults.reach("after-delivery")
         n = delivery.span.count - delivery.dead
+        if delivery.traced and self.traces is not None:
+            self.traces.published(delivery.traced)
         self._summary.predicted += n
         self._summary.dead_lettered += delivery.dead
         self._metrics.predicted.inc(n)

@@ -39,6 +39,7 @@ from stream.ops.health import serve as serve_http
 from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
+from stream.ops.tracing import BatchTraces, tracing_from_env
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher, token_bounds
 from stream.pipeline.committer import Committer
@@ -134,6 +135,10 @@ class Worker:
             rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
         self._spans = Spans(s.input_topic, self._batcher, self._tracker, self._committer, self._transactions,
                             self._summary, self.metrics, exactly_once=s.exactly_once, tokens=tokens)
+        # OpenTelemetry spans of the records that carry a trace context, with OTEL_EXPORTER_OTLP_ENDPOINT set
+        self._tracing = tracing_from_env("stream-worker")
+        self._spans.traces = None if self._tracing is None else BatchTraces(self._tracing, s.input_topic,
+                                                                            handler.name)
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
         self._consumer: Consumer | None = None
@@ -195,6 +200,8 @@ class Worker:
             if http is not None:
                 http.shutdown()
                 http.server_close()
+            if self._tracing is not None:
+                self._tracing.shutdown()  # exports the spans still queued
 
     def _run_clients(self) -> WorkerSummary:
         s = self.settings
@@ -271,7 +278,8 @@ class Worker:
         admin_config = self._admin_config
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set,
-                                   reply_partitions=lambda topic: reply_partitions(admin_config, topic))
+                                   reply_partitions=lambda topic: reply_partitions(admin_config, topic),
+                                   traces=self._spans.traces)
         self._processor = processor
         self._stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,

@@ -236,6 +236,15 @@ def test_partitions_stuck_behind_a_hung_model_are_reported_stalled_until_they_mo
     print(f"stalled partitions reported {reported_s:.1f}s after the records arrived")
 
 
+def wait_for_log(worker: WorkerProcess, text: str, after: int, timeout_s: float = 60.0) -> None:
+    """Until ``text`` is in the worker's log past its first ``after`` characters."""
+    deadline = time.monotonic() + timeout_s
+    while text not in worker.output()[after:]:
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s}s:\n{worker.output()[-3000:]}"
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        time.sleep(0.02)
+
+
 def test_a_replica_stopped_while_the_group_rebalances_still_commits_what_it_delivered(pipeline: Pipeline) -> None:
     """A replica that joins and leaves at once leaves the group rebalancing until its session timeout (6 s);
     librdkafka answers the owner's commits from that window only when the rebalance ends, with
@@ -243,13 +252,14 @@ def test_a_replica_stopped_while_the_group_rebalances_still_commits_what_it_deli
     CI chaos run once left two partitions uncommitted this way)."""
     pipeline.produce(8_000, seed=91)
     slow = ["--model", "tests.handlers:SlowHandler", "--max-batch-size", "128", "--max-wait-ms", "10"]
-    owner = pipeline.worker(*slow, env={"STREAM_TEST_BATCH_SLEEP_S": "0.2"})  # ~640 records/s: busy throughout
+    owner = pipeline.worker(*slow, env={"STREAM_TEST_BATCH_SLEEP_S": "0.4"})  # ~320 records/s: busy throughout
     wait_for_assignment(owner)
-    time.sleep(1.5)
+    wait_for_log(owner, "): decoding", 0)  # its first batch under way
     joiner = pipeline.worker(*slow)
     wait_for_assignment(joiner)
     assert joiner.terminate() == 0, joiner.output()[-3000:]
-    time.sleep(2.0)
+    # The window: the owner's commits are answered ILLEGAL_GENERATION until the rebalance ends. Stopped in it.
+    wait_for_log(owner, "deferred by a rebalance", len(owner.output()))
     assert owner.terminate() == 0, owner.output()[-3000:]
     reader = pipeline.reader()
     while reader.poll(2.0):

@@ -3,6 +3,7 @@ the partition confluent-kafka's producer picks for that key; spans acknowledged 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -141,7 +142,7 @@ def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[
 
 
 def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: float,
-          eof: set[int] | None = None, replies: dict[tuple[int, int], tuple[bytes | None, ...]] | None = None
+          eof: set[int] | None = None, replies: dict[tuple[int, int], tuple[bytes | int | None, ...]] | None = None
           ) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """One round as the worker does it: serve the consumer's queue (it must hold no record), then take records."""
     assert [m for m in consumer.consume(100, 0) if m.error() is None] == []
@@ -154,6 +155,9 @@ def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: flo
         replies.update(((int(records.partitions[i]), int(records.offsets[i])), a) for i, a in records.replies.items())
     return [(int(p), int(o), records.value(i), records.keys[i])
             for i, (p, o) in enumerate(zip(records.partitions, records.offsets, strict=True))]
+
+
+BASE_MS = 1_700_000_000_000  # the records' timestamps: this plus their number
 
 
 def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values(
@@ -184,14 +188,15 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
             addresses[i] = (own, None, None, None)
         if i % 17 == 0:
             headers.append(("unrelated", b"x"))
-        producer.produce(topic, value, key, partition=i % PARTITIONS, headers=headers or None)
+        producer.produce(topic, value, key, partition=i % PARTITIONS, headers=headers or None, timestamp=BASE_MS + i)
         sent[i] = (i % PARTITIONS, key, value)
     assert producer.flush(30) == 0
     log: list[str] = []
     consumer, source = _subscribe(broker.bootstrap, topic, unique_name("g"), log)
     got: list[tuple[int, int, bytes | None, bytes | None]] = []
     eof: set[int] = set()
-    replies: dict[tuple[int, int], tuple[bytes | None, ...]] = {}
+    before = time.time_ns()
+    replies: dict[tuple[int, int], tuple[bytes | int | None, ...]] = {}
     try:
         for _ in range(600):
             got += _take(consumer, source, 1000, 0.1, eof, replies)
@@ -208,7 +213,11 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
     assert Counter((p, k, v) for p, _, v, k in got) == Counter(sent.values())
     # the reply headers of each record that had any, at that record (its offset is i // PARTITIONS)
     assert any(a[0] and a[1] for a in addresses.values()) and any(a[2] for a in addresses.values())
-    assert replies == {(i % PARTITIONS, i // PARTITIONS): a for i, a in addresses.items()}
+    # then its timestamp (ms) and when it was taken (ns)
+    taken = {v[-1] for v in replies.values()}
+    assert all(isinstance(t, int) and before <= t <= time.time_ns() for t in taken), taken
+    at = {i: (i % PARTITIONS, i // PARTITIONS) for i in addresses}
+    assert replies == {at[i]: (*a, BASE_MS + i, replies[at[i]][-1]) for i, a in addresses.items()}
     with pytest.raises(RuntimeError, match="closed"):
         source.consume(1, 0)
 

@@ -3,6 +3,8 @@ tests/integration/test_native.py): error events are not records; which errors st
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from confluent_kafka import KafkaError
@@ -32,6 +34,9 @@ class Msg:
     def partition(self) -> int:
         return self._p
 
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1000 + self._o  # (TIMESTAMP_CREATE_TIME, ms)
+
     def offset(self) -> int:
         return self._o
 
@@ -57,9 +62,13 @@ def test_error_events_are_left_out_of_the_records() -> None:
 def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split_and_concat() -> None:
     consumer = Consumer([Msg(0, 5, headers=[("other", b"x")]), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)),
                          Msg(1, 7, headers=[("stream.reply", b"old"), ("stream.reply", b"t:3:abc")]), Msg(1, 8)])
+    before = time.time_ns()
     records = Intake(consumer, None, lambda: 0.0).take(10, 0.5)  # type: ignore[arg-type]
-    address = (b"t:3:abc", None, None, None)
-    assert records.replies == {1: address}  # the last such header, at the row of its record
+    assert records.replies is not None and list(records.replies) == [1]  # at the row of its record
+    address = records.replies[1]
+    # the last such header; then the record's timestamp (ms) and when it was taken (ns), as the native consumer's
+    assert address[:5] == (b"t:3:abc", None, None, None, 1007)
+    assert before <= address[5] <= time.time_ns()  # type: ignore[operator]
     head, rest = records.split(2)
     assert head.replies == {1: address} and rest.replies is None
     head, rest = records.split(1)

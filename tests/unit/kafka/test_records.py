@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from confluent_kafka import Message
 
@@ -58,10 +60,16 @@ def test_consumed_messages_keep_the_last_value_of_each_reply_header_as_the_nativ
         Message(topic="in", partition=0, offset=1, key=None, value=None, headers=[
             ("kafka_correlationId", b"first"), ("kafka_replyTopic", b"spring.replies"), ("other", b"o"),
             ("kafka_correlationId", b"\x00\xff last"), ("kafka_replyPartition", b"\x00\x00\x00\x02")]),
-        Message(topic="in", partition=1, offset=7, key=b"c", value=b"z", headers=[("stream.reply", b"r:0:id")]),
+        Message(topic="in", partition=1, offset=7, key=b"c", value=b"z", headers=[("stream.reply", b"r:0:id")],
+                timestamp=(1, 1234)),
         Message(topic="in", partition=1, offset=8, key=b"d", value=b"w", headers=[("other", b"o")]),
     ]
+    before = time.time_ns()
     records = Records.from_messages(messages)
     assert rows(records) == [(0, 0, b"x", b"a"), (0, 1, None, None), (1, 7, b"z", b"c"), (1, 8, b"w", b"d")]
-    assert records.replies == {1: (None, b"spring.replies", b"\x00\x00\x00\x02", b"\x00\xff last"),
-                               2: (b"r:0:id", None, None, None)}
+    assert records.replies is not None
+    taken = records.replies[1][-1]
+    assert isinstance(taken, int) and before <= taken <= time.time_ns()
+    # each name's last value; then the Kafka timestamp (ms; None: the record has none) and when it was taken (ns)
+    assert records.replies == {1: (None, b"spring.replies", b"\x00\x00\x00\x02", b"\x00\xff last", None, taken),
+                               2: (b"r:0:id", None, None, None, 1234, taken)}
