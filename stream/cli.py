@@ -1,11 +1,10 @@
-"""``python -m stream``: worker, broker, broker-node, registry, topics, train-model, demo, gateway, compare, top,
-and the benchmarks (their flags and runners in `stream.bench.cli`). Thin: parse, set up logging, call one
+"""``python -m stream``: worker, broker, broker-node, registry, topics, train-model, demo, gateway, compare, read,
+top, and the benchmarks (their flags and runners in `stream.bench.cli`). Thin: parse, set up logging, call one
 function."""
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import faulthandler
 import json
@@ -14,28 +13,28 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from stream.errors import ConfigError, StreamError
+from stream.logs import setup_logging as _setup_logging
 
 log = logging.getLogger("stream")
-
-
-def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # the schema registry client logs every request
+DESCRIPTION = ("Kafka micro-batch inference: workers read events from an input topic in batches, run a PyTorch model "
+               "on them and publish one prediction per event, committing only what was published; a gateway "
+               "answers HTTP callers through the same topics. Local brokers, a schema registry, topic tools and "
+               "the benchmarks come with it.")
 
 
 def _worker_parser(sub: Any) -> None:
-    p = sub.add_parser("worker", help="run one inference worker (a consumer-group member)")
+    p = sub.add_parser("worker", help="run one inference worker (a consumer-group member)",
+                       epilog="Every flag also reads STREAM_<FLAG> (STREAM_INPUT_TOPIC, ...); a flag wins.")
     # Defaults live in WorkerSettings; None here means "not given", so STREAM_* env can fill it.
     p.add_argument("--bootstrap-servers", help="default: STREAM_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS")
-    p.add_argument("--input-topic")
-    p.add_argument("--output-topic")
-    p.add_argument("--group-id")
+    p.add_argument("--input-topic", help="required: the topic of events to predict")
+    p.add_argument("--output-topic", help="required: the topic predictions go to")
+    p.add_argument("--group-id", help="required: the consumer group every replica of this pipeline shares")
     p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 4096)")
     p.add_argument("--max-wait-ms", type=float, help="close a batch when its first record waited this long (20)")
     p.add_argument("--batch-policy", choices=["adaptive", "fixed"],
@@ -43,7 +42,9 @@ def _worker_parser(sub: Any) -> None:
                         "are waiting; fixed: only by count or time")
     p.add_argument("--model", help="demo, minilm (text -> sentence embedding; needs the text extra), "
                    "export:PATH.pt2, torchscript:PATH.pt, or package.module:HandlerClass (default demo)")
-    p.add_argument("--model-dir", type=Path)
+    p.add_argument("--model-dir", type=Path, help="the model's files, passed to its handler (demo: default "
+                                                     "artifacts/demo-fraud; minilm: its folder or .zip, default the "
+                                                     "installed weights)")
     p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
     p.add_argument("--max-batch-tokens", type=int,
@@ -137,44 +138,7 @@ def _worker_parser(sub: Any) -> None:
                         "0: one transaction per batch)")
     p.add_argument("--transactional-id", help="exactly-once: a stable id per replica (default: group-host-pid)")
     p.add_argument("--summary-json", type=Path, help="also write the shutdown summary to this file as JSON")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
-
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
-MALLOC_ARENA_MAX = 2
-MALLOC_MMAP_THRESHOLD = 128 * 1024
-# A transformer's activations are megabytes to tens of megabytes a pass, allocated and freed at the same sizes pass
-# after pass: mmap'd, each pass pays for faulting them in again (--model minilm drained 20 % slower on the CPU).
-MODEL_BOUND_MMAP_THRESHOLD = 32 * 1024 * 1024
-
-
-def mmap_threshold(model: str, kib: int | None) -> int:
-    """The worker's glibc mmap threshold in bytes: ``--malloc-mmap-threshold-kib`` when given, else 32 MiB for
-    the built-in transformer (``minilm``) and 128 KiB for every other model."""
-    if kib is not None:
-        return kib * 1024
-    return MODEL_BOUND_MMAP_THRESHOLD if model == "minilm" else MALLOC_MMAP_THRESHOLD
-
-
-def tune_malloc(environ: Mapping[str, str] | None = None, threshold: int = MALLOC_MMAP_THRESHOLD) -> bool:
-    """Keep a long-running worker's native heap from creeping (glibc only; call before threads start).
-
-    Two glibc defaults make RSS grow for millions of records while the Python heap stays flat: up to
-    8 arenas per core, each keeping its own freed pages (librdkafka's and torch's threads), and an mmap
-    threshold that rises after each large free, so batch-sized buffers end up in the heap instead of being
-    returned. Fixed values: 2 arenas, and buffers of ``threshold`` bytes or more (128 KiB by default; see
-    `mmap_threshold`) always mmap'd. Skipped (False) when the operator set their own (MALLOC_ARENA_MAX,
-    MALLOC_MMAP_THRESHOLD_, or malloc in GLIBC_TUNABLES)."""
-    env = os.environ if environ is None else environ
-    if (sys.platform != "linux" or "MALLOC_ARENA_MAX" in env or "MALLOC_MMAP_THRESHOLD_" in env
-            or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, MALLOC_ARENA_MAX)) and bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(INFO)")
 
 
 def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
@@ -189,6 +153,8 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     # Every setting has a flag of the same name; flags left out (None) fall back to STREAM_* env, then defaults.
     settings = load_settings({f: getattr(args, f, None) for f in WorkerSettings.model_fields})
     _setup_logging(settings.log_level)
+    from stream.pipeline.malloc import mmap_threshold, tune_malloc
+
     threshold = mmap_threshold(settings.model, settings.malloc_mmap_threshold_kib)
     log.debug("glibc malloc tuned (mmap threshold %d bytes): %s", threshold, tune_malloc(threshold=threshold))
     from stream.pipeline.worker import Worker
@@ -255,6 +221,10 @@ def run_broker(args: argparse.Namespace) -> int:
     if args.restart_dead_nodes:
         raise StreamError("--restart-dead-nodes: a cluster (--kind kafka --nodes 3); a single broker is the whole "
                           "cluster")
+    if args.port is not None:
+        from stream.local.broker import check_port_free
+
+        check_port_free(args.port)  # else a broker already there would be taken for the one started
     return _foreground(lambda: start_broker(args.kind, args.port),
                        lambda broker: f"{broker.kind} broker pid={broker.pid} bootstrap={broker.bootstrap}")
 
@@ -275,20 +245,14 @@ def run_broker_node(args: argparse.Namespace) -> int:
 
 def run_registry(args: argparse.Namespace) -> int:
     _setup_logging()
+    from stream.local.broker import check_port_free
     from stream.local.registry_server import start_registry
+
+    if args.port is not None:
+        check_port_free(args.port)
 
     return _foreground(lambda: start_registry(args.port),
                        lambda registry: f"schema registry (Apicurio, in memory) pid={registry.pid} url={registry.url}")
-
-
-def run_topics(args: argparse.Namespace) -> int:
-    from stream.kafka.topics import create_topics
-
-    status = create_topics(args.bootstrap_servers, args.topics, args.partitions,
-                           replication_factor=args.replication_factor)
-    for name, state in status.items():
-        print(f"{name}: {state}")
-    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -315,16 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
     from stream.bench import cli as bench_cli
 
     # Nothing here imports torch: `python -m stream --help` and the broker commands start without it.
-    parser = argparse.ArgumentParser(prog="python -m stream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m stream", description=DESCRIPTION,
+        epilog="`python -m stream COMMAND --help` for a command's flags; README.md and docs/ for the rest.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _worker_parser(sub)
     b = sub.add_parser("broker", help="run a local broker, or a cluster of Kafka nodes, on 127.0.0.1 in the "
                                        "foreground")
-    b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka")
+    b.add_argument("--kind", choices=["kafka", "tansu"], default="kafka",
+                   help="kafka: Apache Kafka (needs java 17 and mvn; the default); tansu: the embedded broker")
     b.add_argument("--port", type=int, default=None, help="default: a free port")
     b.add_argument("--nodes", type=int, default=1,
-                   help="Apache Kafka: this many KRaft nodes in one replicated cluster (3: replication factor 3, "
-                        "min.insync.replicas 2)")
+                   help="Apache Kafka: this many KRaft nodes in one replicated cluster (1; with 3 or more: "
+                        "replication factor 3, min.insync.replicas 2)")
     b.add_argument("--sasl", action="store_true",
                    help="Apache Kafka: a SASL_SSL listener (SCRAM-SHA-512, a certificate made now) and the "
                         "StandardAuthorizer; prints the admin's KAFKA_* settings (the password among them)")
@@ -336,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --restart-dead-nodes (5; doubled while a node fails to start, up to a minute)")
     bn = sub.add_parser("broker-node", help="a running local cluster (broker --nodes N): its nodes' status, or stop, "
                                             "start or restart one by id (e.g. to script kill, wait, restart)")
-    bn.add_argument("action", choices=["status", "stop", "start", "restart"])
+    bn.add_argument("action", choices=["status", "stop", "start", "restart"], help="what to do")
     bn.add_argument("node", type=int, nargs="?", help="the node's id (1..N); not for status")
     bn.add_argument("--cluster", type=Path, default=None,
                     help="the status file the broker command printed (or its folder); default: the one local "
@@ -346,28 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("registry", help="run a Confluent-compatible schema registry (Apicurio, in memory) on "
                                         "127.0.0.1 in the foreground")
     r.add_argument("--port", type=int, default=None, help="default: a free port")
-    t = sub.add_parser("topics", help="topic administration")
-    tsub = t.add_subparsers(dest="topics_command", required=True)
-    tc = tsub.add_parser("create", help="create topics (an existing topic is fine)")
-    tc.add_argument("--bootstrap-servers", required=True)
-    tc.add_argument("--partitions", type=int, default=8)
-    tc.add_argument("--replication-factor", type=int, default=-1,
-                    help="default: the cluster's default.replication.factor")
-    tc.add_argument("topics", nargs="+")
     m = sub.add_parser("train-model", help="train the demo fraud model (safetensors + config.json)")
     m.add_argument("--out", type=Path, default=None, help="default: artifacts/demo-fraud")
     d = sub.add_parser("demo", help="the whole pipeline end to end on a local broker, verified")
-    d.add_argument("--broker", choices=["kafka", "tansu"], default="tansu")
+    d.add_argument("--broker", choices=["kafka", "tansu"], default="tansu",
+                   help="the local broker to start: tansu (embedded, the default) or kafka (java 17 and mvn)")
     d.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
     d.add_argument("--events", type=int, default=None, help="default 100,000 (--model minilm: 2,000)")
     d.add_argument("--model", choices=["demo", "minilm"], default="demo",
                    help="minilm: seeded synthetic texts to sentence embeddings (needs the text extra)")
-    d.add_argument("--workers", type=int, default=2)
-    d.add_argument("--partitions", type=int, default=8)
+    d.add_argument("--workers", type=int, default=2, help="worker replicas in the group (2)")
+    d.add_argument("--partitions", type=int, default=8, help="partitions of the input topic (8)")
     bench_cli.add_parsers(sub)
     from stream import gateway
-    from stream.ops import compare, read
+    from stream.ops import compare, read, topics
 
+    topics.add_parser(sub)
     gateway.add_parser(sub)
     compare.add_parser(sub)
     read.add_parser(sub)
@@ -376,7 +337,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="each replica's --metrics-port: PORT (on 127.0.0.1), HOST:PORT or a URL")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
     top.add_argument("--once", action="store_true", help="print one table (rates over one interval) and exit")
+    _describe(sub)
     return parser
+
+
+def _describe(sub: Any) -> None:
+    """Each command's one line (its entry in the list) as its own --help's description where it has none."""
+    lines = {a.dest: a.help for a in sub._choices_actions}
+    for name, command in sub.choices.items():
+        if command.description is None and lines.get(name):
+            command.description = lines[name][0].upper() + lines[name][1:] + "."
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _describe(action)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
@@ -384,6 +357,8 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     # Two arenas and buffers of 128 KiB or more mmap'd: the bodies and TLS buffers of callers that come and go
     # are given back instead of keeping the heap at its high-water mark.
+    from stream.pipeline.malloc import tune_malloc
+
     tune_malloc()
 
     return gateway.run(args)
@@ -399,6 +374,12 @@ def run_read(args: argparse.Namespace) -> int:
     from stream.ops import read
 
     return read.run(args)
+
+
+def run_topics(args: argparse.Namespace) -> int:
+    from stream.ops import topics
+
+    return topics.run(args)
 
 
 def run_top(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The test fixtures' brokers and registry, chosen in one order (README, "Development and tests"):
+"""The test fixtures' brokers and registry, chosen in one order (docs/development.md):
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` / ``SCHEMA_REGISTRY_URL``: a cluster and registry of the caller's;
 2. ``STREAM_TEST_BROKER=kafka|tansu|container`` forces that broker;

@@ -12,16 +12,18 @@ from typing import Any
 
 from stream.bench import BEFORE_FIELD_PLANS
 
+BROKER_HELP = "the local broker to start: kafka (java 17 and mvn; the default) or tansu (embedded)"
+
 
 def _quiet() -> None:
-    from stream.cli import _setup_logging
+    from stream.logs import setup_logging as _setup_logging
 
     _setup_logging("WARNING")
 
 
 def add_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmark the worker against its limit and its peers")
-    bench.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    bench.add_argument("--broker", choices=["kafka", "tansu"], default="kafka", help=BROKER_HELP)
     bench.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
     bench.add_argument("--events", type=int, default=1_000_000, help="pre-produced events for the drain runs")
     bench.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
@@ -34,7 +36,7 @@ def add_parsers(sub: Any) -> None:
                        help="the model-bound section (--model minilm against the model alone; needs the text extra)")
     text = sub.add_parser("bench-text", help="the benchmark's model-bound section alone: --model minilm against the "
                                              "model alone, CPU (and CUDA when present)")
-    text.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    text.add_argument("--broker", choices=["kafka", "tansu"], default="kafka", help=BROKER_HELP)
     text.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
     text.add_argument("--texts", type=int, default=None, help="texts per CPU drain (3,000)")
     text.add_argument("--batches", default=None, help="CPU batch sizes, comma-separated (32,128)")
@@ -55,7 +57,7 @@ def add_parsers(sub: Any) -> None:
     text.add_argument("--quick", action="store_true", help="small counts (CI): checks it runs, not the figures")
     text.add_argument("--results", type=Path, default=None, help="default: results/bench-text-<time>")
     gpu = sub.add_parser("bench-gpu", help="the worker in a model-bound configuration on CUDA vs the model alone")
-    gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka")
+    gpu.add_argument("--broker", choices=["kafka", "tansu"], default="kafka", help=BROKER_HELP)
     gpu.add_argument("--bootstrap-servers", default=None, help="use this cluster instead of starting a broker")
     gpu.add_argument("--width", type=int, default=8192, help="hidden layer width of the benchmark MLP")
     gpu.add_argument("--depth", type=int, default=8, help="hidden layers of the benchmark MLP")

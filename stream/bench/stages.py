@@ -81,13 +81,12 @@ def padded_tokens_per_text(handler: SimulatedDevice, ids: list[list[int]], batch
     return sum(len(handler.layout(ids[i:i + batch])["ids"]) for i in range(0, len(ids), batch)) / len(ids)
 
 
-def run_stages_bench(bench: Any, cfg: StagesBenchConfig, console_print: Callable[..., None] = print,
-                     model_alone: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+def run_stages_bench(bench: Any, cfg: StagesBenchConfig, model_alone: Callable[..., dict[str, Any]],
+                     console_print: Callable[..., None] = print) -> dict[str, Any]:
     """The section's figures; ``bench`` is the `stream.bench.runner.Bench` whose broker holds the topics."""
     from producers.texts import generate_texts, produce_texts
-    from stream.bench.text import model_alone as text_model_alone
 
-    measure = model_alone or text_model_alone
+    measure = model_alone  # `stream.bench.text.model_alone` (passed in: text imports this module)
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # as the worker's --torch-threads 1: no OpenMP pool spinning beside the tokenizer
     try:

@@ -52,18 +52,25 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    as_markdown = bool(args) and args[0] == "--markdown"
-    args = args[1:] if as_markdown else args
-    if len(args) != 1:
-        print("usage: python -m stream.bench.summarize [--markdown] RESULTS_DIR", file=sys.stderr)
-        return 2
-    folder = Path(args[0])
-    if as_markdown:
-        source = folder / "summary.json" if (folder / "summary.json").exists() else folder / "bench.json"
-        print(markdown(json.loads(source.read_text())))
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m stream.bench.summarize",
+        description="Write a benchmark run's report without its per-record arrays (summary.json beside bench.json, "
+                    "small enough to commit), or print its tables as Markdown.")
+    parser.add_argument("results", type=Path, metavar="RESULTS_DIR", help="the folder `make bench` wrote into")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the tables of summary.json (or bench.json) as Markdown, as docs/performance.md "
+                             "quotes them")
+    args = parser.parse_args(argv)
+    folder: Path = args.results
+    source = folder / "summary.json" if args.markdown and (folder / "summary.json").exists() else folder / "bench.json"
+    if not source.is_file():
+        parser.error(f"{folder}: no {source.name} there (RESULTS_DIR is the folder `make bench` wrote)")
+    report = json.loads(source.read_text())
+    if args.markdown:
+        print(markdown(report))
         return 0
-    report = json.loads((folder / "bench.json").read_text())
     (folder / "summary.json").write_text(json.dumps(summarize(report), indent=1) + "\n")
     return 0
 

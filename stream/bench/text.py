@@ -238,7 +238,8 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             if "sentence_transformers" in row:
                 row["model_over_sentence_transformers"] = alone / row["sentence_transformers"]["rate"]
         if device.type == "cpu" and first and cfg.mmap_check:
-            # The worker's allocator setting for this model (stream.cli.mmap_threshold) against the default one.
+            # The worker's allocator setting for this model (stream.pipeline.malloc.mmap_threshold) against the
+            # default one.
             row = entry["batches"][-1]
             console_print(f"bench: minilm on cpu, worker drain at batch {row['batch']} with the default 128 KiB "
                           "mmap threshold ...")
@@ -249,7 +250,7 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             row["worker_mmap_128k"] = _drain_figures(drain)
         report["devices"].append(entry)
     if cfg.stages is not None:
-        report["stages"] = run_stages_bench(bench, cfg.stages, console_print)
+        report["stages"] = run_stages_bench(bench, cfg.stages, model_alone, console_print)
     return report
 
 

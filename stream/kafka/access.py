@@ -44,7 +44,7 @@ class AccessDenied(StreamError):
 
 
 def required(settings: WorkerSettings) -> list[tuple[str, str, str]]:
-    """(resource type, name, operation) the worker needs: its least-privilege ACLs (README: Security)."""
+    """(resource type, name, operation) the worker needs: its least-privilege ACLs (docs/operations.md, "Security")."""
     needs = [("topic", settings.input_topic, "READ"), ("group", settings.group_id, "READ"),
              ("topic", settings.output_topic, "WRITE")]
     if settings.dlq_topic:
@@ -80,7 +80,8 @@ def _check_access(settings: WorkerSettings, admin_config: Mapping[str, Any]) -> 
             missing.append(_grant(kind, name, operation))
     if missing:
         raise AccessDenied(f"the brokers do not allow this worker's principal {', '.join(missing)}: grant "
-                           f"{'it' if len(missing) == 1 else 'them'} (README: Security, least-privilege ACLs)")
+                           f"{'it' if len(missing) == 1 else 'them'} (docs/operations.md, section 'Security: the "
+                           "least-privilege ACLs')")
 
 
 def reply_partitions(admin_config: Mapping[str, Any], topic: str) -> int | None:
@@ -135,7 +136,7 @@ def denied(error: KafkaError, settings: WorkerSettings, where: str) -> AccessDen
     else:
         need = f"WRITE on the topic it writes to ({settings.output_topic!r} or {settings.dlq_topic!r})"
     return AccessDenied(f"the brokers refused the {where} ({error.str()}): grant this worker's principal {need} "
-                        "(README: Security, least-privilege ACLs)")
+                        "(docs/operations.md, section 'Security: the least-privilege ACLs')")
 
 
 def ensure_dlq_topic(settings: WorkerSettings, admin_config: Mapping[str, Any], connection: ConnectionWatch,

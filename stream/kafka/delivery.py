@@ -5,7 +5,7 @@ commit acknowledges the whole span at once."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from confluent_kafka import KafkaError, Message
@@ -13,10 +13,17 @@ from confluent_kafka import KafkaError, Message
 from stream.errors import PublishError
 from stream.kafka.offsets import Span
 
-if TYPE_CHECKING:
-    from stream.kafka.publish import Publisher
-
 log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    """What a span's delivery needs of `stream.kafka.publish.Publisher` (which imports this module)."""
+
+    transactional: bool
+
+    def record_failure(self, error: PublishError, msg: Message | None) -> None: ...
+
+    def span_done(self, delivery: SpanDelivery) -> None: ...
 
 
 class SpanDelivery:

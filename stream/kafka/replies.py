@@ -16,8 +16,8 @@ prediction. The input offsets are committed only once the copy is acknowledged t
 replying leaves the record to the next one, which replies in its stead.
 
 A worker only replies to the topics it is told to (``--reply-topics``; by default ``<input topic>.replies``): any
-other address is logged, counted (``stream_replies_refused_total``) and not answered, so that a producer of input
-records cannot make the worker write to a topic of its choosing.
+other address is logged, counted (``stream_replies_total{outcome="refused"}``) and not answered, so that a
+producer of input records cannot make the worker write to a topic of its choosing.
 """
 
 from __future__ import annotations

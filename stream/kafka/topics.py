@@ -124,3 +124,16 @@ def committed_offsets(bootstrap: str, group_id: str, topic: str,
         return {tp.partition: (tp.offset if tp.offset >= 0 else -1) for tp in consumer.committed(tps, timeout=10)}
     finally:
         consumer.close()
+
+
+def watermarks(bootstrap: str, topic: str, partitions: Iterable[int],
+               client_config: Mapping[str, Any] | None = None) -> dict[int, tuple[int, int]]:
+    """(first offset still held, offset after the last record) per partition; the second as `end_offsets`."""
+    highs = end_offsets(bootstrap, topic, client_config=client_config)
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap, "group.id": "stream-offsets-probe",
+                         "enable.auto.commit": False})
+    try:
+        return {p: (max(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[0], 0),
+                    highs[p]) for p in partitions}
+    finally:
+        consumer.close()

@@ -48,6 +48,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_holder(port: int) -> str | None:
+    """What listens on TCP ``port`` (any address), as "pid N (command line)", from /proc; None when nothing does
+    or it cannot be told (another user's process: "another process")."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {proc.name} ({command[:200]})"
+        except OSError:
+            continue
+    return "another process"
+
+
+def check_port_free(port: int, flag: str = "--port") -> None:
+    """BrokerError naming ``port`` and what holds it when 127.0.0.1:``port`` cannot be listened on."""
+    if not 0 < port < 65536:
+        raise BrokerError(f"{flag} {port}: a port is 1 to 65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    holder = port_holder(port)
+    raise BrokerError(f"{flag} {port}: 127.0.0.1:{port} cannot be listened on ({reason})"
+                      + (f"; {holder} holds it" if holder else "") + ": stop it, or leave out --port for a free one")
+
+
 def kafka_available() -> bool:
     return shutil.which("java") is not None and (
         shutil.which("mvn") is not None or resolved(kafka_libs_dir()))

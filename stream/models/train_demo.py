@@ -1,4 +1,4 @@
-"""Trains the demo fraud MLP on events from `producers.events` and saves safetensors + config.json."""
+"""Trains the demo fraud MLP on the demo events (`stream.models.demo_events`) and saves safetensors + config.json."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from safetensors.torch import save
 
-from producers.events import N_FEATURES, generate_events
 from stream.models.demo import CONFIG_FILE, DEFAULT_MODEL_DIR, WEIGHTS_FILE, FraudMLP
+from stream.models.demo_events import N_FEATURES, generate_events
 
 log = logging.getLogger(__name__)
 HIDDEN = (64, 32)

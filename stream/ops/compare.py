@@ -191,13 +191,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                                        "(a shadow run of a new model version against its baseline)")
     c.add_argument("baseline", help="the baseline's output topic")
     c.add_argument("candidate", help="the candidate's (shadow) output topic")
-    c.add_argument("--bootstrap-servers", required=True)
+    c.add_argument("--bootstrap-servers", required=True, help="the brokers (host:port,...)")
     c.add_argument("--tolerance", type=float, default=1e-6, help="numbers agree within this (absolute; 1e-6)")
     c.add_argument("--min-cosine", type=float, default=0.9999, help="vectors agree at this cosine or more")
     c.add_argument("--baseline-dlq", default=None, help="the baseline's dead-letter topic")
     c.add_argument("--candidate-dlq", default=None, help="the candidate's dead-letter topic")
     c.add_argument("--schema-registry-url", default=None, help="where the writer schemas are (else schemas/)")
-    c.add_argument("--schemas-dir", type=Path, default=None)
+    c.add_argument("--schemas-dir", type=Path, default=None,
+                   help="schema folder when no registry is given (default: the repo's schemas/)")
     c.add_argument("--min-agreement", type=float, default=None,
                    help="exit 1 when fewer joined records than this share agree on every field (or none joined)")
     c.add_argument("--json", type=Path, default=None, help="also write the report here")

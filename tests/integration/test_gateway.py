@@ -233,7 +233,7 @@ def test_a_worker_killed_mid_load_under_exactly_once_answers_every_caller_rightl
     args = ("--guarantee", "exactly-once", "--batch-policy", "fixed", "--max-wait-ms", "20")
     # The killed worker's open transaction holds back what read_committed readers (the gateway among them) see
     # of the partitions it wrote until it times out, as no replica with its transactional id comes back to abort
-    # it: 10 s here instead of the default 60 (README: Answering callers).
+    # it: 10 s here instead of the default 60 (docs/gateway.md).
     env = {"KAFKA_PRODUCER_TRANSACTION_TIMEOUT_MS": "10000"}
     workers = [pipeline.worker(*args, env=env), pipeline.worker(*args, env=env)]
     gateway = Gateway(pipeline.bootstrap, pipeline.input, tmp_path / "gw.log", "--timeout-ms", "20000")

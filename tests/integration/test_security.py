@@ -1,5 +1,5 @@
 """SASL_SSL (SCRAM-SHA-512, a certificate made for the test) and the StandardAuthorizer on a local one-node
-cluster: the worker runs under exactly the least-privilege ACLs the README lists; without any one of them it
+cluster: the worker runs under exactly the least-privilege ACLs docs/operations.md lists; without any one of them it
 names the missing ACL and exits non-zero; the load generator and the verifier run on KAFKA_* settings as well;
 no password reaches a log."""
 

@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-from stream.cli import tune_malloc
 from stream.config import (
     WorkerSettings,
     default_prepare_threads,
@@ -15,6 +14,7 @@ from stream.config import (
     load_settings,
 )
 from stream.errors import ConfigError
+from stream.pipeline.malloc import tune_malloc
 
 BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "127.0.0.1:9092"}
 

@@ -1,4 +1,4 @@
-"""The fixtures' choice of broker and registry (README: the caller's, local processes, containers, Tansu) and the
+"""The fixtures' choice of broker and registry (docs/development.md: the caller's, local processes, Tansu) and the
 Kafka container's listeners. No container engine runs here: `engine_available` is False, and the containers
 themselves are started only where one does."""
 
