@@ -24,7 +24,7 @@ help:
 	@echo "make bench-eos   exactly-once against at-least-once: the worker's drains in interleaved rounds, and Kafka Streams' beside them; what a read_committed reader waits at 10 % and 50 % load"
 	@echo "make bench-gateway  callers through python -m stream gateway: HTTP latency against the pipeline's own, and a burst beyond the worker's capacity"
 	@echo "make bench-gateway-ab  the gateway's figures at GATEWAY_BASELINE (default ad32c1d) and here, taking turns"
-	@echo "make bench-trace  the worker's drain of the same events untraced and with a W3C trace context on every record, OpenTelemetry off and on"
+	@echo "make bench-trace  the worker's drain of the same events untraced and with a W3C trace context on every record, OpenTelemetry off and on (then a longer untraced run, OpenTelemetry off and on)"
 	@echo "make bench-gpu    on a CUDA machine: the worker with a model-bound MLP against the model alone"
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 	@echo "make image-test   the image built and run by a Docker engine (started here as root if none runs), and the compose"
@@ -125,6 +125,8 @@ bench-gateway-ab: $(STAMP)
 bench-trace: $(STAMP)
 	$(PY) -m stream.bench.trace --events 200000 --rounds 3 \
 		--results docs/results/bench-trace-$$(git rev-parse --short HEAD).json
+	$(PY) -m stream.bench.trace --events 1000000 --rounds 5 --kinds untraced,untraced-otel \
+		--results docs/results/bench-trace-otel-idle-$$(git rev-parse --short HEAD).json
 
 bench-ab: $(STAMP)
 	$(PY) -m stream.bench.ab --baseline $(BASELINE) --events 2000000 --rounds 5

@@ -27,118 +27,33 @@ DESCRIPTION = ("Kafka micro-batch inference: workers read events from an input t
                "the benchmarks come with it.")
 
 
+# The worker's flags by group, in the order --help shows them; each flag's help and default are its WorkerSettings
+# field's (`stream.flags`).
+WORKER_FLAG_GROUPS = {
+    "Kafka": ["bootstrap_servers", "input_topic", "output_topic", "group_id", "dlq_topic", "start_from",
+              "commit_interval_ms", "reply_topics", "copy_headers"],
+    "batching": ["max_batch_size", "max_wait_ms", "batch_policy", "max_batch_tokens", "max_inflight_batches"],
+    "model": ["model", "model_dir", "device", "max_tokens", "dtype", "fixed_shapes", "cuda_graphs", "packing"],
+    "schemas": ["schema_registry_url", "schemas_dir", "input_schema", "output_schema", "input_map", "copy_fields",
+                "subject_name_strategy", "provenance_headers"],
+    "guarantees and failures": ["guarantee", "transaction_interval_ms", "transactional_id", "max_input_bytes",
+                                "model_retries", "retry_backoff_ms", "dlq_max_fraction", "dlq_window",
+                                "stall_timeout_s", "shutdown_timeout_s", "stop_at_end", "shadow"],
+    "metrics and health": ["metrics_port", "metrics_host", "metrics_port_file", "log_level"],
+    "tuning": ["prepare_threads", "torch_threads", "gpu_overlap", "gil_switch_interval_ms",
+               "malloc_mmap_threshold_kib", "native_producer", "native_consumer"],
+}
+
+
 def _worker_parser(sub: Any) -> None:
+    from stream.config import WorkerSettings
+    from stream.flags import add_setting_flags
+
     p = sub.add_parser("worker", help="run one inference worker (a consumer-group member)",
                        epilog="Every flag also reads STREAM_<FLAG> (STREAM_INPUT_TOPIC, ...); a flag wins.")
-    # Defaults live in WorkerSettings; None here means "not given", so STREAM_* env can fill it.
-    p.add_argument("--bootstrap-servers", help="default: STREAM_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS")
-    p.add_argument("--input-topic", help="required: the topic of events to predict")
-    p.add_argument("--output-topic", help="required: the topic predictions go to")
-    p.add_argument("--group-id", help="required: the consumer group every replica of this pipeline shares")
-    p.add_argument("--max-batch-size", type=int, help="close a batch at this many records (default 4096)")
-    p.add_argument("--max-wait-ms", type=float, help="close a batch when its first record waited this long (20)")
-    p.add_argument("--batch-policy", choices=["adaptive", "fixed"],
-                   help="adaptive (default): also close a batch as soon as the model is idle and no more records "
-                        "are waiting; fixed: only by count or time")
-    p.add_argument("--model", help="demo, minilm (text -> sentence embedding; needs the text extra), "
-                   "export:PATH.pt2, torchscript:PATH.pt, or package.module:HandlerClass (default demo)")
-    p.add_argument("--model-dir", type=Path, help="the model's files, passed to its handler (demo: default "
-                                                     "artifacts/demo-fraud; minilm: its folder or .zip, default the "
-                                                     "installed weights)")
-    p.add_argument("--device", help="auto (CUDA when available), cpu, cuda, cuda:N")
-    p.add_argument("--max-tokens", type=int, help="--model minilm: cut texts to this many tokens (256; at most 512)")
-    p.add_argument("--max-batch-tokens", type=int,
-                   help="a text model: also close a batch before its texts could take more tokens than this (each "
-                        "counted at its most: its record's bytes + 2, at most --max-tokens)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="--model minilm: the encoder's precision (bfloat16 on CUDA, float32 on the CPU, its only one)")
-    p.add_argument("--fixed-shapes", action="store_true", default=None,
-                   help="--model minilm: passes of a fixed shape set (lengths to a multiple of 16 tokens, rows to a "
-                        "few sizes) instead of each batch's own")
-    p.add_argument("--cuda-graphs", action="store_true", default=None,
-                   help="--model minilm on CUDA: each pass's shape captured once as a CUDA graph and replayed (with "
-                        "--packing one graph per token bucket, all captured by the warm-up; else a fixed shape set)")
-    p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
-                   help="--model minilm: a batch's texts packed one after another (no padding but to a 1,024-token "
-                        "bucket on CUDA), attention within each text by variable-length flash attention (default: on "
-                        "CUDA in bfloat16 or float16 without --fixed-shapes or --cuda-graphs)")
-    p.add_argument("--malloc-mmap-threshold-kib", type=int,
-                   help="glibc: allocations this large are mmap'd (default 128; 32768 for --model minilm)")
-    p.add_argument("--torch-threads", type=int, help="intra-op threads for CPU inference (default 1)")
-    p.add_argument("--gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
-                   help="on CUDA, submit the next batch before the one before is done, so copies and compute overlap "
-                        "(on)")
-    p.add_argument("--prepare-threads", type=int,
-                   help="threads preparing batches for the model: decode, bind, the model's own prepare such as "
-                        "tokenizing, several batches at once (default: half the cores, 1 to 4)")
-    p.add_argument("--gil-switch-interval-ms", type=float,
-                   help="longest a thread holds the GIL while another waits (default 1; Python's own is 5)")
-    p.add_argument("--metrics-port",
-                   help="serve Prometheus /metrics and the /healthz, /readyz probes on this port, or on the first "
-                        "free one of a range such as 9100-9107 (several replicas on one host's network)")
-    p.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1; 0.0.0.0: every interface)")
-    p.add_argument("--metrics-port-file", type=Path,
-                   help="write the port /metrics took into this file (with a range: for a health check that must "
-                        "probe its own replica)")
-    p.add_argument("--schemas-dir", type=Path, help="schema folder when no registry is given (default: the repo's "
-                                                     "schemas/)")
-    p.add_argument("--schema-registry-url", help="a Confluent-compatible schema registry (default: "
-                                                 "SCHEMA_REGISTRY_URL; else the schema folder)")
-    p.add_argument("--input-schema", help="the schema to read: an .avsc file, or a subject (registry) or record name "
-                                          "(folder); default: the model's own, else <input-topic>-value")
-    p.add_argument("--output-schema", help="the prediction schema: an .avsc file, or a subject (registry) or record "
-                                           "name (folder); default: the model's own, else derived from its outputs")
-    p.add_argument("--copy-fields", help="FIELD or OUTPUT=FIELD[,...]: input fields copied into every prediction "
-                                         "(a dotted path for a nested field)")
-    p.add_argument("--subject-name-strategy", choices=["topic", "record", "topic-record"],
-                   help="the output schema's registry subject: <topic>-value (default), <record name>, "
-                        "<topic>-<record name>")
-    p.add_argument("--input-map", help="INPUT=FIELD[,INPUT=FIELD...]: the field (dotted path) each model input "
-                                       "reads (default: the field named like the input)")
-    p.add_argument("--provenance-headers", action=argparse.BooleanOptionalAction, default=None,
-                   help="also write the input topic/partition/offset as headers of each prediction (off: the "
-                        "prediction schema carries them; always on with a schema that does not)")
-    p.add_argument("--native-producer", action=argparse.BooleanOptionalAction, default=None,
-                   help="publish predictions through the C extension where it is built (on; at-least-once without "
-                        "provenance headers; see docs/internals.md)")
-    p.add_argument("--native-consumer", action=argparse.BooleanOptionalAction, default=None,
-                   help="take input records through the C extension where it is built (on; at-least-once; see "
-                        "docs/internals.md)")
-    p.add_argument("--commit-interval-ms", type=int, help="async commit period (default 1000)")
-    p.add_argument("--max-inflight-batches", type=int, help="batches queued for the model before input pauses (4)")
-    p.add_argument("--shutdown-timeout-s", type=float, help="bound on the graceful shutdown (30)")
-    p.add_argument("--stall-timeout-s", type=float,
-                   help="report an assigned partition with records waiting and no committed progress for this "
-                        "long (120)")
-    p.add_argument("--stop-at-end", action="store_true", default=None,
-                   help="drain to the end offsets that existed at start, commit, exit 0")
-    p.add_argument("--dlq-topic", help="dead-letter topic for bad records (created if missing); "
-                   "without it a bad record stops the worker")
-    p.add_argument("--max-input-bytes", type=int, help="larger input values are dead-lettered (default 1 MiB)")
-    p.add_argument("--shadow", action="store_true", default=None,
-                   help="a shadow run: answer no caller (its own --group-id and --output-topic; then "
-                        "python -m stream compare)")
-    p.add_argument("--start-from", help="where a partition this group never committed starts: earliest "
-                                        "(default), latest, Unix ms or an ISO 8601 time")
-    p.add_argument("--copy-headers", help="NAME[,NAME...]: input record headers carried onto its prediction, dead "
-                                          "letter and reply (traceparent and tracestate always are); at most 10")
-    p.add_argument("--reply-topics", help="topics a caller's reply address (the gateway's stream.reply, Spring's "
-                                          "kafka_replyTopic) may name, comma-separated (default: "
-                                          "<input-topic>.replies, the gateway's)")
-    p.add_argument("--model-retries", type=int, help="retries of a failed batch before bisecting it (2)")
-    p.add_argument("--retry-backoff-ms", type=float, help="first retry delay, doubled per retry (50)")
-    p.add_argument("--dlq-max-fraction", type=float,
-                   help="stop when the model failed on more than this fraction of the last --dlq-window records it "
-                        "was given (0.5; 1: never); records the decode stage dead-letters do not count")
-    p.add_argument("--dlq-window", type=int, help="records given to the model in the circuit breaker's window (1000)")
-    p.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
-                   help="exactly-once: Kafka transactions holding the outputs and the input offsets")
-    p.add_argument("--transaction-interval-ms", type=float,
-                   help="exactly-once: queued batches join a transaction for this long before it commits (100; "
-                        "0: one transaction per batch)")
-    p.add_argument("--transactional-id", help="exactly-once: a stable id per replica (default: group-host-pid)")
+    add_setting_flags(p, WorkerSettings.model_fields, WORKER_FLAG_GROUPS,
+                      switches={"stop_at_end", "shadow", "fixed_shapes", "cuda_graphs"})
     p.add_argument("--summary-json", type=Path, help="also write the shutdown summary to this file as JSON")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(INFO)")
 
 
 def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:

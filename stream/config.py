@@ -131,19 +131,26 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="STREAM_", frozen=True, extra="forbid")
 
-    bootstrap_servers: str = Field(default="", description="Kafka bootstrap servers (host:port,...)")
-    input_topic: str = Field(min_length=1, max_length=249)
-    output_topic: str = Field(min_length=1, max_length=249)
-    group_id: str = Field(min_length=1)
-    max_batch_size: int = Field(default=4096, ge=1, le=65536)
-    max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0)
+    bootstrap_servers: str = Field(default="", description="the brokers, host:port,... (or KAFKA_BOOTSTRAP_SERVERS)")
+    input_topic: str = Field(min_length=1, max_length=249, description="required: the topic of events to predict")
+    output_topic: str = Field(min_length=1, max_length=249, description="required: the topic predictions go to")
+    group_id: str = Field(min_length=1,
+                          description="required: the consumer group every replica of this pipeline shares")
+    max_batch_size: int = Field(default=4096, ge=1, le=65536, description="close a batch at this many records")
+    max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0,
+                               description="close a batch when its first record has waited this long")
     batch_policy: Literal["adaptive", "fixed"] = Field(
         default="adaptive",
         description="fixed: a batch closes at max_batch_size or max_wait_ms; adaptive: also as soon as the model "
                     "is idle and no more records are waiting")
-    model: str = Field(default="demo", min_length=1)
-    model_dir: Path | None = None
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    model: str = Field(default="demo", min_length=1,
+                       description="demo, minilm (text to sentence embedding; needs the text extra), "
+                                   "export:PATH.pt2, torchscript:PATH.pt, or package.module:HandlerClass")
+    model_dir: Path | None = Field(default=None, description="the model's files, given to its handler (demo: "
+                                                             "default artifacts/demo-fraud; minilm: its folder "
+                                                             "or .zip, default the installed weights)")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto (CUDA when available), cpu, cuda, cuda:N")
     max_tokens: int | None = Field(
         default=None, ge=3, le=512,
         description="--model minilm: texts are cut to this many tokens (default 256; the model's limit is 512)")
@@ -166,7 +173,7 @@ class WorkerSettings(BaseSettings):
                                   "text (variable-length flash attention on CUDA in 16-bit floats), no padding "
                                   "but to a token bucket (default: on CUDA in bfloat16 or float16 without a fixed "
                                   "shape set)")
-    torch_threads: int = Field(default=1, ge=1, le=1024)
+    torch_threads: int = Field(default=1, ge=1, le=1024, description="intra-op threads for inference on the CPU")
     malloc_mmap_threshold_kib: int | None = Field(
         default=None, ge=4, le=1_048_576,
         description="glibc only: allocations of this many KiB or more are mmap'd and returned on free (default "
@@ -197,26 +204,39 @@ class WorkerSettings(BaseSettings):
         default="127.0.0.1", min_length=1,
         description="address /metrics listens on: this host only by default; 0.0.0.0 for every interface (the "
                     "container image sets it, so that Prometheus can scrape the pod)")
-    commit_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    commit_interval_ms: int = Field(default=1000, ge=10, le=600_000,
+                                    description="how often acknowledged offsets are committed")
     transaction_interval_ms: float = Field(
         default=100.0, ge=0.0, le=60_000.0,
         description="exactly-once: batches queued behind a transaction's first batch join it for this long "
                     "before it commits (0: one transaction per batch); a processor with nothing queued commits "
                     "at once")
-    max_inflight_batches: int = Field(default=4, ge=1, le=1024)
-    shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    max_inflight_batches: int = Field(default=4, ge=1, le=1024,
+                                      description="closed batches waiting for the model before input pauses")
+    shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0,
+                                      description="bound on the graceful shutdown after SIGTERM or SIGINT")
     stall_timeout_s: float = Field(
         default=120.0, ge=1.0, le=86_400.0,
         description="an assigned partition with records waiting and no committed progress for this long is "
                     "reported stalled (a WARNING naming it, stream_stalled_partitions)")
-    stop_at_end: bool = False
-    dlq_topic: str | None = Field(default=None, min_length=1, max_length=249)
-    max_input_bytes: int = Field(default=1_048_576, ge=16, le=1_073_741_824)
-    model_retries: int = Field(default=2, ge=0, le=100)
-    retry_backoff_ms: float = Field(default=50.0, ge=0.0, le=60_000.0)
-    dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
-    dlq_window: int = Field(default=1000, ge=1, le=10_000_000)
-    schemas_dir: Path | None = None
+    stop_at_end: bool = Field(default=False,
+                              description="drain to the end offsets that existed at start, commit, exit 0")
+    dlq_topic: str | None = Field(default=None, min_length=1, max_length=249,
+                                  description="dead-letter topic for bad records (created if missing); without "
+                                              "it a bad record stops the worker")
+    max_input_bytes: int = Field(default=1_048_576, ge=16, le=1_073_741_824,
+                                 description="larger input values are dead-lettered")
+    model_retries: int = Field(default=2, ge=0, le=100, description="retries of a failed batch before bisecting it")
+    retry_backoff_ms: float = Field(default=50.0, ge=0.0, le=60_000.0,
+                                    description="the first retry's delay, doubled per retry")
+    dlq_max_fraction: float = Field(default=0.5, gt=0.0, le=1.0,
+                                    description="stop when the model failed on more than this fraction of the last "
+                                                "--dlq-window records it was given (1: never); records the decode "
+                                                "stage dead-letters do not count")
+    dlq_window: int = Field(default=1000, ge=1, le=10_000_000,
+                            description="records given to the model in the circuit breaker's window")
+    schemas_dir: Path | None = Field(default=None, description="the schema folder when no registry is given "
+                                                               "(default: the repository's schemas/)")
     schema_registry_url: str | None = Field(
         default=None, min_length=1,
         description="a Confluent-compatible schema registry (also SCHEMA_REGISTRY_URL; client settings from "
@@ -264,18 +284,19 @@ class WorkerSettings(BaseSettings):
                     "record at or after it")
     native_producer: bool = Field(
         default=True,
-        description="publish predictions through the C extension stream.kafka._nativeproduce (one librdkafka call per "
-                    "batch; at-least-once: a client of its own counting delivery reports in C; exactly-once: on "
-                    "the transactional producer's handle) where it is built; not with provenance headers: dead "
-                    "letters and headers use confluent-kafka")
+        description="publish predictions through the C extension where it is built (one librdkafka call a batch; "
+                    "not with --provenance-headers; docs/internals.md)")
     native_consumer: bool = Field(
         default=True,
-        description="take input records through the C extension stream.kafka._nativeconsume (whole batches from "
-                    "librdkafka into one buffer, no Message object per record) where it is built; the "
-                    "confluent-kafka consumer keeps the group, commits, seeks and callbacks")
-    guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
-    transactional_id: str | None = Field(default=None, min_length=1)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+        description="take input records through the C extension where it is built (whole batches into one buffer; "
+                    "docs/internals.md)")
+    guarantee: Literal["at-least-once", "exactly-once"] = Field(
+        default="at-least-once",
+        description="exactly-once: Kafka transactions holding the predictions and the input offsets")
+    transactional_id: str | None = Field(default=None, min_length=1,
+                                         description="exactly-once: a stable id per replica (default: "
+                                                     "group-host-pid)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="the log's level")
 
     @field_validator("metrics_port", mode="before")
     @classmethod

@@ -230,3 +230,26 @@ def compose_command() -> list[str]:
         return version
 
     return [str(fill_once(folder, fill) / "docker-compose")]
+
+
+def proc_status(name: str) -> dict[str, str]:
+    """The container's main process's /proc status, read on the host (the kernel's word, not the image's)."""
+    pid = docker("inspect", "-f", "{{.State.Pid}}", name, timeout_s=60).stdout.strip()
+    return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+
+
+def uid_of(name: str) -> int:
+    """The real uid of the container's main process."""
+    return int(proc_status(name)["Uid"].split()[0])
+
+
+def assert_hardened(name: str) -> None:
+    """What the manifests ask is what the kernel enforces: no capability, no new privileges, the image's user,
+    a root filesystem nothing can write (a write fails) with /tmp writable."""
+    status = proc_status(name)
+    assert int(status["CapEff"].strip(), 16) == 0 and int(status["CapPrm"].strip(), 16) == 0, status["CapEff"]
+    assert status["NoNewPrivs"].strip() == "1"
+    assert uid_of(name) == 10001
+    write = docker("exec", name, "python", "-c", "open('/app/written', 'w')", check=False, timeout_s=60)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write
+    assert docker("exec", name, "python", "-c", "open('/tmp/written', 'w').write('x')", timeout_s=60).returncode == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from stream.config import format_validation_error
 from stream.errors import ConfigError
+from stream.flags import add_setting_flags
 
 ENV_PREFIX = "STREAM_GATEWAY_"
 _ALIASES = {"bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "schema_registry_url": "SCHEMA_REGISTRY_URL",
@@ -187,34 +187,6 @@ def _is_list(setting: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """A flag per setting, grouped, its help and default from the field (defaults are applied by
-    `load_gateway_settings`: a flag left out is None here)."""
-    groups: dict[str, Any] = {}
-    for name, field in GatewaySettings.model_fields.items():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        group = str(extra.get("group", "other"))
-        if group not in groups:
-            groups[group] = parser.add_argument_group(group)
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _help(field)}
-        annotation = field.annotation
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        base = args[0] if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args else annotation
-        if typing.get_origin(base) is list:
-            kwargs["action"] = "append"
-            item = typing.get_args(base)[0]
-            kwargs["metavar"] = "PATH" if item is Path else "KEY" if item is SecretStr else "NAME=VALUE"
-        elif typing.get_origin(base) is Literal:
-            kwargs["choices"] = list(typing.get_args(base))
-        elif base in (int, float):
-            kwargs["type"] = base
-        groups[group].add_argument("--" + name.replace("_", "-"), **kwargs)
-
-
-def _help(field: Any) -> str:
-    text = str(field.description or "")
-    default = field.default
-    if default is None or default == [] or field.is_required() or "default" in text:
-        return text
-    shown = f"{default:,}" if isinstance(default, int) and not isinstance(default, bool) and default >= 10_000 \
-        else str(default)
-    return f"{text} ({shown})"
+    """A flag per setting, grouped by the field's group, its help and default from the field (defaults are
+    applied by `load_gateway_settings`: a flag left out is None here)."""
+    add_setting_flags(parser, GatewaySettings.model_fields)

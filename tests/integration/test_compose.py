@@ -21,7 +21,7 @@ from producers.events import generate_events
 from stream.kafka.topics import admin
 from stream.ops.verify import OutputReader
 from tests.compose_images import build_compose_images
-from tests.engine import compose_command, docker
+from tests.engine import assert_hardened, compose_command, docker
 from tests.image import ROOT
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
@@ -97,6 +97,8 @@ def test_the_stack_predicts_with_two_replicas_prometheus_scrapes_both_and_down_l
         return states == ["healthy", "healthy"]
 
     wait(healthy, 240, "both workers healthy (their health checks probe their own replica's port)")
+    for w in workers:  # as the manifests run them (docker-compose.yml's x-hardened), as the kernel sees it
+        assert_hardened(w)
     # The stack's own producer, told to send a few thousand events instead of a million.
     compose("run", "--rm", "--no-deps", "producer", "producers", "--bootstrap-servers", BOOTSTRAP, "--topic",
             "events", "--count", str(EVENTS), "--seed", str(SEED), timeout_s=300)

@@ -29,7 +29,7 @@ from stream.kafka.topics import committed_offsets, create_topics, end_offsets, w
 from stream.local.broker import free_port
 from stream.models.demo import EVENT_SCHEMA
 from tests.conftest import BrokerInfo
-from tests.engine import build_image, docker
+from tests.engine import assert_hardened, build_image, docker
 from tests.gateway_cli import events
 from tests.image import ROOT
 from tests.integration.harness import Pipeline
@@ -100,13 +100,6 @@ def containers(engine: str, tmp_path: Path) -> Iterator[Containers]:
     made.remove_all()
 
 
-def uid_of(name: str) -> int:
-    """The real uid of the container's main process, read from the host's /proc (not what the image claims)."""
-    pid = docker("inspect", "-f", "{{.State.Pid}}", name, timeout_s=60).stdout.strip()
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-
-
 def test_the_worker_predicts_as_its_own_user_on_a_read_only_root_and_stops_with_everything_committed(
         cpu_image: str, containers: Containers, broker: BrokerInfo, unique_name: Callable[[str], str],
         model_dir: Path, tmp_path: Path) -> None:
@@ -118,7 +111,7 @@ def test_the_worker_predicts_as_its_own_user_on_a_read_only_root_and_stops_with_
                       "--commit-interval-ms", "200"]
     flags = ("-e", "KAFKA_CONSUMER_SESSION_TIMEOUT_MS=6000")
     worker = containers.run(cpu_image, *worker_command, flags=flags)
-    assert uid_of(worker) == 10001
+    assert_hardened(worker)
     containers.wait_http(worker, port, "/healthz", 200, 120)
     reader = line.reader()
     assert reader.read_until(sent, 120), f"{reader.missing(sent)} of {len(sent)} not predicted:\n" \
@@ -159,7 +152,7 @@ def test_the_gateway_and_stream_top_run_from_the_image(
                              EVENT_SCHEMA)
     containers.wait_http(worker, metrics, "/readyz", 200, 120)
     containers.wait_http(gateway, gateway_port, "/readyz", 200, 120)
-    assert uid_of(gateway) == 10001
+    assert_hardened(gateway)
     asked = events(5, seed=60)
     with httpx.Client(base_url=f"http://127.0.0.1:{gateway_port}", timeout=30) as http:
         for event in asked:
@@ -187,6 +180,7 @@ def test_the_embedded_broker_runs_from_the_image_on_a_read_only_root(cpu_image: 
         assert time.monotonic() < deadline, containers.logs(broker)[-3000:]
         time.sleep(0.2)
     wait_ready(f"127.0.0.1:{port}", 30)
+    assert_hardened(broker)  # the broker's process too: the image's user, no capability
     assert create_topics(f"127.0.0.1:{port}", ["image-test"], 2) == {"image-test": "created"}
     docker("stop", "-t", "20", broker, timeout_s=60)
     code = docker("inspect", "-f", "{{.State.ExitCode}}", broker).stdout.strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
+from datetime import datetime
 
 import pytest
 
@@ -137,7 +138,13 @@ def test_stop_at_end_drains_commits_and_exits_zero(pipeline: Pipeline) -> None:
 def test_stop_at_end_on_an_empty_topic_exits_at_once(pipeline: Pipeline) -> None:
     worker = pipeline.worker("--stop-at-end")
     assert worker.wait(60) == 0, worker.output()[-3000:]
-    assert "consumed=0" in worker.output()
+    log = worker.output()
+    assert "consumed=0" in log
+    # From joining the group to its summary: no batch to wait out, no stall timeout, no poll of an idle topic.
+    stamps = {what: datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in log.splitlines()
+              for what in (" assigned ", "shutdown summary") if what in line}
+    took = (stamps["shutdown summary"] - stamps[" assigned "]).total_seconds()
+    assert took < 3.0, f"{took:.1f} s from its assignment to its exit:\n{log[-3000:]}"
 
 
 def test_bad_configuration_fails_fast_with_a_clear_message(pipeline: Pipeline) -> None:

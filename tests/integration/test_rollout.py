@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from stream.local.children import WorkerProcess
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE
 from stream.ops.verify import OutputReader
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
+from tests.probes import get
 
 
 def model_version(source: Path, target: Path, version: str, shift: float = 0.0) -> Path:
@@ -58,14 +60,30 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
         ports[w] = port
         return w
 
+    def predicted(ws: list[WorkerProcess]) -> float:
+        """Predictions the workers have had acknowledged (their /metrics)."""
+        total = 0.0
+        for w in ws:
+            status, text = get(ports[w], "/metrics")
+            assert status == 200, text
+            total += sum(float(line.split()[-1]) for line in text.splitlines()
+                         if line.startswith("stream_predictions_total"))
+        return total
+
+    def until(what: str, done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, f"not within {timeout_s:g}s: {what}"
+            time.sleep(0.1)
+
     olds = [worker(a_dir) for _ in range(3)]
     for w in olds:
         wait_for_assignment(w)
     load.start()
-    time.sleep(3)
+    until("every old replica predicts", lambda: all(predicted([w]) > 0 for w in olds))
     canary = worker(b_dir)  # the canary takes its share of the partitions ...
     wait_for_assignment(canary)
-    time.sleep(3)
+    until("the canary predicts", lambda: predicted([canary]) > 0)
     top = subprocess.run([sys.executable, "-m", "stream", "top", "--once", "--interval", "1",
                           *[str(p) for p in ports.values()]], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "COLUMNS": "250"})
@@ -74,13 +92,15 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
     rows = {line.split("│")[1].strip(): line for line in top.stdout.splitlines() if "│ version" in line}
     assert set(rows) == {"demo-fraud-mlp:A (3)", "demo-fraud-mlp:B (1)"}, top.stdout
     assert all("fraud_score 0." in line for line in rows.values()), top.stdout  # each version's mean score
+    logs_at = [len(w.output()) for w in olds]
     assert canary.terminate() == 0  # the rollback: its partitions go back to version A
-    time.sleep(3)
+    until("an old replica takes the canary's partitions back",
+          lambda: any(" assigned " in w.output()[at:] for w, at in zip(olds, logs_at, strict=True)))
     switch_ms = time.time() * 1000.0
     news = [worker(b_dir) for _ in range(3)]  # the switch: the new version joins first ...
     for w in news:
         wait_for_assignment(w)
-    time.sleep(2)
+    until("every new replica predicts", lambda: all(predicted([w]) > 0 for w in news))
     for w in olds:  # ... then the old replicas leave together, so their partitions can only go to new ones
         w.proc.send_signal(15)
     # Each exits 0 on that one SIGTERM. (terminate() would send a second one to a process not yet gone: one that
@@ -88,7 +108,8 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
     assert [w.wait(60) for w in olds] == [0, 0, 0]
     for w in olds:
         w.terminate()  # closes its log; the process has exited
-    time.sleep(3)  # the new version alone answers the load for a while
+    alone_from = predicted(news)  # the new version alone answers the load for a while (2 s of it)
+    until("the new version alone predicts 3,000 more", lambda: predicted(news) >= alone_from + 3000)
     assert load.is_alive(), "the load ended before the switch was over"
     stop.set()
     load.join(120)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from producers.events import generate_events
 from stream.bench.gpu import build_model
@@ -15,7 +16,7 @@ from stream.cli import main
 from stream.codec import decode
 from stream.errors import ModelError
 from stream.kafka.publish import HEADER_OFFSET
-from stream.models.demo import DemoFraudHandler
+from stream.models.demo import WEIGHTS_FILE, DemoFraudHandler, FraudMLP
 from stream.pipeline.inference import InferenceEngine
 from tests.handlers import POISON_MARK, PoisonHandler
 from tests.unit.pipeline.test_processing import REGISTRY, FakePublisher, batch_of, events, make
@@ -93,9 +94,15 @@ def test_cuda_model_errors_surface_from_result_and_poison_is_isolated(model_dir:
 def test_bench_gpu_model_is_served_by_the_demo_handler(tmp_path: Path) -> None:
     folder = build_model(tmp_path / "model", width=16, depth=3)
     engine = InferenceEngine(DemoFraudHandler(folder), torch.device("cpu"))
-    out = engine.run(generate_events(10, seed=1).features).outputs
+    features = generate_events(10, seed=1).features
+    out = engine.run(features).outputs
     assert engine.handler.name == "bench-mlp-16x3" and len(out["fraud_score"]) == 10
-    assert ((out["fraud_score"] >= 0) & (out["fraud_score"] <= 1)).all()
+    # The same weights run directly, as a 16x3 MLP: the handler served the model the benchmark built.
+    direct = FraudMLP(32, (16, 16, 16))
+    direct.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+    with torch.inference_mode():
+        expected = torch.sigmoid(direct(torch.as_tensor(features, dtype=torch.float32))).numpy()
+    assert out["fraud_score"] == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine this would run the whole benchmark")
