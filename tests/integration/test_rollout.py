@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ConsumerGroupState
 from safetensors.torch import load_file, save_file
 
 from producers.load import produce_events
-from stream.kafka.topics import create_topics
+from stream.kafka.topics import admin, create_topics
 from stream.local.broker import free_port
 from stream.local.children import WorkerProcess
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE
@@ -100,7 +101,16 @@ def test_canary_rollback_and_switch_lose_nothing_and_never_hand_a_partition_back
     news = [worker(b_dir) for _ in range(3)]  # the switch: the new version joins first ...
     for w in news:
         wait_for_assignment(w)
-    until("every new replica predicts", lambda: all(predicted([w]) > 0 for w in news))
+
+    client = admin(pipeline.bootstrap)  # kept: its futures fail once it is gone
+
+    def settled() -> bool:
+        [group] = client.describe_consumer_groups([pipeline.group]).values()
+        described = group.result(timeout=30)
+        return described.state == ConsumerGroupState.STABLE and len(described.members) == 6
+
+    # (six members on four partitions: some of them hold none until the old ones leave)
+    until("the group stable with the old and the new replicas in it", settled)
     for w in olds:  # ... then the old replicas leave together, so their partitions can only go to new ones
         w.proc.send_signal(15)
     # Each exits 0 on that one SIGTERM. (terminate() would send a second one to a process not yet gone: one that
