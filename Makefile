@@ -14,7 +14,7 @@ help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
 	@echo "make demo-text   texts to sentence embeddings (--model minilm, all-MiniLM-L6-v2) on the embedded broker"
 	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
-	@echo "make test        lint, type-check, unit and integration tests (Apache Kafka when java+mvn exist)"
+	@echo "make test        lint, type-check, unit, integration and chaos tests (about 20 min; Apache Kafka: java 17 + mvn)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
 	@echo "make chaos       long chaos run on a local 3-node Kafka cluster (per guarantee: >= 1,000,000 events, 12 worker kills, 8 faults of each broker-fault kind, a 20 s freeze of each replica; about 1 h), a 100,000-example decoder fuzz, the at-least-once broker-fault and freeze tests (left out of make test), and the cluster command under exactly-once workers (two nodes frozen, one killed)"
 	@echo "make fuzz        the decoder's fuzzers with a long budget (C against the reference; random bytes)"

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from producers.load import produce_events
-from stream.config import kafka_env_config
 from stream.kafka.native import unavailable as native_unavailable
+from stream.kafka_env import kafka_env_config
 
 
 def positive_int(text: str) -> int:

@@ -8,7 +8,6 @@ librdkafka settings pass through from the environment with Confluent's naming ru
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.errors import ConfigError
+from stream.kafka_env import kafka_admin_env_config, kafka_env_config
 
 # Settings the worker owns: a pass-through value that contradicts them would break the delivery guarantee.
 _CONSUMER_OWNED = {
@@ -30,7 +30,6 @@ _PRODUCER_OWNED = {"enable.idempotence": "true", "acks": "all"}
 NON_SETTING_ENV = frozenset({"STREAM_CACHE_DIR", "STREAM_REQUIRE_KAFKA", "STREAM_REQUIRE_NATIVE"})
 # STREAM_TEST_*: test fault hooks; STREAM_GATEWAY_*: the gateway's settings (`stream.gateway.settings`).
 NON_SETTING_PREFIXES = ("STREAM_TEST_", "STREAM_GATEWAY_")
-_TOKEN = re.compile(r"_{1,3}|[^_]+")
 
 
 class PortRange(NamedTuple):
@@ -51,43 +50,6 @@ def parse_port_range(value: object) -> PortRange:
     if not (0 <= ports.first <= ports.last <= 65535) or (dash and ports.first == 0):
         raise ValueError(f"ports are 0 to 65535 (a range from 1, first to last), not {text!r}")
     return ports
-
-
-def env_to_librdkafka_key(name: str) -> str:
-    """``SESSION_TIMEOUT_MS`` -> ``session.timeout.ms`` (Confluent's docker naming rule)."""
-    out = []
-    for token in _TOKEN.findall(name.lower()):
-        out.append({"_": ".", "__": "_", "___": "-"}.get(token, token))
-    return "".join(out)
-
-
-_CLIENTS = ("CONSUMER", "PRODUCER", "ADMIN")
-
-
-def _kafka_env_parts(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """``KAFKA_*`` variables as librdkafka settings, per client: ``""`` for those every client shares, and
-    ``CONSUMER`` / ``PRODUCER`` / ``ADMIN`` for ``KAFKA_CONSUMER_*`` and the like."""
-    parts: dict[str, dict[str, str]] = {"": {}, **{c: {} for c in _CLIENTS}}
-    for name, value in environ.items():
-        if not name.startswith("KAFKA_"):
-            continue
-        rest = name[len("KAFKA_"):]
-        client = next((c for c in _CLIENTS if rest.startswith(c + "_")), "")
-        parts[client][env_to_librdkafka_key(rest[len(client) + 1:] if client else rest)] = value
-    return parts
-
-
-def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(consumer, producer) librdkafka settings from ``KAFKA_*`` variables."""
-    parts = _kafka_env_parts(environ)
-    return {**parts[""], **parts["CONSUMER"]}, {**parts[""], **parts["PRODUCER"]}
-
-
-def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
-    """The admin client's librdkafka settings: ``KAFKA_*`` shared by every client (security settings among them)
-    and ``KAFKA_ADMIN_*``."""
-    parts = _kafka_env_parts(environ)
-    return {**parts[""], **parts["ADMIN"]}
 
 
 MAX_COPY_HEADERS = 10  # --copy-headers: the consumer takes at most 16 header names a record (4 a reply's, 2 W3C's)

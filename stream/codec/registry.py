@@ -215,7 +215,7 @@ class FolderRegistry:
 def registry_env_config(environ: Mapping[str, str]) -> dict[str, Any]:
     """The schema registry client's settings from ``SCHEMA_REGISTRY_*`` variables (the ``KAFKA_*`` naming rule:
     ``SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO`` -> ``basic.auth.user.info``); ``SCHEMA_REGISTRY_URL`` is the URL."""
-    from stream.config import env_to_librdkafka_key
+    from stream.kafka_env import env_to_librdkafka_key
 
     prefix = "SCHEMA_REGISTRY_"
     return {env_to_librdkafka_key(k[len(prefix):]): _number_or_text(v) for k, v in environ.items()

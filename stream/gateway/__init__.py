@@ -71,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from uvicorn._compat import asyncio_run
 
     from stream.codec.registry import open_source
-    from stream.config import default_reply_topic, kafka_admin_env_config, kafka_env_config
+    from stream.config import default_reply_topic
     from stream.gateway.client import PredictionClient
     from stream.gateway.server import protocol_class, shrink_tls_buffers, with_tls_handshake_timeout
     from stream.kafka.topics import create_topics, partitions_of
+    from stream.kafka_env import kafka_admin_env_config, kafka_env_config
     from stream.ops.tracing import RequestSpans, tracing_from_env
 
     reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)

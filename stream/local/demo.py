@@ -19,9 +19,9 @@ from rich.table import Table
 from producers.events import generate_events
 from producers.load import produce_events
 from producers.texts import generate_texts, produce_texts
-from stream.config import kafka_admin_env_config
 from stream.errors import ConfigError
 from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.kafka_env import kafka_admin_env_config
 from stream.local.broker import BrokerKind, LocalBroker, start_broker
 from stream.local.children import WorkerProcess
 from stream.models.demo import (

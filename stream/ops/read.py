@@ -26,9 +26,9 @@ from typing import IO, Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, Message, TopicPartition
 
 from stream.codec.registry import WireDecoder, open_source
-from stream.config import kafka_admin_env_config, kafka_env_config
 from stream.errors import ConfigError, StreamError
 from stream.kafka.topics import end_offsets, partitions_of
+from stream.kafka_env import kafka_admin_env_config, kafka_env_config
 from stream.ops.compare import drop_read_to_end
 
 STALL_S = 60.0

@@ -37,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from stream.config import kafka_admin_env_config
     from stream.kafka import topics
+    from stream.kafka_env import kafka_admin_env_config
 
     config = kafka_admin_env_config(os.environ)
     bootstrap = args.bootstrap_servers

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,19 +47,17 @@ from stream.kafka.publish import (
 )
 from stream.kafka.records import Records
 from stream.kafka.replies import (
-    ADDRESS_HEADERS,
     TRACE_HEADERS,
     USAGE_TOKENS_HEADER,
     AddressHeaders,
     Reply,
     ReplyRouter,
     carried_of,
-    record_times,
 )
 from stream.ops.metrics import StreamMetrics
-from stream.ops.tracing import BatchTraces
 from stream.pipeline import faults
 from stream.pipeline.contract import Decoded, DecodeStage
+from stream.pipeline.dead_letters import DeadLetterBreaker, RejectedInputs
 from stream.pipeline.inference import InferenceEngine, InFlight, Prepared
 from stream.pipeline.inputs import InputBinder, input_rows, take_inputs
 
@@ -121,86 +118,6 @@ class ProcessingPolicy:
     registry_backoff_max_s: float = 5.0
 
 
-class DeadLetterBreaker:
-    """Stops the worker when the model failed on more than ``max_fraction`` of the last ``window`` records it was
-    given (records dead-lettered at the model stage, among those that reached the model; at least
-    ``min(window, 100)`` of them).
-
-    What the decode stage dead-letters never counts: such records are their producer's fault, however many come
-    in a row, and the stream goes on past them (`RejectedInputs` reports them). A model or a deployment that fails
-    on everything it is given is what the breaker is for: it stops the worker before it dead-letters the stream."""
-
-    def __init__(self, max_fraction: float, window: int) -> None:
-        self.max_fraction = max_fraction
-        self.window = window
-        self._recent: deque[tuple[int, int]] = deque()  # (records given to the model, failed) per batch
-        self._records = 0
-        self._dead = 0
-
-    def prime(self, records: int, dead: int) -> None:
-        """Start from the counts a previous run tripped with (`stream.pipeline.stops`): a restart that fails the
-        same way stops at its first failed batch instead of dead-lettering another window's worth."""
-        if records > 0 and not self._recent:
-            self._recent.append((records, dead))
-            self._records, self._dead = records, dead
-
-    def record(self, records: int, dead: int, where: tuple[int, int] | None = None) -> None:
-        """``records`` reached the model, ``dead`` of them failed it (``where``: the first failed one's input
-        partition and offset)."""
-        if records == 0:
-            return
-        self._recent.append((records, dead))
-        self._records += records
-        self._dead += dead
-        while self._recent and self._records - self._recent[0][0] >= self.window:
-            r, d = self._recent.popleft()
-            self._records -= r
-            self._dead -= d
-        if dead and self._records >= min(self.window, 100) and self._dead > self.max_fraction * self._records:
-            partition, offset = where if where is not None else (None, None)
-            raise StoppedOnPurpose(
-                "dead-letter-breaker",
-                f"dead-letter circuit breaker: the model failed on {self._dead} of the last {self._records} "
-                f"records it was given (> {self.max_fraction:.0%}); stopping instead of dead-lettering the stream",
-                partition, offset, (self._records, self._dead))
-
-
-class RejectedInputs:
-    """The records the decode stage dead-letters (the input's fault): a WARNING at the first of them, then at most
-    one every ``every_s`` (and at shutdown), how many since the last one by reason and where the latest was; the
-    counts are also ``stream_dead_letters_total``'s ``stage="decode"`` series."""
-
-    def __init__(self, topic: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.topic = topic
-        self.every_s = every_s
-        self._clock = clock
-        self._since = clock()
-        self._logged_at = -float("inf")
-        self._reasons: dict[str, int] = {}
-        self._last: tuple[int, int] | None = None
-
-    def record(self, reasons: list[str], last: tuple[int, int]) -> None:
-        if not self._reasons:
-            self._since = self._clock()
-        for reason in reasons:
-            self._reasons[reason] = self._reasons.get(reason, 0) + 1
-        self._last = last
-        if self._clock() - self._logged_at >= self.every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        now = self._clock()
-        if self._reasons and self._last is not None:
-            total = sum(self._reasons.values())
-            by_reason = ", ".join(f"{r} {n:,}" for r, n in sorted(self._reasons.items(), key=lambda kv: -kv[1]))
-            log.warning("%s input records dead-lettered at the decode stage in the last %.0f s (%s), the latest at "
-                        "%s[%d]@%d: their producer sends what the model cannot take; they are in the dead-letter "
-                        "topic, and the records behind them are predicted", f"{total:,}", now - self._since,
-                        by_reason, self.topic, *self._last)
-            self._logged_at = now
-        self._reasons = {}
-
-
 @dataclass(frozen=True)
 class DeadRecord:
     index: int  # position in the batch
@@ -214,10 +131,10 @@ class BatchProcessor:
                  binder: InputBinder, encoder: OutputEncoder, publisher: Publisher, metrics: StreamMetrics,
                  sleep: Callable[[float], None] = time.sleep, stopping: Callable[[], bool] = lambda: False,
                  reply_partitions: Callable[[str], int | None] = lambda topic: None,
-                 traces: BatchTraces | None = None) -> None:
+                 trace: Callable[[Begun, dict[int, Headers], list[DeadRecord]], None] | None = None) -> None:
         """``reply_partitions(topic)``: a reply topic's partition count when the worker may write to it, else
-        None (`stream.kafka.access.reply_partitions`); ``traces``: the tracing spans of records with a trace context
-        (`stream.ops.tracing`), None when tracing is off."""
+        None (`stream.kafka.access.reply_partitions`); ``trace``: starts the tracing spans of a batch's records
+        with a trace context (`stream.pipeline.spans.Spans.trace`), None when tracing is off."""
         self.policy = policy
         self._engine = engine
         self._decode_stage = DecodeStage(decoder, binder, policy.max_input_bytes)
@@ -233,8 +150,7 @@ class BatchProcessor:
         # fields for them (version 2 on), as headers when asked for or when it has not.
         self._provenance_headers = policy.provenance_headers or not encoder.carries_source
         self._replies = ReplyRouter(policy.reply_topics, reply_partitions, metrics.replies.labels("refused").inc)
-        self._traces = traces
-        self._watched = len(ADDRESS_HEADERS) + len(policy.carried)  # the values before a record's times
+        self._trace = trace
 
     @property
     def engine(self) -> InferenceEngine:
@@ -308,8 +224,8 @@ class BatchProcessor:
             dead += failed
             if poison:
                 decoded = decoded.take(ok_rows)
-        if self._traces is not None and carried:  # before any of its records is produced, as the replies
-            self._start_traces(begun, carried, dead)
+        if self._trace is not None and carried:  # before any of its records is produced, as the replies
+            self._trace(begun, carried, dead)
         if outputs is not None:
             self._publish_predictions(batch, decoded, outputs, replies, copies, carried)
         if dead:
@@ -384,24 +300,6 @@ class BatchProcessor:
                 self._sleep(delay_s)
             finally:
                 flight = None
-
-    def _start_traces(self, begun: Begun, carried: dict[int, Headers], dead: list[DeadRecord]) -> None:
-        """The spans of the batch's records that carry a trace context, each handed to its span's delivery, which
-        ends it once acknowledged (`stream.pipeline.spans.Spans.done`)."""
-        assert self._traces is not None
-        batch = begun.batch
-        watched = batch.records.replies or {}
-        n = self._watched
-        traces = self._traces.start(
-            carried, {row: record_times(watched[row], n) for row in carried if row in watched},
-            batch.partitions.tolist(), batch.offsets.tolist(), batch_size=len(batch.records),
-            closed_ns=batch.closed_ns or time.time_ns(), submitted_ns=begun.submitted_ns,
-            inferred_ns=time.time_ns(), dead={d.index: d.stage for d in dead})
-        for row, trace in traces.items():
-            delivery = batch.deliveries[int(batch.partitions[row])]
-            if delivery.traced is None:
-                delivery.traced = []
-            delivery.traced.append(trace)
 
     # ------------------------------------------------------------------ publishing
     def _carried(self, watched: dict[int, AddressHeaders]) -> dict[int, Headers]:

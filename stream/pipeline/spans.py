@@ -21,15 +21,16 @@ import numpy as np
 
 from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker, fmt_partitions
-from stream.kafka.publish import Publisher
+from stream.kafka.publish import Headers, Publisher
 from stream.kafka.records import Records
+from stream.kafka.replies import ADDRESS_HEADERS, record_times
 from stream.ops.metrics import StreamMetrics
 from stream.ops.summary import WorkerSummary
 from stream.ops.tracing import BatchTraces
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher
 from stream.pipeline.committer import Committer
-from stream.pipeline.processing import Dispatched
+from stream.pipeline.processing import Begun, DeadRecord, Dispatched
 from stream.pipeline.transactions import Transactions
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Spans:
         self._exactly_once = exactly_once
         self._tokens = tokens
         self.traces: BatchTraces | None = None  # tracing's side (`stream.ops.tracing`), when it is on
+        self.carried = 0  # header names a record carries besides a reply address's (`trace` skips past them)
         # Once the clients exist (`Worker._connect`).
         self.publisher: Publisher | None = None
         self.consumer: Any = None
@@ -100,6 +102,24 @@ class Spans:
         metadata = self.consumer.consumer_group_metadata() if self._exactly_once and self.consumer else None
         return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata,
                           closed_ns=time.time_ns())
+
+    def trace(self, begun: Begun, carried: dict[int, Headers], dead: list[DeadRecord]) -> None:
+        """The tracing spans of the batch's records that carry a trace context (``carried``: row -> its carried
+        headers), each handed to its span's delivery, which `done` ends once acknowledged."""
+        assert self.traces is not None
+        batch = begun.batch
+        watched = batch.records.replies or {}
+        n = len(ADDRESS_HEADERS) + self.carried  # a watched record's header values, then its times
+        traces = self.traces.start(
+            carried, {row: record_times(watched[row], n) for row in carried if row in watched},
+            batch.partitions.tolist(), batch.offsets.tolist(), batch_size=len(batch.records),
+            closed_ns=batch.closed_ns or time.time_ns(), submitted_ns=begun.submitted_ns,
+            inferred_ns=time.time_ns(), dead={d.index: d.stage for d in dead})
+        for row, trace in traces.items():
+            delivery = batch.deliveries[int(batch.partitions[row])]
+            if delivery.traced is None:
+                delivery.traced = []
+            delivery.traced.append(trace)
 
     def done(self, delivery: SpanDelivery) -> None:
         faults.reach("after-delivery")

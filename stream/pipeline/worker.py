@@ -137,8 +137,9 @@ class Worker:
                             self._summary, self.metrics, exactly_once=s.exactly_once, tokens=tokens)
         # OpenTelemetry spans of the records that carry a trace context, with OTEL_EXPORTER_OTLP_ENDPOINT set
         self._tracing = tracing_from_env("stream-worker")
-        self._spans.traces = None if self._tracing is None else BatchTraces(self._tracing, s.input_topic,
-                                                                            handler.name)
+        if self._tracing is not None:
+            self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name)
+            self._spans.carried = len(carried_headers(s.copy_header_names))
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
         self._consumer: Consumer | None = None
@@ -279,7 +280,7 @@ class Worker:
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set,
                                    reply_partitions=lambda topic: reply_partitions(admin_config, topic),
-                                   traces=self._spans.traces)
+                                   trace=None if self._tracing is None else self._spans.trace)
         self._processor = processor
         self._stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,

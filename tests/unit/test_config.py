@@ -8,12 +8,10 @@ import pytest
 from stream.config import (
     WorkerSettings,
     default_prepare_threads,
-    env_to_librdkafka_key,
-    kafka_admin_env_config,
-    kafka_env_config,
     load_settings,
 )
 from stream.errors import ConfigError
+from stream.kafka_env import env_to_librdkafka_key, kafka_admin_env_config, kafka_env_config
 from stream.pipeline.malloc import tune_malloc
 
 BASE = {"input_topic": "in", "output_topic": "out", "group_id": "g", "bootstrap_servers": "127.0.0.1:9092"}

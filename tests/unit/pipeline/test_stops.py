@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stream.errors import StoppedOnPurpose
-from stream.pipeline.processing import DeadLetterBreaker
+from stream.pipeline.dead_letters import DeadLetterBreaker
 from stream.pipeline.stops import PreviousStops, StopNote
 
 

@@ -1,0 +1,46 @@
+"""librdkafka settings from ``KAFKA_*`` variables (Confluent's docker naming rule): ``KAFKA_SECURITY_PROTOCOL`` for
+every client, ``KAFKA_CONSUMER_*``, ``KAFKA_PRODUCER_*`` and ``KAFKA_ADMIN_*`` for one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_TOKEN = re.compile(r"_{1,3}|[^_]+")
+
+
+def env_to_librdkafka_key(name: str) -> str:
+    """``SESSION_TIMEOUT_MS`` -> ``session.timeout.ms`` (Confluent's docker naming rule)."""
+    out = []
+    for token in _TOKEN.findall(name.lower()):
+        out.append({"_": ".", "__": "_", "___": "-"}.get(token, token))
+    return "".join(out)
+
+
+_CLIENTS = ("CONSUMER", "PRODUCER", "ADMIN")
+
+
+def _kafka_env_parts(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """``KAFKA_*`` variables as librdkafka settings, per client: ``""`` for those every client shares, and
+    ``CONSUMER`` / ``PRODUCER`` / ``ADMIN`` for ``KAFKA_CONSUMER_*`` and the like."""
+    parts: dict[str, dict[str, str]] = {"": {}, **{c: {} for c in _CLIENTS}}
+    for name, value in environ.items():
+        if not name.startswith("KAFKA_"):
+            continue
+        rest = name[len("KAFKA_"):]
+        client = next((c for c in _CLIENTS if rest.startswith(c + "_")), "")
+        parts[client][env_to_librdkafka_key(rest[len(client) + 1:] if client else rest)] = value
+    return parts
+
+
+def kafka_env_config(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(consumer, producer) librdkafka settings from ``KAFKA_*`` variables."""
+    parts = _kafka_env_parts(environ)
+    return {**parts[""], **parts["CONSUMER"]}, {**parts[""], **parts["PRODUCER"]}
+
+
+def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """The admin client's librdkafka settings: ``KAFKA_*`` shared by every client (security settings among them)
+    and ``KAFKA_ADMIN_*``."""
+    parts = _kafka_env_parts(environ)
+    return {**parts[""], **parts["ADMIN"]}
