@@ -23,11 +23,10 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from producers.events import generate_events
-from stream.kafka.topics import committed_offsets, end_offsets
 from stream.local.children import WorkerProcess
-from stream.ops.verify import check_committed
 from tests.chaos.verifier import Verifier, hanging_transactions
 from tests.cluster_cli import ClusterCommand, wait
+from tests.verify import check_committed, committed_offsets, end_offsets
 
 PROGRESS_BOUND_S = 90.0  # after a fault ends, the group's committed offsets advance within this
 WORKER_ENV = {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"}

@@ -29,10 +29,10 @@ from typing import Any
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
-from stream.kafka.topics import committed_offsets, create_topics, end_offsets
-from stream.ops.verify import check_committed
+from stream.kafka.topics import create_topics
 from tests.chaos.runner import ChaosConfig, Fleet
 from tests.chaos.verifier import Verifier, hanging_transactions
+from tests.verify import check_committed, committed_offsets, end_offsets
 
 SLOW_BATCH_S = 0.2  # the slow model: 0.2 s a batch of <= 128, about 640 events/s a replica (two: 1,280 < 1,500)
 

@@ -25,14 +25,14 @@ from pathlib import Path
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
 from stream.kafka.client_logs import client_logger
-from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.kafka.topics import create_topics
 from stream.local.broker import LocalCluster
 from stream.local.children import WorkerProcess
-from stream.ops.verify import check_committed
 from stream.pipeline.faults import PHASES
 from tests.chaos.broker_faults import BROKER_KINDS, Fault, FaultPlan, inject, measure_recovery, recovery_table
 from tests.chaos.netcut import Bridge, isolated, netns_available
 from tests.chaos.verifier import Verifier, hanging_transactions, uncommitted_extra
+from tests.verify import check_committed, committed_offsets, end_offsets
 
 ARMED_PHASE_TIMEOUT_S = 60.0  # an armed replica that has not reached its phase by then is killed from outside
 

@@ -13,12 +13,12 @@ import pytest
 
 from producers.events import generate_events
 from producers.load import produce_events
-from stream.kafka.topics import committed_offsets, create_topics, end_offsets
-from stream.ops.verify import check_committed
+from stream.kafka.topics import create_topics
 from tests.chaos.freeze import FreezeConfig, run_freeze_thaw
 from tests.chaos.runner import ChaosConfig, Fleet, run_chaos
 from tests.chaos.verifier import Verifier, hanging_transactions
 from tests.conftest import BrokerInfo
+from tests.verify import check_committed, committed_offsets, end_offsets
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 RATE = 1_000.0

@@ -10,8 +10,8 @@ from collections import defaultdict
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from stream.kafka.topics import admin, end_offsets, partitions_of
-from stream.ops.verify import headers_of, input_source
+from stream.kafka.topics import admin, partitions_of
+from tests.verify import end_offsets, headers_of, source_of
 
 
 class Verifier:
@@ -47,7 +47,7 @@ class Verifier:
             else:
                 record = {}
                 event_id = f"dlq:{(m.key() or b'').decode()}"  # poison keys are unique
-            src = input_source(record, headers)[1:]
+            src = source_of(record, headers)[1:]
             self._ids[event_id] += 1
             self.outputs.append((m.topic(), m.partition(), src[0], src[1], event_id, m.offset(), m.timestamp()[1]))
             n += 1

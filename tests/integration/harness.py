@@ -8,10 +8,10 @@ from pathlib import Path
 
 from producers.events import generate_events
 from producers.load import produce_events
-from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+from stream.kafka.topics import create_topics
 from stream.local.children import WorkerProcess
-from stream.ops.verify import OutputReader, check_committed
 from tests.conftest import BrokerInfo
+from tests.verify import OutputReader, check_committed, committed_offsets, end_offsets
 
 PARTITIONS = 4
 # Tansu answers a new group's first join after ~half the session timeout: keep it short everywhere.

@@ -19,10 +19,10 @@ import pytest
 
 from producers.events import generate_events
 from stream.kafka.topics import admin
-from stream.ops.verify import OutputReader
 from tests.compose_images import build_compose_images
 from tests.engine import assert_hardened, compose_command, docker
 from tests.image import ROOT
+from tests.verify import OutputReader
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 

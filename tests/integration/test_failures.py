@@ -16,16 +16,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from producers.events import generate_events
 from stream.codec import SchemaRegistry, decode, encode
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
-from stream.kafka.topics import committed_offsets, end_offsets
 from stream.local.broker import free_port
 from stream.local.children import WorkerProcess
 from stream.models.demo import EVENT_SCHEMA
-from stream.ops.verify import check_committed, input_source
 from stream.pipeline.processing import DLQ_ERROR_REASON, DLQ_STAGE
 from stream.pipeline.worker import EXIT_STOPPED_ON_PURPOSE
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
+from tests.verify import check_committed, committed_offsets, end_offsets, source_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 REGISTRY = SchemaRegistry.from_dir()
@@ -79,10 +78,10 @@ def test_every_bad_record_category_is_dead_lettered_once_and_the_stream_goes_on(
         assert value == (None if reason in ("null-value", "oversized") else bad[reason])
     preds = read_all(pipeline.bootstrap, pipeline.output, 400)
     assert len(preds) == 400
-    sources = [input_source(decode(REGISTRY, v)[1], h) for h, _, v in preds]
+    sources = [source_of(decode(REGISTRY, v)[1], h) for h, _, v in preds]
     # --provenance-headers: the headers name the same input record as the value's input_* fields.
     assert sources == [(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET])) for h, _, _ in preds]
-    sources += [input_source({}, h) for h, _, _ in dead]
+    sources += [source_of({}, h) for h, _, _ in dead]
     seen = Counter(sources)
     assert len(seen) == 400 + n_bad and set(seen.values()) == {1}, "each input offset exactly once"
     assert check_committed(committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input),

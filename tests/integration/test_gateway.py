@@ -19,11 +19,11 @@ import pytest
 import tritonclient.http
 
 from stream.bench.callers import call_at_rate
-from stream.kafka.topics import create_topics, end_offsets
-from stream.ops.verify import OutputReader
+from stream.kafka.topics import create_topics
 from tests.conftest import BrokerInfo
 from tests.gateway_cli import Gateway, events, expected_scores
 from tests.integration.harness import Pipeline, wait_for_assignment
+from tests.verify import OutputReader, end_offsets
 
 
 def test_callers_get_their_own_prediction_from_batches_and_each_error_its_status(

@@ -22,12 +22,12 @@ import tritonclient.http
 import tritonclient.utils
 
 from producers.texts import generate_texts
-from stream.kafka.topics import end_offsets
 from stream.local.children import WorkerProcess
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
 from stream.models.minilm import PACKAGE, PACKAGE_ZIP, MiniLMHandler
 from tests.gateway_cli import Gateway
 from tests.integration.harness import Pipeline, wait_for_assignment
+from tests.verify import end_offsets
 
 pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"

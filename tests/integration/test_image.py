@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stream.kafka.topics import committed_offsets, create_topics, end_offsets, wait_ready
+from stream.kafka.topics import create_topics, wait_ready
 from stream.local.broker import free_port
 from stream.models.demo import EVENT_SCHEMA
 from tests.conftest import BrokerInfo
@@ -34,6 +34,7 @@ from tests.gateway_cli import events
 from tests.image import ROOT
 from tests.integration.harness import Pipeline
 from tests.probes import get
+from tests.verify import committed_offsets, end_offsets
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(2400)]
 

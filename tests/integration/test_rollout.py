@@ -23,9 +23,9 @@ from stream.kafka.topics import admin, create_topics
 from stream.local.broker import free_port
 from stream.local.children import WorkerProcess
 from stream.models.demo import CONFIG_FILE, WEIGHTS_FILE
-from stream.ops.verify import OutputReader
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
 from tests.probes import get
+from tests.verify import OutputReader
 
 
 def model_version(source: Path, target: Path, version: str, shift: float = 0.0) -> Path:

@@ -27,11 +27,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from producers.events import generate_events
 from stream.config import WorkerSettings
 from stream.kafka.access import required
-from stream.kafka.topics import admin, committed_offsets, create_topics, end_offsets
+from stream.kafka.topics import admin, create_topics
 from stream.local.broker import LocalCluster, kafka_available, start_kafka_cluster
 from stream.local.children import WorkerProcess
-from stream.ops.verify import OutputReader, check_committed
 from tests.handlers import bad_values
+from tests.verify import OutputReader, check_committed, committed_offsets, end_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 EVENTS = 2_000

@@ -49,10 +49,10 @@ def test_unreachable_brokers_at_start_up_are_reported_once_and_retried_until_sto
 
 
 def test_a_broker_lost_mid_run_is_waited_out_and_nothing_is_lost(model_dir: Path, tmp_path: Path) -> None:
-    from stream.kafka.topics import committed_offsets, create_topics, end_offsets
+    from stream.kafka.topics import create_topics
     from stream.local.broker import kafka_available, start_kafka_cluster
-    from stream.ops.verify import OutputReader, check_committed
     from tests.integration.harness import WORKER_ENV, wait_for_assignment
+    from tests.verify import OutputReader, check_committed, committed_offsets, end_offsets
 
     if not kafka_available():
         pytest.skip("needs java and mvn for Apache Kafka")

@@ -118,9 +118,9 @@ def test_two_versions_of_a_new_schema_through_an_exported_model_are_read_back_by
 
 def test_a_registry_lost_mid_run_stops_nothing_it_knows_and_commits_nothing_it_cannot_read(
         pipeline: Pipeline, unique_name: Callable[[str], str], tmp_path: Path) -> None:
-    from stream.kafka.topics import committed_offsets, end_offsets
     from stream.local.registry_server import start_registry
     from tests.integration.harness import wait_for_assignment
+    from tests.verify import committed_offsets, end_offsets
 
     export_model(tmp_path / "orders.pt2")
     dlq = unique_name("dlq")

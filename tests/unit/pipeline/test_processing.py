@@ -28,7 +28,6 @@ from stream.kafka.records import Records
 from stream.kafka.replies import AddressHeaders, carried_headers
 from stream.models.demo import EVENT_SCHEMA
 from stream.ops.metrics import StreamMetrics
-from stream.ops.verify import input_source
 from stream.pipeline.inference import InferenceEngine
 from stream.pipeline.processing import (
     DLQ_ERROR_MESSAGE,
@@ -42,6 +41,7 @@ from stream.pipeline.processing import (
 )
 from stream.pipeline.schemas import build_codecs
 from tests.handlers import POISON_MARK, PoisonHandler
+from tests.verify import source_of
 
 REGISTRY = SchemaRegistry.from_dir()
 EVENT = REGISTRY.by_name(EVENT_SCHEMA)
@@ -108,7 +108,7 @@ class FakePublisher:
     def sources(self, topic: str = "out") -> list[tuple[str, int, int]]:
         """The input record each record sent to ``topic`` names (predictions in their value, dead letters in
         their headers)."""
-        return [input_source(decode(REGISTRY, v)[1] if t == "out" else {}, h)  # type: ignore[arg-type]
+        return [source_of(decode(REGISTRY, v)[1] if t == "out" else {}, h)  # type: ignore[arg-type]
                 for t, v, _, h in self.sent if t == topic]
 
 

@@ -1,0 +1,186 @@
+"""The tests' verifier, written apart from the code it checks: it shares nothing with the worker or the
+project's own tools (`stream.ops.verify`, `stream.kafka.topics`, `stream.codec`), so that a bug there cannot hide a
+bug in the worker. It reads with confluent-kafka's plain clients and decodes with fastavro and the schema files
+themselves:
+
+- `end_offsets`: each partition read to its end (the offset its end-of-partition event names), not the broker's
+  ListOffsets answer (which the embedded Tansu broker gets wrong) nor the project's watermark probe;
+- `committed_offsets`: the group's offsets as the admin API lists them;
+- `OutputReader`: every record of an output topic, `read_committed`, decoded by its writer schema's id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from fastavro import parse_schema, schemaless_reader
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+
+
+def _writer_schemas() -> dict[int, Any]:
+    listed = json.loads((SCHEMAS / "registry.json").read_text())["schemas"]
+    return {int(i): parse_schema(json.loads((SCHEMAS / name).read_text())) for i, name in listed.items()}
+
+
+def decode_value(schemas: Mapping[int, Any], value: bytes) -> dict[str, Any]:
+    """A Confluent-framed Avro value (magic byte 0, a 4-byte schema id, the body) as a dict."""
+    if len(value) < 5 or value[0] != 0:
+        raise ValueError(f"not Confluent-framed Avro: {value[:8]!r}")
+    record = schemaless_reader(BytesIO(value[5:]), schemas[int.from_bytes(value[1:5], "big")], None)
+    assert isinstance(record, dict)
+    return record
+
+
+def partitions(bootstrap: str, topic: str, client_config: Mapping[str, Any] | None = None) -> list[int]:
+    client = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap})
+    meta = client.list_topics(topic, timeout=15).topics[topic]
+    if meta.error is not None:
+        raise AssertionError(f"topic {topic}: {meta.error}")
+    return sorted(meta.partitions)
+
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 60.0,
+                client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
+    """Each partition's end, found by reading it to the end (read_uncommitted: transaction markers count)."""
+    parts = partitions(bootstrap, topic, client_config)
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap,
+                         "group.id": f"ends-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": "read_uncommitted"})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ends) < len(parts):
+            assert time.monotonic() < deadline, f"{topic}: no end of partitions {sorted(set(parts) - set(ends))}"
+            for msg in consumer.consume(10_000, 0.2):
+                error, partition, offset = msg.error(), msg.partition(), msg.offset()
+                if partition is None or offset is None:
+                    continue
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    ends[partition] = offset
+                elif error is None:
+                    ends.pop(partition, None)  # more came: not the end yet
+        return ends
+    finally:
+        consumer.close()
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str,
+                      client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
+    """The group's committed offset per partition of ``topic`` (-1: none)."""
+    client = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap})
+    asked = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)
+                                                 for p in partitions(bootstrap, topic, client_config)])
+    [future] = client.list_consumer_group_offsets([asked]).values()
+    listed = future.result(timeout=30).topic_partitions
+    return {tp.partition: tp.offset if tp.offset >= 0 else -1 for tp in listed}
+
+
+def check_committed(committed: Mapping[int, int], ends: Mapping[int, int]) -> list[str]:
+    """Partitions whose committed offset is not their end (an empty one may have none)."""
+    return [f"partition {p}: committed {committed.get(p, -1)}, end {end}" for p, end in sorted(ends.items())
+            if committed.get(p, -1) != end and not (end == 0 and committed.get(p, -1) == -1)]
+
+
+def committed_problems(bootstrap: str, group: str, topic: str) -> list[str]:
+    return check_committed(committed_offsets(bootstrap, group, topic), end_offsets(bootstrap, topic))
+
+
+def headers_of(msg: Message) -> dict[str, bytes]:
+    """A record's headers with bytes values."""
+    return {k: v for k, v in msg.headers() or [] if isinstance(v, bytes)}  # type: ignore[str-unpack]
+
+
+def source_of(record: Mapping[str, Any], headers: Mapping[str, bytes]) -> tuple[str, int, int]:
+    """The input record a prediction (its ``input_*`` fields) or a dead letter (its ``stream.input.*`` headers)
+    answers."""
+    if isinstance(record.get("input_offset"), int) and record["input_offset"] >= 0:
+        return str(record["input_topic"]), int(record["input_partition"]), int(record["input_offset"])
+    return (headers["stream.input.topic"].decode(), int(headers["stream.input.partition"]),
+            int(headers["stream.input.offset"]))
+
+
+@dataclass
+class Prediction:
+    event_id: str
+    record: dict[str, Any]
+    key: bytes | None
+    headers: dict[str, bytes]
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        return source_of(self.record, self.headers)
+
+
+@dataclass
+class OutputReader:
+    """Every record of ``topic`` from the beginning, ``read_committed``, read incrementally."""
+
+    bootstrap: str
+    topic: str
+    predictions: list[Prediction] = field(default_factory=list)
+    client_config: dict[str, Any] = field(default_factory=dict)  # security settings, as for any client
+
+    def __post_init__(self) -> None:
+        self._schemas = _writer_schemas()
+        self._consumer = Consumer({**self.client_config, "bootstrap.servers": self.bootstrap,
+                                   "group.id": f"verify-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                                   "isolation.level": "read_committed"})
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                               for p in partitions(self.bootstrap, self.topic, self.client_config)])
+        self._ids: Counter[str] = Counter()
+
+    def poll(self, timeout_s: float = 0.2) -> int:
+        got = 0
+        for msg in self._consumer.consume(10_000, timeout_s):
+            if msg.error() is not None:
+                continue
+            record = decode_value(self._schemas, msg.value())  # type: ignore[arg-type]
+            headers = headers_of(msg)
+            self._ids[str(record["event_id"])] += 1
+            self.predictions.append(Prediction(str(record["event_id"]), record, msg.key(), headers))
+            got += 1
+        return got
+
+    def read_until(self, expected_ids: set[str], timeout_s: float, idle_timeout_s: float = 60.0) -> bool:
+        """Until every expected id was read (True), or time runs out (False)."""
+        deadline = time.monotonic() + timeout_s
+        last_progress = time.monotonic()
+        while time.monotonic() < deadline:
+            if self.missing(expected_ids) == 0:
+                return True
+            if self.poll():
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > idle_timeout_s:
+                return False
+        return self.missing(expected_ids) == 0
+
+    def missing(self, expected_ids: set[str]) -> int:
+        return sum(1 for i in expected_ids if i not in self._ids)
+
+    def duplicates(self) -> int:
+        return sum(c - 1 for c in self._ids.values() if c > 1)
+
+    def unexpected(self, expected_ids: set[str]) -> int:
+        return sum(1 for i in self._ids if i not in expected_ids)
+
+    def close(self) -> None:
+        self._consumer.close()
