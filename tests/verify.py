@@ -3,8 +3,8 @@ project's own tools (`stream.ops.verify`, `stream.kafka.topics`, `stream.codec`)
 bug in the worker. It reads with confluent-kafka's plain clients and decodes with fastavro and the schema files
 themselves:
 
-- `end_offsets`: each partition read to its end (the offset its end-of-partition event names), not the broker's
-  ListOffsets answer (which the embedded Tansu broker gets wrong) nor the project's watermark probe;
+- `end_offsets`: each partition read to its end (the offset its end-of-partition event names) from where the
+  broker's ListOffsets answer puts it (which the embedded Tansu broker gets too low), not the project's probe;
 - `committed_offsets`: the group's offsets as the admin API lists them;
 - `OutputReader`: every record of an output topic, `read_committed`, decoded by its writer schema's id.
 """
@@ -35,9 +35,19 @@ from fastavro import parse_schema, schemaless_reader
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
 
-def _writer_schemas() -> dict[int, Any]:
+def _plain(schema: Any) -> Any:
+    """``schema`` without its logical types: values as they are on the wire (a timestamp-millis is its int), as
+    the worker writes them, not as fastavro would convert them (a datetime)."""
+    if isinstance(schema, dict):
+        return {k: _plain(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [_plain(v) for v in schema]
+    return schema
+
+
+def writer_schemas() -> dict[int, Any]:
     listed = json.loads((SCHEMAS / "registry.json").read_text())["schemas"]
-    return {int(i): parse_schema(json.loads((SCHEMAS / name).read_text())) for i, name in listed.items()}
+    return {int(i): parse_schema(_plain(json.loads((SCHEMAS / name).read_text()))) for i, name in listed.items()}
 
 
 def decode_value(schemas: Mapping[int, Any], value: bytes) -> dict[str, Any]:
@@ -59,13 +69,16 @@ def partitions(bootstrap: str, topic: str, client_config: Mapping[str, Any] | No
 
 def end_offsets(bootstrap: str, topic: str, timeout_s: float = 60.0,
                 client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
-    """Each partition's end, found by reading it to the end (read_uncommitted: transaction markers count)."""
+    """Each partition's end, found by reading it to the end (read_uncommitted: transaction markers count),
+    from where the broker's ListOffsets says it ends (on Kafka, at once; Tansu answers too low, and the rest is
+    read)."""
     parts = partitions(bootstrap, topic, client_config)
     consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap,
                          "group.id": f"ends-{uuid.uuid4().hex}", "enable.auto.commit": False,
                          "enable.partition.eof": True, "isolation.level": "read_uncommitted"})
     try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        listed = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+        consumer.assign([TopicPartition(topic, p, max(listed[p][1], listed[p][0], 0)) for p in parts])
         ends: dict[int, int] = {}
         deadline = time.monotonic() + timeout_s
         while len(ends) < len(parts):
@@ -140,7 +153,7 @@ class OutputReader:
     client_config: dict[str, Any] = field(default_factory=dict)  # security settings, as for any client
 
     def __post_init__(self) -> None:
-        self._schemas = _writer_schemas()
+        self._schemas = writer_schemas()
         self._consumer = Consumer({**self.client_config, "bootstrap.servers": self.bootstrap,
                                    "group.id": f"verify-{uuid.uuid4().hex}", "enable.auto.commit": False,
                                    "isolation.level": "read_committed"})

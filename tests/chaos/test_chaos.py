@@ -73,28 +73,34 @@ def test_zombie_replica_is_fenced_in_exactly_once_mode(broker: BrokerInfo, model
     fleet = Fleet(cfg, *names)
     fleet.start(0)
     fleet.start(1)
-    producer = threading.Thread(target=produce_events, args=(broker.bootstrap, names[0], cfg.events),
-                                kwargs={"seed": 5, "rate": 3_000.0}, daemon=True)
-    producer.start()
     zombie, partner = fleet.live[0], fleet.live[1]
-    # Freeze it only once it owns partitions and works on them (a slow start-up could leave it frozen before it
-    # ever joined: nothing to lose, nothing to test).
-    wait_for_output(zombie, " assigned ", 0)
-    wait_for_output(zombie, "): decoding", 0)  # its first batch under way
-    frozen_at = len(partner.output())
-    zombie.proc.send_signal(signal.SIGSTOP)  # frozen mid-stream
-    # until the group, past the 6 s session timeout, gives its partitions to the other replica
-    wait_for_output(partner, " assigned ", frozen_at)
-    thawed_at = len(zombie.output())
-    zombie.proc.send_signal(signal.SIGCONT)  # wakes up believing it still owns its partitions
-    producer.join(60)
-    expected = set(generate_events(cfg.events, seed=5).event_ids)
-    verifier = Verifier(broker.bootstrap, names[1], names[2])
-    verifier.read_until(expected, time.monotonic() + 120)
-    codes = [fleet.stop(slot) for slot in sorted(fleet.live)]
-    verifier.read_more(2.0)
-    ids = verifier.id_counts()
-    verifier.close()
+    try:
+        # The load starts once both replicas own partitions (started before, it was all drained by the first to
+        # join: the zombie had nothing to hold when it froze), and the zombie is frozen once it works on its own.
+        wait_for_output(zombie, f"assigned {names[0]}[", 0)
+        wait_for_output(partner, f"assigned {names[0]}[", 0)
+        producer = threading.Thread(target=produce_events, args=(broker.bootstrap, names[0], cfg.events),
+                                    kwargs={"seed": 5, "rate": 3_000.0}, daemon=True)
+        producer.start()
+        wait_for_output(zombie, "): decoding", 0)  # its first batch under way
+        frozen_at = len(partner.output())
+        zombie.proc.send_signal(signal.SIGSTOP)  # frozen mid-stream
+        # until the group, past the 6 s session timeout, gives its partitions to the other replica
+        wait_for_output(partner, " assigned ", frozen_at)
+        thawed_at = len(zombie.output())
+        zombie.proc.send_signal(signal.SIGCONT)  # wakes up believing it still owns its partitions
+        producer.join(60)
+        expected = set(generate_events(cfg.events, seed=5).event_ids)
+        verifier = Verifier(broker.bootstrap, names[1], names[2])
+        verifier.read_until(expected, time.monotonic() + 120)
+        codes = [fleet.stop(slot) for slot in sorted(fleet.live)]
+        verifier.read_more(2.0)
+        ids = verifier.id_counts()
+        verifier.close()
+    finally:
+        zombie.proc.send_signal(signal.SIGCONT)
+        for slot in list(fleet.live):
+            fleet.kill(slot)
     logs = zombie.output()
     assert codes == [0, 0], logs[-3000:]
     assert sum(1 for e in expected if e not in ids) == 0

@@ -8,10 +8,9 @@ import uuid
 from collections import defaultdict
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from stream.kafka.topics import admin, partitions_of
-from tests.verify import end_offsets, headers_of, source_of
+from tests.verify import decode_value, end_offsets, headers_of, partitions, source_of, writer_schemas
 
 
 class Verifier:
@@ -22,26 +21,24 @@ class Verifier:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:8]}",
                                   "enable.auto.commit": False, "isolation.level": "read_committed"})
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in (output_topic, dlq_topic)
-                              for p in partitions_of(bootstrap, t)])
+                              for p in partitions(bootstrap, t)])
         self.output_topic = output_topic
         # (topic, partition, input partition, input offset, event id, offset, timestamp) per record read
         self.outputs: list[tuple[str, int, int, int, str, int, int]] = []
         self._ids: dict[str, int] = defaultdict(int)
         self.violations: list[tuple[str, int, int, int, int, str]] = []
         self.append_ms: list[int] = []  # the output records' timestamps (append times on the chaos topics)
+        self._schemas = writer_schemas()
 
     def _consume(self, timeout_s: float) -> int:
-        from stream.codec import SchemaRegistry, decode
-
-        registry = getattr(self, "_registry", None) or SchemaRegistry.from_dir()
-        self._registry = registry
+        schemas = self._schemas
         n = 0
         for m in self.consumer.consume(10_000, timeout_s):
             if m.error() is not None:
                 continue
             headers = headers_of(m)
             if m.topic() == self.output_topic:
-                record = decode(registry, m.value())[1]
+                record = decode_value(schemas, m.value())  # type: ignore[arg-type]
                 event_id = str(record["event_id"])
                 self.append_ms.append(m.timestamp()[1])
             else:
@@ -117,10 +114,10 @@ class Verifier:
 
 def hanging_transactions(bootstrap: str, topics: list[str]) -> list[str]:
     """Partitions whose last stable offset (read_committed end) lags the high watermark: an open transaction."""
-    client = admin(bootstrap)
+    client = AdminClient({"bootstrap.servers": bootstrap})
     problems = []
     for topic in topics:
-        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
+        tps = [TopicPartition(topic, p) for p in partitions(bootstrap, topic)]
         committed = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
                                         isolation_level=IsolationLevel.READ_COMMITTED)
         uncommitted = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},

@@ -94,6 +94,7 @@ def test_no_caller_without_a_key_can_grow_the_gateway_s_memory_or_hold_its_socke
             # them are read, the rest answered 503 at once; those read get 408 at the body timeout. Without a key,
             # 401 before any body is read.
             bodies = []
+            opened = time.monotonic()
             for i in range(200):
                 conn = connect()
                 held.append(conn)
@@ -107,7 +108,11 @@ def test_no_caller_without_a_key_can_grow_the_gateway_s_memory_or_hold_its_socke
             assert phases["200 bodies of 1 MB held"] < 16 + 200 * TLS_CONNECTION_MIB + 8, phases
             first = [read_some(c, 0.05)[:12] for c in bodies]
             assert first[::4] == [b"HTTP/1.1 401"] * 50, first[::4]
-            assert first.count(b"HTTP/1.1 503") >= 120 and first.count(b"?") <= 17, first
+            # 16 of the keyed bodies fit the budget at once; one timed out (408 after 3 s) frees its share for a
+            # later one, so on a slow machine a few more are read in turn: the rest are refused at once.
+            turns = 1 + int((time.monotonic() - opened) // 3)
+            assert first.count(b"HTTP/1.1 503") >= 150 - 16 * turns, (turns, first)
+            assert first.count(b"HTTP/1.1 503") + first.count(b"HTTP/1.1 408") + first.count(b"?") == 150, first
             # 3. 300 silent connections and 300 with half a request line: closed at the header timeout (408).
             idle = [connect(secure=False) for _ in range(300)]
             held += idle
