@@ -88,9 +88,7 @@ def end_offsets(bootstrap: str, topic: str, timeout_s: float = 60.0,
                 if partition is None or offset is None:
                     continue
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    ends[partition] = offset
-                elif error is None:
-                    ends.pop(partition, None)  # more came: not the end yet
+                    ends.setdefault(partition, offset)  # its end when read (a live topic grows after)
         return ends
     finally:
         consumer.close()
