@@ -39,7 +39,7 @@ WORKER_FLAG_GROUPS = {
     "guarantees and failures": ["guarantee", "transaction_interval_ms", "transactional_id", "max_input_bytes",
                                 "model_retries", "retry_backoff_ms", "dlq_max_fraction", "dlq_window",
                                 "stall_timeout_s", "shutdown_timeout_s", "stop_at_end", "shadow"],
-    "metrics and health": ["metrics_port", "metrics_host", "metrics_port_file", "log_level"],
+    "metrics and health": ["metrics_port", "metrics_host", "metrics_port_file", "log_level", "max_traced_per_s"],
     "tuning": ["prepare_threads", "torch_threads", "gpu_overlap", "gil_switch_interval_ms",
                "malloc_mmap_threshold_kib", "native_producer", "native_consumer"],
 }

@@ -96,8 +96,7 @@ class WorkerSettings(BaseSettings):
     bootstrap_servers: str = Field(default="", description="the brokers, host:port,... (or KAFKA_BOOTSTRAP_SERVERS)")
     input_topic: str = Field(min_length=1, max_length=249, description="required: the topic of events to predict")
     output_topic: str = Field(min_length=1, max_length=249, description="required: the topic predictions go to")
-    group_id: str = Field(min_length=1,
-                          description="required: the consumer group every replica of this pipeline shares")
+    group_id: str = Field(min_length=1, description="required: the consumer group this pipeline's replicas share")
     max_batch_size: int = Field(default=4096, ge=1, le=65536, description="close a batch at this many records")
     max_wait_ms: float = Field(default=20.0, ge=0.0, le=60_000.0,
                                description="close a batch when its first record has waited this long")
@@ -259,6 +258,8 @@ class WorkerSettings(BaseSettings):
                                          description="exactly-once: a stable id per replica (default: "
                                                      "group-host-pid)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="the log's level")
+    max_traced_per_s: float = Field(default=200.0, ge=0.0, le=1e6, description="with OTel on: the most input "
+                                    "records a second that get spans; the others are only carried")
 
     @field_validator("metrics_port", mode="before")
     @classmethod

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -143,11 +143,33 @@ def _ms_to_ns(ms: int) -> int:
 class BatchTraces:
     """The worker's side: the spans of a batch's traced records (see the module's docstring)."""
 
-    def __init__(self, tracing: Tracing, topic: str, model: str) -> None:
+    def __init__(self, tracing: Tracing, topic: str, model: str, max_per_s: float = 200.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``max_per_s``: the most records traced a second (a token bucket of one second's worth): a sampled
+        record costs the worker about half a millisecond, so a producer that put a sampled ``traceparent`` on
+        every record could otherwise slow it a hundredfold; the records over it are carried, not traced."""
         self._tracing = tracing
         self._topic = topic
         self._model = model
         self._name = f"process {topic}"
+        self._rate = max_per_s
+        self._tokens = max_per_s
+        self._clock = clock
+        self._refilled = clock()
+        self.skipped = 0  # sampled records left untraced by the budget
+
+    def _allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.skipped += 1
+        if self.skipped in (1, 1000) or self.skipped % 100_000 == 0:
+            log.warning("tracing: %d sampled records left untraced, over --max-traced-per-s %g", self.skipped,
+                        self._rate)
+        return False
 
     def start(self, traced: Mapping[int, Sequence[tuple[str, Any]]], times: Mapping[int, tuple[int | None, int | None]],
               partitions: Sequence[int], offsets: Sequence[int], *, batch_size: int, closed_ns: int,
@@ -164,6 +186,8 @@ class BatchTraces:
             carrier = {k: v.decode("latin-1") if isinstance(v, bytes) else str(v) for k, v in headers
                        if k in ("traceparent", "tracestate")}
             if "traceparent" not in carrier or (follows and not _sampled(carrier["traceparent"])):
+                continue
+            if not self._allow():
                 continue
             parent = self._tracing.context_of(carrier)
             if not get_current_span(parent).get_span_context().is_valid:

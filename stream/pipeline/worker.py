@@ -138,7 +138,7 @@ class Worker:
         # OpenTelemetry spans of the records that carry a trace context, with OTEL_EXPORTER_OTLP_ENDPOINT set
         self._tracing = tracing_from_env("stream-worker")
         if self._tracing is not None:
-            self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name)
+            self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name, s.max_traced_per_s)
             self._spans.carried = len(carried_headers(s.copy_header_names))
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
