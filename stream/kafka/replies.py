@@ -60,13 +60,13 @@ def carried_of(values: AddressHeaders, names: Sequence[str]) -> list[tuple[str, 
             if isinstance(v, bytes)]
 
 
-def record_times(values: AddressHeaders, watched: int) -> tuple[int | None, int | None]:
-    """A record's Kafka timestamp (ms) and when the consumer took it (ns), after its ``watched`` headers' values;
-    None for each it lacks."""
-    if len(values) != watched + 2:
+def record_times(values: AddressHeaders) -> tuple[int | None, int | None]:
+    """A record's Kafka timestamp (ms) and when the consumer took it (ns): the two values after its headers'
+    (which are bytes or None, never ints); (None, None) for a tuple without them."""
+    if len(values) < 2 or not isinstance(values[-1], int):
         return None, None
-    ts_ms, taken_ns = values[watched], values[watched + 1]
-    return (ts_ms if isinstance(ts_ms, int) else None), (taken_ns if isinstance(taken_ns, int) else None)
+    ts_ms = values[-2]
+    return (ts_ms if isinstance(ts_ms, int) else None), values[-1]
 ANY_PARTITION = -1  # a reply partition left to the producer's partitioner
 # On a reply: the tokens the model took of its input (decimal ASCII), when the model reports them (a text model's
 # ``prepare`` does: `stream.pipeline.inference.ModelHandler`); the gateway's OpenAI route sums them as its usage.

@@ -19,7 +19,8 @@ What is traced:
 
 The SDK's default sampler follows the caller: a ``traceparent`` whose sampled flag is off gets no span (and costs
 next to nothing). Each span costs the worker tens of µs of CPU (made, then encoded for export): tracing every
-record of a fast stream slows it many times (docs/operations.md has the figures), so sample upstream.
+record of a fast stream slows it many times (docs/gateway.md has the figures), so sample upstream; at most
+``--max-traced-per-s`` records a second get spans (`BatchTraces`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from stream.kafka.delivery import SpanDelivery
 from stream.kafka.offsets import OffsetTracker, fmt_partitions
 from stream.kafka.publish import Headers, Publisher
 from stream.kafka.records import Records
-from stream.kafka.replies import ADDRESS_HEADERS, record_times
+from stream.kafka.replies import record_times
 from stream.ops.metrics import StreamMetrics
 from stream.ops.summary import WorkerSummary
 from stream.ops.tracing import BatchTraces
@@ -47,7 +47,6 @@ class Spans:
         self._exactly_once = exactly_once
         self._tokens = tokens
         self.traces: BatchTraces | None = None  # tracing's side (`stream.ops.tracing`), when it is on
-        self.carried = 0  # header names a record carries besides a reply address's (`trace` skips past them)
         # Once the clients exist (`Worker._connect`).
         self.publisher: Publisher | None = None
         self.consumer: Any = None
@@ -109,9 +108,8 @@ class Spans:
         assert self.traces is not None
         batch = begun.batch
         watched = batch.records.replies or {}
-        n = len(ADDRESS_HEADERS) + self.carried  # a watched record's header values, then its times
         traces = self.traces.start(
-            carried, {row: record_times(watched[row], n) for row in carried if row in watched},
+            carried, {row: record_times(watched[row]) for row in carried if row in watched},
             batch.partitions.tolist(), batch.offsets.tolist(), batch_size=len(batch.records),
             closed_ns=batch.closed_ns or time.time_ns(), submitted_ns=begun.submitted_ns,
             inferred_ns=time.time_ns(), dead={d.index: d.stage for d in dead})

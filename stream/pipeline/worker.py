@@ -139,7 +139,6 @@ class Worker:
         self._tracing = tracing_from_env("stream-worker")
         if self._tracing is not None:
             self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name, s.max_traced_per_s)
-            self._spans.carried = len(carried_headers(s.copy_header_names))
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         # Made once the clients exist (`_connect`).
         self._consumer: Consumer | None = None
