@@ -37,22 +37,21 @@ import argparse
 import asyncio
 import gc
 import json
-import multiprocessing
+import re
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from producers.events import generate_events
+from stream.bench.arrivals import ArrivalClock, SecondReader, gateway_gc
 from stream.bench.callers import Answer, call_at_rate
-from stream.codec import SchemaRegistry, decode
 from stream.kafka.topics import create_topics
 from stream.local.broker import free_port, start_broker
 from stream.local.children import WorkerProcess
@@ -64,8 +63,7 @@ from stream.models.demo import (
     TEXT_EVENT_SCHEMA,
 )
 from stream.models.train_demo import ensure_trained
-from stream.ops.gc_pauses import GcPauses, pauses_between, snapshot_from_samples
-from stream.ops.top import scrape
+from stream.ops.gc_pauses import GcPauses, pauses_between
 
 PARTITIONS = 4
 
@@ -74,85 +72,6 @@ def demo_events(count: int, seed: int) -> list[dict[str, Any]]:
     block = generate_events(count, seed=seed)
     return [{"event_id": e, "key": k, "ts_ms": 0, "features": [float(x) for x in f]}
             for e, k, f in zip(block.event_ids, block.keys, block.features, strict=True)]
-
-
-class ArrivalClock:
-    """Reads the output topic (``read_committed``) on a thread of its own: event id -> when its prediction became
-    readable (wall-clock ms, taken as the record is handed over: each wait returns at the first record)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.arrived: dict[str, float] = {}
-        self._registry = SchemaRegistry.from_dir()
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"arrivals-{time.time_ns()}",
-                                   "enable.auto.commit": False, "isolation.level": "read_committed",
-                                   "fetch.wait.max.ms": 10})
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            first = self._consumer.poll(0.05)
-            if first is None:
-                continue
-            now = time.time() * 1000.0
-            for msg in [first, *self._consumer.consume(1000, 0)]:
-                if msg.error() is None:
-                    event_id = str(decode(self._registry, msg.value())[1]["event_id"])
-                    self.arrived.setdefault(event_id, now)
-
-    def wait_for(self, ids: set[str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not ids <= self.arrived.keys():
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
-
-
-def _second_reader(bootstrap: str, topic: str, conn: Any) -> None:
-    """A process of its own: an `ArrivalClock`; each message received (a list of event ids) is answered with
-    their arrival times; None stops it."""
-    clock = ArrivalClock(bootstrap, topic)
-    try:
-        while (ids := conn.recv()) is not None:
-            clock.wait_for(set(ids), 10.0)
-            conn.send({i: clock.arrived[i] for i in ids if i in clock.arrived})
-    finally:
-        clock.close()
-
-
-class SecondReader:
-    """`ArrivalClock` in a child process (spawned: no Kafka client crosses a fork)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._proc = context.Process(target=_second_reader, args=(bootstrap, topic, child), daemon=True)
-        self._proc.start()
-
-    def arrivals(self, ids: list[str]) -> dict[str, float]:
-        self._conn.send(ids)
-        return dict(self._conn.recv())
-
-    def close(self) -> None:
-        with suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(15)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(5)
-
-
-def gateway_gc(port: int) -> dict[str, dict[str, Any]]:
-    """A gateway's collector pauses so far, from its ``/metrics``."""
-    got = scrape(f"http://127.0.0.1:{port}")
-    if got.error is not None:
-        raise RuntimeError(f"the gateway on port {port}: {got.error}")
-    return snapshot_from_samples(got.samples, "stream_gateway_gc_pause_seconds")
 
 
 def _pct(values: list[float] | np.ndarray, q: float) -> float | None:
@@ -203,8 +122,10 @@ def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max
              loops: tuple[str, ...] = ("auto",), gateway_extra: tuple[str, ...] = ("--input-schema", EVENT_SCHEMA),
              probe: list[dict[str, Any]] | None = None) -> Iterator[tuple[list[int], str]]:
     """(the gateways' ports, one per event loop, and the output topic) of a worker and its gateways on topics of
-    their own; ``probe``: the event that shows them answering (a demo event)."""
+    their own, both run from ``args.tree`` (None: this checkout); ``probe``: the event that shows them answering (a
+    demo event)."""
     procs: list[WorkerProcess] = []
+    gateway_extra = gateway_flags_known(args.tree, gateway_extra)
     try:
         run = f"{tag}-{int(time.time())}"
         topics = {"input": f"gw-in-{run}", "output": f"gw-out-{run}"}
@@ -214,20 +135,37 @@ def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max
             ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--output-topic",
              topics["output"], "--group-id", f"gw-{run}", "--model-dir", str(model_dir), "--batch-policy", "fixed",
              "--max-wait-ms", str(args.max_wait_ms), "--max-batch-size", str(args.max_batch_size),
-             "--guarantee", args.guarantee, *worker_extra], work / f"worker-{tag}.log", worker_env))
+             "--guarantee", args.guarantee, *worker_extra], work / f"worker-{tag}.log", worker_env, cwd=args.tree))
         ports = [free_port() for _ in loops]
         for i, (port, loop) in enumerate(zip(ports, loops, strict=True)):
             procs.append(WorkerProcess(
                 ["--bootstrap-servers", bootstrap, "--input-topic", topics["input"], "--port", str(port),
                  "--timeout-ms", str(args.timeout_ms), "--max-pending", str(max_pending), "--loop", loop,
                  "--reply-partition", str(i), *gateway_extra],
-                work / f"gateway-{tag}-{i}.log", command="gateway"))
+                work / f"gateway-{tag}-{i}.log", command="gateway", cwd=args.tree))
         for port in ports:
             _wait_answering(port, procs, work, probe or demo_events(1, seed=0))
         yield ports, topics["output"]
     finally:
         for p in procs:
             p.terminate(30)
+
+
+def gateway_flags_known(tree: Path | None, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` less those (with their values) that the gateway at ``tree`` does not have (an older revision's, in
+    the A/B: ``--max-connections`` came with its cap); all of them for this checkout's."""
+    if tree is None:
+        return flags
+    helped = subprocess.run([sys.executable, "-m", "stream", "gateway", "--help"], cwd=tree, capture_output=True,
+                            text=True, check=True).stdout
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", helped))
+    kept: list[str] = []
+    for i, flag in enumerate(flags):
+        if flag.startswith("--") and flag not in known:
+            print(f"bench-gateway: the gateway at {tree} has no {flag}: left out", flush=True)
+        elif not (i and flags[i - 1].startswith("--") and flags[i - 1] not in known):
+            kept.append(flag)
+    return tuple(kept)
 
 
 def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, probe: list[dict[str, Any]],
@@ -258,8 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with pipeline(broker.bootstrap, work, args, "steady", args.max_pending,
                       loops=tuple(args.loops)) as (ports, output):
-            clock = ArrivalClock(broker.bootstrap, output)
-            second = SecondReader(broker.bootstrap, output)
+            clock = ArrivalClock(broker.bootstrap, output, PARTITIONS)
+            second = SecondReader(broker.bootstrap, output, PARTITIONS)
             # The callers' and the reader's process: a full collection here walked torch's objects, holding back
             # every answer and arrival it overlapped.
             gc.collect()
@@ -308,11 +246,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
             print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s, the worker's "
                   f"device taking {args.burst_device_ms_per_record} ms a record ...", flush=True)
-            answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=args.burst_rate,
-                                               connections=args.burst_connections))
+            # The callers' heap frozen again (the steady cells' answers and torch's objects): unfrozen, a full
+            # collection in this process stalled every caller 170-460 ms mid-burst here, and the refusals' p99
+            # measured the callers, not the gateway.
+            gc.collect()
+            gc.freeze()
+            callers_gc = GcPauses("bench")
+            try:
+                gc_before = gateway_gc(port), callers_gc.snapshot()
+                answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=args.burst_rate,
+                                                   connections=args.burst_connections))
+                gc_after = gateway_gc(port), callers_gc.snapshot()
+            finally:
+                callers_gc.close()
             report["burst"] = burst_figures(answers, args.timeout_ms, args.burst_rate)
             report["burst"].update(device_ms_per_record=args.burst_device_ms_per_record,
-                                   max_pending=args.burst_max_pending)
+                                   max_pending=args.burst_max_pending,
+                                   gc_pauses={"gateway": pauses_between(gc_before[0], gc_after[0]),
+                                              "callers": pauses_between(gc_before[1], gc_after[1])})
         if args.openai_rounds:
             report["openai"] = openai_section(broker.bootstrap, work, args)
     finally:
@@ -419,6 +370,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"\nburst: {b['requests']:,} callers at {b['rate']:,.0f}/s: {b['statuses']}; answered p99 "
                      f"{ms(b['answered_ms']['p99'])} ms (max {ms(b['answered_ms']['max'])}, timeout "
                      f"{b['timeout_ms']:.0f}); refused p99 {ms(b['refused_ms']['p99'])} ms")
+        for who, pauses in b.get("gc_pauses", {}).items():  # who: "gateway" or "callers"
+            worst = max((int(bound) for g in pauses.values() for bound, n in g["over"].items() if n), default=0)
+            lines.append(f"  {who}: the collector in the burst: {sum(g['count'] for g in pauses.values()):,} "
+                         f"collections, {sum(g['ms'] for g in pauses.values()):.1f} ms in all, the longest over "
+                         f"{worst} ms")
     return "\n".join(lines)
 
 
@@ -448,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-pending", type=int, default=1000, help="the gateway's (1000)")
     parser.add_argument("--openai-rounds", type=int, default=3,
                         help="rounds of OpenAI's route against /v1/predict at each rate (3; 0: leave it out)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="run the worker and the gateway of the checkout there (another revision's, as the A/B "
+                             "does); the callers, readers and figures stay this checkout's")
     parser.add_argument("--results", type=Path, default=None, help="write the figures here (JSON)")
     args = parser.parse_args(argv)
     report = run(args)

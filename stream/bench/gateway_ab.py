@@ -1,6 +1,8 @@
-"""``python -m stream.bench.gateway_ab --baseline REV``: the gateway benchmark (`stream.bench.gateway`) on another
-revision and on this checkout, taking turns (ABBA: neither always first), ``--runs`` times each, on the same
-machine in one go; every run's report and, per cell, the median and range of each side's figures, in one file.
+"""``python -m stream.bench.gateway_ab --baseline REV``: the gateway benchmark (`stream.bench.gateway`) with the
+worker and gateway of another revision and of this checkout, taking turns (ABBA: neither always first), ``--runs``
+times each, on the same machine in one go; every run's report and, per cell, the median and range of each side's
+figures, in one file. Both sides are driven and measured by this checkout's benchmark (``--tree``), so that what
+differs is the revision's gateway and worker, not its callers.
 
 Any other flag goes to `stream.bench.gateway` as it is (``--rates 400 --rounds 1 --openai-rounds 0`` keeps a run to
 a few minutes)."""
@@ -72,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             for side, cwd in sides if r % 2 == 0 else sides[::-1]:
                 out = work / f"{side}-{r}.json"
                 print(f"gateway A/B: run {r + 1} of {args.runs} at {side} ...", flush=True)
-                subprocess.run([sys.executable, "-m", "stream.bench.gateway", *bench_args, "--results", str(out)],
-                               cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+                subprocess.run([sys.executable, "-m", "stream.bench.gateway", *bench_args, "--results", str(out),
+                                *(["--tree", str(cwd)] if cwd != ROOT else [])],
+                               cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
                 runs[side].append(json.loads(out.read_text()))
     finally:
         remove_checkout(tree)
