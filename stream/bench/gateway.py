@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from stream.bench.runner import versions
 
     work = Path(tempfile.mkdtemp(prefix="stream-bench-gateway-"))
-    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "results"},
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "results"}
+    report: dict[str, Any] = {"config": config,
                               "versions": versions(args.broker), "steady": []}
     broker = start_broker(args.broker)
     try:
