@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 
 import numpy as np
@@ -68,6 +69,19 @@ _GAUGE_EVERY_S = 0.1
 EXIT_STOPPED_ON_PURPOSE = 3  # the worker's exit status when it stopped itself (`stream.errors.StoppedOnPurpose`)
 _IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
 # whether the model went idle (the C consumer's take is woken instead)
+
+
+@dataclass(frozen=True)
+class Connected:
+    """What exists once the worker's Kafka clients do (`Worker._connect`): the clients and the parts made over
+    them, handed to the poll loop and the shutdown."""
+
+    consumer: Consumer
+    publisher: Publisher
+    intake: Intake
+    processor: BatchProcessor
+    stage: ProcessingStages
+    stall_check: StallCheck
 
 
 def _token_bound(max_batch_tokens: int | None, handler: ModelHandler) -> Callable[[Records], np.ndarray] | None:
@@ -140,14 +154,6 @@ class Worker:
         if self._tracing is not None:
             self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name, s.max_traced_per_s)
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
-        # Made once the clients exist (`_connect`).
-        self._consumer: Consumer | None = None
-        self._intake: Intake | None = None
-        self._publisher: Publisher | None = None
-        self._stage: ProcessingStages | None = None
-        self._processor: BatchProcessor | None = None
-        self._stall_check: StallCheck | None = None
-        self._end: StopAtEnd | None = None  # --stop-at-end
         self._previous = PreviousStops(s.input_topic, {})  # where the group's last run stopped on purpose
         freeze_loaded()
 
@@ -213,23 +219,22 @@ class Worker:
         consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
                              "error_cb": self._failure.on_consumer_error, "logger": client_logger("consumer"),
                              **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
-        self._connect(consumer, publisher)
+        parts = self._connect(consumer, publisher)
         self._previous = PreviousStops(s.input_topic, read_notes(consumer, s.input_topic))
         self._previous.log_found()
         counts = self._previous.breaker_counts()
-        if counts is not None and self._processor is not None:
-            self._processor.breaker.prime(*counts)
+        if counts is not None:
+            parts.processor.breaker.prime(*counts)
         self.health.stopped_before = lambda: self._previous.pending(self._tracker.assigned(), self._committer.position)
         self.metrics.stopped_on_purpose.set_function(lambda: len(self.health.stopped_before()))
-        assert self._stage is not None
         self._warm()
-        self._stage.start()
+        parts.stage.start()
         try:
             if s.exactly_once:
                 publisher.init_transactions(self._transactions.timeout_s)
-            if s.stop_at_end:
-                self._end = StopAtEnd(consumer, self._admin_config, s.input_topic, self._committer,
-                                      lambda: bool(self._tracker.in_flight() or len(self._batcher)), self._clock)
+            end = StopAtEnd(consumer, self._admin_config, s.input_topic, self._committer,
+                            lambda: bool(self._tracker.in_flight() or len(self._batcher)),
+                            self._clock) if s.stop_at_end else None
             if not self._stop.is_set():  # else stopped during start-up: never join the group
                 r = self._rebalancer
 
@@ -240,10 +245,10 @@ class Worker:
                 consumer.subscribe([s.input_topic], on_assign=on_assign, on_revoke=r.on_revoke, on_lost=r.on_lost)
                 log.info("worker consuming %s -> %s as group %s (max_batch_size=%d, max_wait_ms=%g)",
                          s.input_topic, s.output_topic, s.group_id, s.max_batch_size, s.max_wait_ms)
-                self._poll_loop()
+                self._poll_loop(parts, end)
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
-        self._shutdown()
+        self._shutdown(parts)
         error = self._failure.error
         if error is not None:
             self._summary.error = f"{type(error).__name__}: {error}"
@@ -256,21 +261,19 @@ class Worker:
                       "What to do: %s", error.reason, where, GUIDE)
             self._summary.exit_code = EXIT_STOPPED_ON_PURPOSE
         self._summary.transactions = self._transactions.committed
-        if self._stage is not None:
-            self._summary.stage_busy_s = self._stage.busy_seconds()
+        self._summary.stage_busy_s = parts.stage.busy_seconds()
         if self._engine.device.type == "cuda":
             self._summary.device_busy_s = self._engine.device_busy_s
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 
-    def _connect(self, consumer: Consumer, publisher: Publisher) -> None:
-        """Wire the parts that need the clients (the stages' threads are started by `_run`)."""
+    def _connect(self, consumer: Consumer, publisher: Publisher) -> Connected:
+        """The parts that need the clients, wired to them (the stages' threads are started by `_run_clients`)."""
         s = self.settings
-        self._consumer, self._publisher = consumer, publisher
         self._spans.consumer, self._spans.publisher = consumer, publisher
         self._failure.publisher_failure = publisher.failure
         self._committer.consumer = consumer
-        self._intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
+        intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
                                   event_time_field=self._event_time_field, reply_topics=s.reply_topic_set,
@@ -280,22 +283,21 @@ class Worker:
                                    self.metrics, stopping=self._stop.is_set,
                                    reply_partitions=lambda topic: reply_partitions(admin_config, topic),
                                    trace=None if self._tracing is None else self._spans.trace)
-        self._processor = processor
-        self._stage = ProcessingStages(
+        stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,
             exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, metrics=self.metrics,
-            on_idle=self._intake.wake)
-        stage = self._stage
+            on_idle=intake.wake)
         self.metrics.queued_batches.set_function(stage.queued)
         self.metrics.open_batch.set_function(self._batcher.__len__)
-        self._stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
-                                       self._pause, self.metrics, self._consumer_config)
+        stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
+                                 self._pause, self.metrics, self._consumer_config)
+        return Connected(consumer, publisher, intake, processor, stage, stall_check)
 
     # ---------------------------------------------------------------------------- poll thread
-    def _poll_loop(self) -> None:
-        consumer, intake, stage, stall_check = self._consumer, self._intake, self._stage, self._stall_check
-        assert consumer is not None and intake is not None and stage is not None and stall_check is not None
+    def _poll_loop(self, parts: Connected, end: StopAtEnd | None = None) -> None:
+        """Until a stop, a failure or, with ``end``, the end offsets read at start are committed."""
+        consumer, intake, stage, stall_check = parts.consumer, parts.intake, parts.stage, parts.stall_check
         batcher, pause, committer = self._batcher, self._pause, self._committer
         commit_every_s = self.settings.commit_interval_ms / 1000.0
         next_commit = self._clock() + commit_every_s
@@ -317,7 +319,7 @@ class Worker:
                 if pause.paused:  # nothing waits for the processor any more (see stream.pipeline.pausing)
                     pause.set(consumer, False)
             if ready:
-                if self._dispatch(wait_s=0.0 if pause.paused else _STALL_STEP_S):
+                if self._dispatch(parts, wait_s=0.0 if pause.paused else _STALL_STEP_S):
                     stalled_since = None
                 else:
                     # Queue full. Pausing restarts fetching on resume, so only pause on a sustained stall;
@@ -355,7 +357,7 @@ class Worker:
             if now >= next_commit and committer.async_due():
                 committer.commit(asynchronous=True)
                 next_commit = now + commit_every_s
-            if self._end is not None and self._end.reached():
+            if end is not None and end.reached():
                 break
             if now >= next_gauge:
                 self.metrics.in_flight.set(self._tracker.in_flight())
@@ -364,48 +366,42 @@ class Worker:
             if stall_check.due():
                 stall_check.run()
 
-    def _dispatch(self, wait_s: float) -> bool:
+    def _dispatch(self, parts: Connected, wait_s: float) -> bool:
         """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""
-        assert self._stage is not None and self._consumer is not None
-        if not self._stage.offer(self._spans.close_batch, wait_s):
+        if not parts.stage.offer(self._spans.close_batch, wait_s):
             return False
         if self._pause.paused:
-            self._pause.set(self._consumer, False)
+            self._pause.set(parts.consumer, False)
         return True
 
     # ---------------------------------------------------------------------------- shutdown
-    def _shutdown(self) -> None:
-        consumer, publisher, stage = self._consumer, self._publisher, self._stage
+    def _shutdown(self, parts: Connected) -> None:
+        consumer, publisher, stage = parts.consumer, parts.publisher, parts.stage
         deadline = Deadline(self.settings.shutdown_timeout_s, self._clock)
         # 1. Finish the open batch (never after a failure: nothing past it may be published).
-        while stage is not None and not self._failed() and len(self._batcher):
+        while not self._failed() and len(self._batcher):
             if not stage.offer(self._spans.close_batch, deadline.left(0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
         # 2. Let the stages finish their queues.
-        if stage is not None:
-            stage.finish(deadline)
-        if self._processor is not None:
-            self._processor.rejected.flush()
+        stage.finish(deadline)
+        parts.processor.rejected.flush()
         # 3. Wait for every delivery report, then commit the acknowledged watermark.
-        if publisher is not None:
-            undelivered = publisher.close(deadline.left(0.01))
-            if undelivered:
-                log.error("%d predictions undelivered at shutdown; their offsets stay uncommitted", undelivered)
-            failure = publisher.failure()
-            if failure is not None:
-                self._fail(failure)
-        if consumer is not None:
-            try:
-                self._committer.commit_settled(deadline)
-            except KafkaClientError as exc:
-                self._fail(exc)
-            if isinstance(self._failure.error, StoppedOnPurpose):
-                self._leave_notes(consumer, self._failure.error)
-            self._stop.set()
-            if self._intake is not None:
-                self._intake.close()  # before the consumer's close, which destroys the client it uses
-            self.close_abandoned = not close_within(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
+        undelivered = publisher.close(deadline.left(0.01))
+        if undelivered:
+            log.error("%d predictions undelivered at shutdown; their offsets stay uncommitted", undelivered)
+        failure = publisher.failure()
+        if failure is not None:
+            self._fail(failure)
+        try:
+            self._committer.commit_settled(deadline)
+        except KafkaClientError as exc:
+            self._fail(exc)
+        if isinstance(self._failure.error, StoppedOnPurpose):
+            self._leave_notes(consumer, self._failure.error)
+        self._stop.set()
+        parts.intake.close()  # before the consumer's close, which destroys the client it uses
+        self.close_abandoned = not close_within(consumer, max(deadline.left(0.0), _CLOSE_FLOOR_S))
 
     def _leave_notes(self, consumer: Consumer, error: StoppedOnPurpose) -> None:
         """Each held partition's committed position again, with a note of why the worker stopped

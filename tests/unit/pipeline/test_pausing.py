@@ -13,8 +13,7 @@ from confluent_kafka import TopicPartition
 
 from stream.config import WorkerSettings
 from stream.kafka.records import Records
-from stream.pipeline.stage import ProcessingStages
-from stream.pipeline.worker import Worker
+from stream.pipeline.worker import Connected, Worker
 from tests.handlers import PoisonHandler
 
 TOPIC = "in"
@@ -44,6 +43,7 @@ class PausingConsumer:
         self.calls: list[str] = []
         self.consumes = 0
         self.on_consume: Callable[[PausingConsumer], None] = lambda c: None
+        self.parts: Connected  # the worker's parts over this consumer (`fill_and_block`)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self.partitions)
@@ -85,17 +85,12 @@ def worker(model_dir: Path) -> Worker:
 def fill_and_block(worker: Worker, partitions: list[int]) -> PausingConsumer:
     """A closed batch waits for a processor that does not take it (its one queue slot is held)."""
     consumer = PausingConsumer(worker, partitions)
-    worker._connect(consumer, IdlePublisher())  # type: ignore[arg-type]  # (the stage's thread is not started)
+    consumer.parts = worker._connect(consumer, IdlePublisher())  # type: ignore[arg-type]  # (stages not started)
     worker._rebalancer.on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
     consumer.calls.clear()  # (on_assign sets the new partitions' pause state either way)
-    assert stage(worker)._slots.acquire(blocking=False)  # the processor's queue is full
+    assert consumer.parts.stage._slots.acquire(blocking=False)  # the processor's queue is full
     worker._batcher.add([Records.build([b"a", b"b"], [None, None], partitions[:1] * 2, [0, 1])])
     return consumer
-
-
-def stage(worker: Worker) -> ProcessingStages:
-    assert worker._stage is not None
-    return worker._stage
 
 
 def until_paused_then(action: Callable[[PausingConsumer], None]) -> Callable[[PausingConsumer], None]:
@@ -129,26 +124,26 @@ def test_input_resumes_when_the_waiting_batch_is_dropped(worker: Worker, how: st
             worker._batcher.take()  # what Transactions.rewind does to the open batch
 
     consumer.on_consume = until_paused_then(drop)
-    worker._poll_loop()
+    worker._poll_loop(consumer.parts)
     assert consumer.calls[:1] == ["pause"], "a stalled batch pauses input first"
     assigned = {tp.partition for tp in consumer.partitions}
     assert "resume" in consumer.calls and not consumer.paused & assigned, consumer.calls
     assert not worker._pause.paused and worker.metrics.paused_partitions._value.get() == 0
-    assert len(worker._batcher) == 0 and stage(worker).queued() == 0, "nothing was dispatched"
+    assert len(worker._batcher) == 0 and consumer.parts.stage.queued() == 0, "nothing was dispatched"
 
 
 def test_input_stays_paused_while_the_batch_still_waits(worker: Worker) -> None:
     consumer = fill_and_block(worker, [0])
-    worker._poll_loop()  # the fake consumer stops the loop after 200 consume calls
+    worker._poll_loop(consumer.parts)  # the fake consumer stops the loop after 200 consume calls
     assert consumer.calls == ["pause"] and consumer.paused == {0}
     assert worker.metrics.paused_partitions._value.get() == 1
 
 
 def test_input_resumes_when_the_processor_takes_the_batch(worker: Worker) -> None:
     consumer = fill_and_block(worker, [0])
-    consumer.on_consume = until_paused_then(lambda c: stage(worker)._slots.release())  # the processor took one
-    worker._poll_loop()
-    assert consumer.calls == ["pause", "resume"] and stage(worker).queued() == 1
+    consumer.on_consume = until_paused_then(lambda c: consumer.parts.stage._slots.release())  # the processor took one
+    worker._poll_loop(consumer.parts)
+    assert consumer.calls == ["pause", "resume"] and consumer.parts.stage.queued() == 1
 
 
 def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paused(worker: Worker) -> None:
@@ -171,6 +166,6 @@ def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paus
             worker.request_stop()
 
     consumer.on_consume = step
-    worker._poll_loop()
+    worker._poll_loop(consumer.parts)
     assert steps == ["lost", "assigned again"]
     assert consumer.paused == set(), f"{sorted(consumer.paused)} still paused: {consumer.calls}"
