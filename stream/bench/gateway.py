@@ -187,7 +187,7 @@ def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, probe: li
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from stream.bench.runner import versions
+    from stream.bench.processes import versions
 
     work = Path(tempfile.mkdtemp(prefix="stream-bench-gateway-"))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "results"}

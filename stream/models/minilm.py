@@ -17,13 +17,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
-import itertools
 import json
 import logging
 import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +33,20 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from stream.errors import ConfigError, UnrecoverableModelError
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized, varlen_attention, varlen_available
 from stream.models.files import read_model_file, unreadable
+from stream.models.passes import (
+    PACK_BUCKET,
+    PACK_TOKENS,
+    PAD_TEXT,
+    Pack,
+    cu_capacity,
+    flatten,
+    plan_passes,
+    scatter_rows,
+    splice,
+)
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
+from stream.models.wordpiece import native_wordpiece
 
 try:
     from stream.models import _textprep
@@ -56,117 +66,6 @@ PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
 # Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
 PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
 CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
-# Packing (``packing=True``): a pass's tokens rounded up to a multiple of this many (the only shapes the encoder
-# meets are these buckets), at most this many tokens a pass; padding tokens form texts of their own of at most
-# PAD_TEXT tokens (attention within them is wasted work, kept small).
-PACK_BUCKET = {"cpu": 1, "cuda": 1024}
-PACK_TOKENS = {"cpu": 16_384, "cuda": 65_536}
-PAD_TEXT = 32
-
-
-@dataclass(frozen=True)
-class Pack:
-    """One packed pass: tokens ``offset:offset + tokens`` of the flat buffers (texts one after another, then
-    padding), its texts' boundaries ``cu[cu_offset:cu_offset + cu_count]`` (relative to ``offset``), the longest
-    of them ``max_length`` tokens; the batch's texts ``first:first + count``, numbered from 0 in its segments (its
-    padding: ``count``)."""
-
-    offset: int
-    tokens: int
-    cu_offset: int
-    cu_count: int
-    max_length: int
-    first: int = 0
-    count: int = 0
-
-
-def cu_capacity(tokens: int, max_tokens: int) -> int:
-    """Texts' boundaries a pack of ``tokens`` can need: a text is at least two tokens ([CLS] [SEP]), its padding
-    texts at least ``min(PAD_TEXT, max_tokens)`` each over less than a bucket (the fixed count a graph takes)."""
-    return tokens // 2 + -(-PACK_BUCKET["cuda"] // min(PAD_TEXT, max_tokens)) + 2
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One forward pass: rows ``start:stop`` of the length-sorted batch, padded to ``length`` tokens, whose ids
-    start at ``offset`` in the flat id buffer; ``rows`` rows in all (more than ``stop - start`` with a fixed shape
-    set: padding rows), whose lengths start at ``row_offset`` in the layout's ``lengths``."""
-
-    start: int
-    stop: int
-    length: int
-    offset: int
-    rows: int
-    row_offset: int
-
-
-def plan_passes(sorted_lengths: np.ndarray, overhead_tokens: int, pass_tokens: int,
-                bucketing: bool = True, shapes: ShapeSet | None = None) -> list[Pass]:
-    """Split a batch (its token lengths, ascending) into passes minimising padded tokens + ``overhead_tokens`` a
-    pass, no pass over ``pass_tokens`` padded tokens (a row longer than that alone). Without ``bucketing``: the
-    whole batch padded to its longest text (plain padding), cut only by ``pass_tokens``. With ``shapes``: every
-    pass of a shape of that set (lengths and row counts rounded up), padding rows counted in the cost."""
-    n = len(sorted_lengths)
-    if n == 0:
-        return []
-    planned = shapes.lengths(sorted_lengths) if shapes is not None else sorted_lengths
-    values, counts = np.unique(planned, return_counts=True)
-    if not bucketing:
-        values, counts = values[-1:], np.array([n])
-    ends = np.concatenate([[0], np.cumsum(counts)])  # rows before group g
-    choice = plan_groups(values, ends, pass_tokens, overhead_tokens, shapes)
-    groups = len(values)
-    buckets: list[tuple[int, int, int]] = []
-    j = groups
-    while j > 0:
-        i = int(choice[j])
-        buckets.append((int(ends[i]), int(ends[j]), int(values[j - 1])))
-        j = i
-    passes: list[Pass] = []
-    offset = row_offset = 0
-    for start, stop, length in reversed(buckets):
-        per_pass = _rows_per_pass(length, pass_tokens, shapes)
-        for a in range(start, stop, per_pass):
-            b = min(a + per_pass, stop)
-            rows = b - a if shapes is None else int(shapes.padded_rows[b - a])
-            passes.append(Pass(a, b, length, offset, rows, row_offset))
-            offset += rows * length
-            row_offset += rows
-    return passes
-
-
-def plan_groups(values: np.ndarray, ends: np.ndarray, pass_tokens: int, overhead_tokens: int,
-                shapes: ShapeSet | None, native: bool = True) -> np.ndarray:
-    """`plan_passes`' dynamic programme over the groups of equal length (``values`` ascending, ``ends`` the rows
-    before each group's end, 0 first): choice[j + 1] is where the cheapest split of groups 0..j starts its last
-    bucket. In C (stream/models/_textprep.c) where compiled and ``native``; the numpy version is the reference."""
-    values = values.astype(np.int64, copy=False)
-    ends = ends.astype(np.int64, copy=False)
-    per_passes = (np.maximum(1, pass_tokens // values) if shapes is None else
-                  np.fromiter((_rows_per_pass(int(v), pass_tokens, shapes) for v in values), dtype=np.int64,
-                              count=len(values)))
-    if native and _textprep is not None:
-        return np.frombuffer(_textprep.plan_groups(values, ends, per_passes, overhead_tokens,
-                                                   None if shapes is None else shapes.padded_rows), np.int64)
-    groups = len(values)
-    best = np.zeros(groups + 1)
-    choice = np.zeros(groups + 1, dtype=np.int64)
-    for j in range(groups):  # best[j+1]: the cheapest split of groups 0..j; its last bucket is groups i..j
-        length = int(values[j])
-        rows = ends[j + 1] - ends[: j + 1]
-        per_pass = int(per_passes[j])
-        padded = rows if shapes is None else (rows // per_pass) * per_pass + shapes.rows(rows % per_pass)
-        cost = best[: j + 1] + padded * length + -(-rows // per_pass) * overhead_tokens
-        i = int(np.argmin(cost))
-        best[j + 1], choice[j + 1] = cost[i], i
-    return choice
-
-
-def _rows_per_pass(length: int, pass_tokens: int, shapes: ShapeSet | None) -> int:
-    per_pass = max(1, pass_tokens // length)
-    return per_pass if shapes is None else shapes.fit(min(per_pass, shapes.max_rows))
-
-
 class MiniLMHandler:
     """all-MiniLM-L6-v2: input ``text`` (a non-empty string), output ``embedding`` (array<float>, 384)."""
 
@@ -505,64 +404,6 @@ class MiniLMHandler:
                       else self.layout_flat(tokens, lengths, bucketing))
             raw = self.predict(self.collate(layout, self._device))
         return raw.cpu().numpy()
-
-
-def flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of ids -> (them one after another, int32; each row's count, int64)."""
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    return tokens, lengths
-
-
-def scatter_rows(out: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tokens: np.ndarray) -> None:
-    """Writes row i of ``tokens`` (rows of ``lengths`` one after another) to ``out[starts[i]:]``."""
-    firsts = np.cumsum(lengths) - lengths  # where each row starts in tokens
-    out[np.repeat(starts - firsts, lengths) + np.arange(len(tokens))] = tokens
-
-
-def splice(tokens: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
-           ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """`tokenize_flat`'s rows with ``rows`` (empty in ``tokens``) given ``ids``: (tokens, lengths) of all."""
-    more, more_lengths = flatten(ids)
-    lengths = lengths.copy()
-    lengths[rows] = more_lengths
-    out = np.empty(int(lengths.sum()), dtype=np.int32)
-    starts = np.cumsum(lengths) - lengths
-    keep = np.ones(len(lengths), dtype=bool)
-    keep[rows] = False
-    scatter_rows(out, starts[keep], lengths[keep], tokens)
-    scatter_rows(out, starts[rows], more_lengths, more)
-    return out, lengths
-
-
-def native_wordpiece(tokenizer_json: bytes) -> _textprep.WordPiece | None:
-    """The C WordPiece (stream/models/_textprep.c) for this tokenizer.json, or None where the extension is not
-    compiled or the tokenizer is not one it reproduces: BertNormalizer lowercasing with clean_text,
-    BertPreTokenizer, WordPiece with the "##" prefix, [CLS] text [SEP], and special tokens only in brackets."""
-    if _textprep is None:
-        return None
-    spec = json.loads(tokenizer_json)
-    normalizer, model = spec.get("normalizer") or {}, spec.get("model") or {}
-    post = spec.get("post_processor") or {}
-    single = [next(iter(item.values()))["id"] for item in post.get("single", [])]
-    added = spec.get("added_tokens") or []
-    vocab = model.get("vocab")
-    if (normalizer.get("type") != "BertNormalizer" or not normalizer.get("lowercase")
-            or normalizer.get("clean_text") is False
-            or (spec.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
-            or model.get("type") != "WordPiece" or model.get("continuing_subword_prefix") != "##"
-            or not isinstance(vocab, dict) or post.get("type") != "TemplateProcessing"
-            or single != ["[CLS]", "A", "[SEP]"]
-            or any(not (a["content"].startswith("[") and a["content"].endswith("]")) for a in added)
-            or not 1 <= model.get("max_input_chars_per_word", 100) <= 512
-            or any(vocab.get(t) is None for t in ("[CLS]", "[SEP]", model.get("unk_token")))):
-        return None
-    special = post.get("special_tokens") or {}
-    cls, sep = ((special[t].get("ids") or [None]) if t in special else [vocab[t]] for t in ("[CLS]", "[SEP]"))
-    if len(cls) != 1 or len(sep) != 1 or not isinstance(cls[0], int) or not isinstance(sep[0], int):
-        return None
-    return _textprep.WordPiece(vocab, vocab[model["unk_token"]], cls[0], sep[0],
-                                model.get("max_input_chars_per_word", 100))
 
 
 # Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new

@@ -18,8 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from producers.texts import generate_texts
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.models import bert, minilm
-from stream.models.minilm import MiniLMHandler, plan_passes, read_model_files
+from stream.models import bert, minilm, passes
+from stream.models.minilm import MiniLMHandler, read_model_files
+from stream.models.passes import plan_passes
 from stream.models.shapes import ShapeSet
 from stream.pipeline.inference import TextOptions, create_handler
 
@@ -146,7 +147,7 @@ def test_a_fixed_shape_set_plans_passes_of_its_shapes_only(lengths: list[int], o
     assert len({(p.rows, p.length) for p in passes}) <= len(passes)
 
 
-@pytest.mark.skipif(minilm._textprep is None, reason="stream.models._textprep not compiled")
+@pytest.mark.skipif(passes._textprep is None, reason="stream.models._textprep not compiled")
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 512), min_size=1, max_size=400), st.integers(0, 5000), st.integers(1, 40_000),
        st.booleans())
@@ -157,8 +158,8 @@ def test_the_c_planner_chooses_what_the_numpy_one_does(lengths: list[int], overh
     planned = shapes.lengths(np.sort(np.asarray(lengths))) if shapes is not None else np.sort(np.asarray(lengths))
     values, counts = np.unique(planned, return_counts=True)
     ends = np.concatenate([[0], np.cumsum(counts)])
-    assert np.array_equal(minilm.plan_groups(values, ends, cap, overhead, shapes),
-                          minilm.plan_groups(values, ends, cap, overhead, shapes, native=False))
+    assert np.array_equal(passes.plan_groups(values, ends, cap, overhead, shapes),
+                          passes.plan_groups(values, ends, cap, overhead, shapes, native=False))
 
 
 def test_row_sizes_are_few_and_pad_a_pass_by_at_most_a_third() -> None:

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.texts import generate_texts
-from stream.models.minilm import CHARS_PER_TOKEN, MiniLMHandler, native_wordpiece, read_model_files
+from stream.models.minilm import CHARS_PER_TOKEN, MiniLMHandler, read_model_files
+from stream.models.wordpiece import native_wordpiece
 
 try:
     from stream.models._textprep import WordPiece
