@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stream.bench.bench_config import BenchConfig
 from stream.bench.report import Drain, compare_drains
 from stream.bench.revisions import ROOT, checkout_revision, remove_checkout, short_rev
-from stream.bench.runner import Bench, BenchConfig
+from stream.bench.runner import Bench
 
 
 def main(argv: list[str] | None = None) -> int:

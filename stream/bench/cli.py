@@ -71,6 +71,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from stream.bench.bench_config import BenchConfig
     from stream.bench.report import (
         format_before,
         format_broker_alone,
@@ -78,7 +79,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         format_methods,
         format_table,
     )
-    from stream.bench.runner import BenchConfig, run_bench
+    from stream.bench.runner import run_bench
     from stream.bench.text import quick_text_config
 
     cfg = BenchConfig(events=args.events)

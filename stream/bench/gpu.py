@@ -30,8 +30,9 @@ import torch
 from safetensors.torch import save_file
 
 from producers.events import N_FEATURES, generate_events
+from stream.bench.bench_config import BenchConfig
 from stream.bench.processes import versions
-from stream.bench.runner import Bench, BenchConfig
+from stream.bench.runner import Bench
 from stream.errors import ConfigError
 from stream.local.broker import BrokerKind, start_broker
 from stream.local.kafka_node import KafkaHeap

@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stream.bench.bench_config import BenchConfig
 from stream.bench.report import Drain
 from stream.bench.revisions import ROOT
-from stream.bench.runner import Bench, BenchConfig
+from stream.bench.runner import Bench
 
 GUARANTEES = ("at-least-once", "exactly-once")
 

@@ -15,31 +15,23 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from producers.load import produce_events
-from stream.bench import BEFORE_FIELD_PLANS
+from stream.bench.bench_config import BenchConfig
 from stream.bench.floor import measure_floor
+from stream.bench.latency_step import latency_step
 from stream.bench.probes import (
-    PERCENTILES,
     CpuSampler,
-    gc_pauses,
-    generator_rate,
-    metric,
-    read_latencies,
     ready,
     rss_mib,
     scrape,
-    visible_latencies,
     wait_assigned,
 )
-from stream.bench.processes import drain_of, finish, finish_reader, mean_event_bytes, start_reader, versions
+from stream.bench.processes import drain_of, mean_event_bytes, versions
 from stream.bench.report import BEST_SETTINGS, Drain, compare_drains, median_drain, write_plots
 from stream.bench.revisions import checkout_revision, remove_checkout, short_rev
 from stream.bench.text import TextBenchConfig, run_text_bench
@@ -55,44 +47,6 @@ PARTITIONS = 8
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
 PEER_BATCH = WorkerSettings.model_fields["max_batch_size"].default
 PEER_WAIT_MS = WorkerSettings.model_fields["max_wait_ms"].default
-
-
-@dataclass
-class BenchConfig:
-    events: int = 1_000_000
-    naive_events: int = 5_000
-    faust_events: int = 100_000
-    latency_seconds: float = 10.0
-    warmup_seconds: float = 3.0
-    loads: tuple[float, ...] = (0.1, 0.5, 0.9)
-    fixed_policy_loads: tuple[float, ...] = (0.1, 0.5)  # the same loads with --batch-policy fixed, to compare
-    waits_ms: tuple[float, ...] = (5.0, 20.0)
-    contenders: tuple[str, ...] = ("passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust",
-                                   "handtuned", "quix-apply", "quix-sink")
-    quix_apply_events: int = 100_000  # Quix's per-record apply runs at a few thousand events/s here
-    # The broker alone: Kafka's ConsumerPerformance over the pre-produced topic, ProducerPerformance with records
-    # of the demo events' mean size, and EndToEndLatency (one record at a time) this many records.
-    broker_tools: bool = True
-    end_to_end_records: int = 5_000
-    # The broker's latency floor (stream.bench.floor) at these loads of the latency steps, beside them.
-    floor_loads: tuple[float, ...] = (0.1, 0.5)
-    # One unreported step at this load (0: none) before the latency steps, for the broker's sake: the steps'
-    # topics append with LogAppendTime, a path the drains before them never took, and in a full run the
-    # first two steps at 50 % and 90 % load spent their first seconds behind while the later ones did not.
-    latency_warmup_load: float = 0.5
-    # Events for the live capacity (the worker consuming while the load generator publishes as fast as it can);
-    # at most ``events``. 0: none (the latency loads are then fractions of the default drain alone).
-    live_events: int = 2_000_000
-    # Events of the second layout (stream.bench.generic) for its drain beside the demo's; 0: none.
-    generic_events: int = 1_000_000
-    # The demo layout's drain before the field plans (issue 31: within 10 % of it): the worker of this git
-    # revision, built in a worktree, drains the same events in rounds interleaved with this checkout's worker
-    # (``worker-default`` is then the median of this checkout's rounds); None: no comparison.
-    before: str | None = BEFORE_FIELD_PLANS
-    before_rounds: int = 3
-    # The model-bound section (stream.bench.text: --model minilm against the model alone); None: none.
-    text: TextBenchConfig | None = field(default_factory=TextBenchConfig)
-    results: Path = field(default_factory=lambda: Path("results") / time.strftime("bench-%Y%m%d-%H%M%S"))
 
 
 class Bench:
@@ -301,86 +255,8 @@ class Bench:
     # ------------------------------------------------------------------ latency under load
     def latency(self, capacity: float, load: float, wait_ms: float, extra: list[str] | None = None,
                 label: str = "", reader: str | None = None) -> dict[str, Any]:
-        """The worker under a steady offered load: a separate load-generator process paces events at
-        ``load`` x ``capacity``; events of its first ``warmup_seconds`` (from the first event it stamped) are
-        not counted (fetch start, first batches).
-
-        Two latencies per prediction, both from broker clocks where possible: *pipeline* = input record's
-        append time -> its prediction's append time (both topics LogAppendTime; what the worker controls);
-        *from event* = the event's ``ts_ms`` (stamped by the generator) -> prediction append (adds the
-        upstream producer's linger and send).
-
-        ``reader`` (an ``isolation.level``): a third, *visible* = input append -> the moment a separate reader
-        process with that isolation (``stream.bench.visibility``, started before the load) received the
-        prediction; under exactly-once, ``read_committed`` readers wait for the transaction's commit."""
-        tag = f"{int(load * 100)}-{int(wait_ms)}{label}"
-        inp = self.topic(f"lat-in-{tag}", log_append_time=True)
-        out = self.topic(f"lat-out-{tag}", log_append_time=True)
-        port = free_port()
-        worker = WorkerProcess(
-            ["--bootstrap-servers", self.bootstrap, "--input-topic", inp, "--output-topic", out, "--group-id",
-             f"bench-lat-{self.run}-{tag}", "--model-dir", str(self.model_dir), "--max-wait-ms",
-             str(wait_ms), "--metrics-port", str(port), "--log-level", "INFO", *(extra or [])],
-            self.work / f"lat-{tag}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"})
-        rate = capacity * load
-        warmup = self.cfg.warmup_seconds
-        count = max(int(rate * (self.cfg.latency_seconds + warmup)), 1)
-        receipts_path = self.work / f"lat-{tag}-receipts.npy"
-        visibility: subprocess.Popen[str] | None = None
-        try:
-            wait_assigned(worker)
-            if reader is not None:
-                visibility = start_reader(self.bootstrap, out, count, reader, wait_ms, receipts_path)
-            with CpuSampler() as sampler:
-                sampler.watch("worker", worker.pid)
-                sampler.watch("broker", self.broker_pid)
-                generator = subprocess.Popen(
-                    [sys.executable, "-m", "producers", "--bootstrap-servers", self.bootstrap, "--topic", inp,
-                     "--count", str(count), "--rate", f"{rate:.3f}", "--seed", "7", "--pregenerate"],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
-                sampler.watch("generator", generator.pid)
-                gen_out = finish(generator, "load generator", self.cfg.latency_seconds + warmup + 300)
-            rows, log_append = read_latencies(self.bootstrap, inp, out, count)
-            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            receipts = finish_reader(visibility, receipts_path) if visibility is not None else None
-        finally:
-            if visibility is not None and visibility.poll() is None:
-                visibility.kill()
-                visibility.wait()
-            worker.terminate()
-        # Warm-up is timed from the first event the generator stamped: its own start-up (a Python process
-        # importing numpy and the client, ~1 s here) is not load.
-        counted = rows[:, 0] >= rows[:, 0].min() + warmup * 1000.0
-        steady = rows[counted]
-        # The same window for CPU: from the end of the warm-up to the last event the generator stamped.
-        window = (rows[:, 0].min() / 1000.0 + warmup, rows[:, 0].max() / 1000.0)
-        cpu = sampler.cores(*window)
-        pipeline, from_event, sizes = steady[:, 1], steady[:, 2], steady[:, 3]
-        seen: dict[str, Any] = {}
-        if receipts is not None:
-            visible = visible_latencies(rows, receipts)[counted]
-            seen = {"visible_isolation": reader,
-                    **{f"visible_{name}_ms": float(np.percentile(visible, q)) for name, q in PERCENTILES}}
-        batches = metric(metrics, "stream_transaction_batches_count")
-        if batches:
-            seen["transactions"] = batches
-            seen["batches_per_transaction"] = (metric(metrics, "stream_transaction_batches_sum") or 0.0) / batches
-        return {
-            "load": load, "max_wait_ms": wait_ms, "settings": " ".join(extra or []) or "defaults",
-            "offered_rate": rate, "achieved_rate": generator_rate(gen_out), "events": len(steady),
-            "warmup_events": count - len(steady),
-            **{f"{name}_ms": float(np.percentile(pipeline, q)) for name, q in PERCENTILES},
-            **{f"from_event_{name}_ms": float(np.percentile(from_event, q)) for name, q in PERCENTILES},
-            "mean_batch_size": float(len(sizes) / np.sum(1.0 / sizes)) if len(sizes) else 0.0,
-            "timestamps": "LogAppendTime" if log_append else "CreateTime (the broker ignores LogAppendTime)",
-            "latencies_ms": pipeline.tolist(), "batch_sizes": sizes.tolist(),
-            "worker_inference_seconds_sum": metric(metrics, "stream_inference_seconds_sum"),
-            # Mean cores over the counted window: worker, local broker (absent for a given cluster), generator.
-            "cpu_cores": cpu,
-            # The broker's stop-the-world collections in the same window (None: no log of a broker of our own).
-            "broker_gc": gc_pauses(self.broker_gc_log, *window) if self.broker_gc_log is not None else None,
-            **seen,
-        }
+        """`stream.bench.latency_step.latency_step`: the worker under ``load`` x ``capacity``."""
+        return latency_step(self, capacity, load, wait_ms, extra, label, reader)
 
 
 JVM_CONTENDERS = {  # name -> (class in stream/bench/jvm, its arguments)

@@ -37,9 +37,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from stream.bench.bench_config import BenchConfig
 from stream.bench.otlp import OtlpReceiver
 from stream.bench.revisions import ROOT
-from stream.bench.runner import PARTITIONS, Bench, BenchConfig
+from stream.bench.runner import PARTITIONS, Bench
 from stream.kafka.topics import create_topics, end_offsets
 
 KINDS = ("untraced", "traced", "untraced-otel", "traced-otel", "unsampled-otel")

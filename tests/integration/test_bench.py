@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from stream.bench.bench_config import BenchConfig
 from stream.bench.report import format_before, format_broker_alone, format_latency, format_methods, format_table
 from stream.bench.revisions import ROOT, checkout_revision
-from stream.bench.runner import BenchConfig, run_bench
+from stream.bench.runner import run_bench
 from stream.bench.stages import format_stages_table
 from stream.bench.summarize import markdown
 from stream.bench.text import format_text_table, quick_text_config
