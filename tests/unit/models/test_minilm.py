@@ -423,12 +423,12 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_q
 def test_a_packed_pass_is_a_few_calls_none_waiting_for_the_device(packed: MiniLMHandler,
                                                                   handler: MiniLMHandler,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU proof of the GPU path: with the variable-length kernel as one call (as on CUDA), a batch of 512
+    """The CPU proof of the GPU path: with the variable-length kernel as one call (as on CUDA), a batch of 256
     texts in one pack is about a hundred torch calls and none of them makes the host wait; the padded passes make
     many times as many (every pass repeats the whole encoder)."""
     monkeypatch.setattr(bert, "_takes_varlen", lambda q: True)
     monkeypatch.setattr(bert, "_varlen", lambda q, k, v, cu, _, max_q, max_k: _fake_varlen(q, k, v, cu, max_q, max_k))
-    texts = generate_texts(512, seed=13).texts
+    texts = generate_texts(256, seed=13).texts
     counted = {}
     for name, h in (("packed", packed), ("padded", handler)):
         inputs = h.collate(h.prepare({"text": texts}), torch.device("cpu"))
@@ -439,7 +439,7 @@ def test_a_packed_pass_is_a_few_calls_none_waiting_for_the_device(packed: MiniLM
     layers = packed._encoder.config.num_hidden_layers if packed._encoder is not None else 0
     assert len(counted["packed"]) <= 20 * layers + 20, collections_count(counted["packed"])
     assert counted["packed"].count("stream_test.varlen") == layers
-    assert len(counted["padded"]) > 5 * len(counted["packed"])  # 100 against 1,787 here
+    assert len(counted["padded"]) > 5 * len(counted["packed"])  # 102 against 1,192 here
     want = np.stack([handler.embed([t])[0] for t in texts[:4]])
     assert float(np.abs(packed.embed(texts[:16])[:4] - want).max()) < 1e-5  # the fake kernel computes the real thing
 
