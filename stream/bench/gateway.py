@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import re
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,14 +152,35 @@ def pipeline(bootstrap: str, work: Path, args: argparse.Namespace, tag: str, max
             p.terminate(30)
 
 
+@contextmanager
+def frozen_callers() -> Iterator[GcPauses]:
+    """This process's heap collected and frozen (the callers' and the readers': a full collection walked torch's
+    objects, holding back every answer and arrival it overlapped), and its collector's pauses timed meanwhile."""
+    gc.collect()
+    gc.freeze()
+    pauses = GcPauses("bench")
+    try:
+        yield pauses
+    finally:
+        pauses.close()
+
+
+def with_pauses(port: int, callers: GcPauses,
+                calls: Coroutine[Any, Any, list[Answer]]) -> tuple[list[Answer], dict[str, Any]]:
+    """``calls``' answers (run here), and the collector's pauses meanwhile in the gateway on ``port`` and in the
+    callers."""
+    before = gateway_gc(port), callers.snapshot()
+    answers = asyncio.run(calls)
+    after = gateway_gc(port), callers.snapshot()
+    return answers, {"gateway": pauses_between(before[0], after[0]), "callers": pauses_between(before[1], after[1])}
+
+
 def gateway_flags_known(tree: Path | None, flags: tuple[str, ...]) -> tuple[str, ...]:
     """``flags`` less those (with their values) that the gateway at ``tree`` does not have (an older revision's, in
     the A/B: ``--max-connections`` came with its cap); all of them for this checkout's."""
     if tree is None:
         return flags
-    helped = subprocess.run([sys.executable, "-m", "stream", "gateway", "--help"], cwd=tree, capture_output=True,
-                            text=True, check=True).stdout
-    known = set(re.findall(r"--[a-z][a-z0-9-]*", helped))
+    known = _gateway_flags(tree)
     kept: list[str] = []
     for i, flag in enumerate(flags):
         if flag.startswith("--") and flag not in known:
@@ -166,6 +188,14 @@ def gateway_flags_known(tree: Path | None, flags: tuple[str, ...]) -> tuple[str,
         elif not (i and flags[i - 1].startswith("--") and flags[i - 1] not in known):
             kept.append(flag)
     return tuple(kept)
+
+
+@functools.cache
+def _gateway_flags(tree: Path) -> frozenset[str]:
+    """The flags ``python -m stream gateway --help`` of the checkout at ``tree`` lists (read once a run)."""
+    helped = subprocess.run([sys.executable, "-m", "stream", "gateway", "--help"], cwd=tree, capture_output=True,
+                            text=True, check=True).stdout
+    return frozenset(re.findall(r"--[a-z][a-z0-9-]*", helped))
 
 
 def _wait_answering(port: int, procs: list[WorkerProcess], work: Path, probe: list[dict[str, Any]],
@@ -199,42 +229,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       loops=tuple(args.loops)) as (ports, output):
             clock = ArrivalClock(broker.bootstrap, output, PARTITIONS)
             second = SecondReader(broker.bootstrap, output, PARTITIONS)
-            # The callers' and the reader's process: a full collection here walked torch's objects, holding back
-            # every answer and arrival it overlapped.
-            gc.collect()
-            gc.freeze()
-            callers_gc = GcPauses("bench")
             try:
-                # Warm-up: each gateway at each rate for a few seconds. With 2 s at 100/s only, the first cell at
-                # each rate (always the first loop's, in round 1) had the per-request cost's worst p99 in every
-                # run (docs/gateway.md).
-                for rate in args.rates:
-                    for port in ports:
-                        asyncio.run(call_at_rate("127.0.0.1", port, demo_events(int(rate * args.warmup_seconds),
-                                                                                seed=1), rate=rate))
-                seed = 10
-                gateways = list(zip(ports, args.loops, strict=True))
-                for r in range(args.rounds):
-                    # Each round starts with the other loop, so neither always follows the same one.
-                    order = gateways[::-1] if r % 2 else gateways
+                with frozen_callers() as callers_gc:
+                    # Warm-up: each gateway at each rate for a few seconds. With 2 s at 100/s only, the first cell at
+                    # each rate (always the first loop's, in round 1) had the per-request cost's worst p99 in every
+                    # run (docs/gateway.md).
                     for rate in args.rates:
-                        for port, loop in order:
-                            seed += 1
-                            events = demo_events(int(rate * args.seconds), seed=seed)
-                            print(f"bench-gateway: round {r + 1}, {len(events)} callers at {rate:,.0f}/s, "
-                                  f"gateway on {loop} ...", flush=True)
-                            gc_before = gateway_gc(port), callers_gc.snapshot()
-                            answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=rate))
-                            gc_after = gateway_gc(port), callers_gc.snapshot()
-                            ok = [a.event["event_id"] for a in answers if a.status == 200]
-                            clock.wait_for(set(ok), 30.0)
-                            report["steady"].append({
-                                "round": r + 1, "loop": loop, **steady_figures(answers, clock.arrived, rate,
-                                                                              second.arrivals(ok)),
-                                "gc_pauses": {"gateway": pauses_between(gc_before[0], gc_after[0]),
-                                              "callers": pauses_between(gc_before[1], gc_after[1])}})
+                        for port in ports:
+                            asyncio.run(call_at_rate("127.0.0.1", port, demo_events(int(rate * args.warmup_seconds),
+                                                                                    seed=1), rate=rate))
+                    seed = 10
+                    gateways = list(zip(ports, args.loops, strict=True))
+                    for r in range(args.rounds):
+                        # Each round starts with the other loop, so neither always follows the same one.
+                        order = gateways[::-1] if r % 2 else gateways
+                        for rate in args.rates:
+                            for port, loop in order:
+                                seed += 1
+                                events = demo_events(int(rate * args.seconds), seed=seed)
+                                print(f"bench-gateway: round {r + 1}, {len(events)} callers at {rate:,.0f}/s, "
+                                      f"gateway on {loop} ...", flush=True)
+                                answers, pauses = with_pauses(port, callers_gc,
+                                                              call_at_rate("127.0.0.1", port, events, rate=rate))
+                                ok = [a.event["event_id"] for a in answers if a.status == 200]
+                                clock.wait_for(set(ok), 30.0)
+                                report["steady"].append({
+                                    "round": r + 1, "loop": loop, **steady_figures(answers, clock.arrived, rate,
+                                                                                  second.arrivals(ok)),
+                                    "gc_pauses": pauses})
             finally:
-                callers_gc.close()
                 second.close()
                 clock.close()
         # The burst: a worker on a slower (simulated) device, so that it, not the gateway, is the bound.
@@ -247,24 +270,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             events = demo_events(int(args.burst_rate * args.burst_seconds), seed=99)
             print(f"bench-gateway: burst of {len(events)} callers at {args.burst_rate:,.0f}/s, the worker's "
                   f"device taking {args.burst_device_ms_per_record} ms a record ...", flush=True)
-            # The callers' heap frozen again (the steady cells' answers and torch's objects): unfrozen, a full
-            # collection in this process stalled every caller 170-460 ms mid-burst here, and the refusals' p99
-            # measured the callers, not the gateway.
-            gc.collect()
-            gc.freeze()
-            callers_gc = GcPauses("bench")
-            try:
-                gc_before = gateway_gc(port), callers_gc.snapshot()
-                answers = asyncio.run(call_at_rate("127.0.0.1", port, events, rate=args.burst_rate,
-                                                   connections=args.burst_connections))
-                gc_after = gateway_gc(port), callers_gc.snapshot()
-            finally:
-                callers_gc.close()
+            # Frozen again (the steady cells' answers are new objects): unfrozen, a full collection in this process
+            # stalled every caller 170-460 ms mid-burst here, and the refusals' p99 measured the callers.
+            with frozen_callers() as callers_gc:
+                answers, pauses = with_pauses(port, callers_gc, call_at_rate(
+                    "127.0.0.1", port, events, rate=args.burst_rate, connections=args.burst_connections))
             report["burst"] = burst_figures(answers, args.timeout_ms, args.burst_rate)
             report["burst"].update(device_ms_per_record=args.burst_device_ms_per_record,
-                                   max_pending=args.burst_max_pending,
-                                   gc_pauses={"gateway": pauses_between(gc_before[0], gc_after[0]),
-                                              "callers": pauses_between(gc_before[1], gc_after[1])})
+                                   max_pending=args.burst_max_pending, gc_pauses=pauses)
         if args.openai_rounds:
             report["openai"] = openai_section(broker.bootstrap, work, args)
     finally:
