@@ -33,11 +33,16 @@ def _checks(node: ast.AST, helpers: dict[str, ast.FunctionDef], seen: set[str]) 
     return False
 
 
+def _helpers(tree: ast.AST) -> dict[str, ast.FunctionDef]:
+    """A module's functions by name (a test's helpers among them)."""
+    return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
 def unchecked_tests() -> list[str]:
     found = []
     for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text())
-        helpers = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        helpers = _helpers(tree)
         for node in ast.walk(tree):
             if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
                     and not _checks(node, helpers, {node.name})):
@@ -52,7 +57,7 @@ def test_every_test_checks_something() -> None:
 def test_the_lint_finds_a_test_that_checks_nothing(tmp_path: Path) -> None:
     tree = ast.parse("def helper():\n    return 1\n\ndef test_nothing():\n    helper()\n\n"
                      "def test_something():\n    assert helper() == 1\n")
-    helpers = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    helpers = _helpers(tree)
     verdicts = {n.name: _checks(n, helpers, {n.name}) for n in tree.body
                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
     assert verdicts == {"test_nothing": False, "test_something": True}
