@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _SUMMARY = re.compile(
     r"worker summary: consumed=(\d+) predicted=(\d+) dead_lettered=(\d+) committed=(\d+) batches=(\d+)")
@@ -28,21 +29,40 @@ class StopSignals:
     """SIGTERM and SIGINT handled from the moment this is made, for a command that starts a server and then waits:
     one that arrives while the server starts ends the start (``SystemExit(0)``, through the start's own clean-up of
     what it began) instead of being lost (as a container's PID 1 a process ignores a signal it has no handler
-    for); once `started`, each is noted in ``received`` for the waiting loop."""
+    for); once `started`, each is noted in ``received`` for the waiting loop.
+
+    Python runs a handler at whatever line the main thread is at, and a few places cannot raise: an at-fork hook
+    (logging's, run by every ``subprocess`` start with a ``preexec_fn``), a finalizer. There the exit is reported
+    to `sys.unraisablehook` and dropped; this catches it there and raises it again 10 ms later (SIGALRM), from
+    wherever the start then is."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
         self._starting = True
+        self._unraisable_before = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
 
     def started(self) -> None:
         self._starting = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.unraisablehook = self._unraisable_before
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
+        self._end_start()
+
+    def _end_start(self, *_: object) -> None:
         if self._starting:
             raise SystemExit(0)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if self._starting and self.received and isinstance(unraisable.exc_value, SystemExit):
+            signal.signal(signal.SIGALRM, self._end_start)
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            return
+        self._unraisable_before(unraisable)
 
 
 def catches(pid: int, signum: int) -> bool | None:

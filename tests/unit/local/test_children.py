@@ -36,3 +36,31 @@ def test_waits_until_the_child_catches_sigterm() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_stop_signal_while_a_child_forks_still_ends_the_start() -> None:
+    """A SIGTERM whose handler runs inside an at-fork hook (logging's, run by `subprocess` with a ``preexec_fn``;
+    a CI run lost a ``broker --nodes 3``'s SIGTERM there) cannot raise through it: the start still ends, soon."""
+    code = """if True:
+        import os, signal, subprocess, sys, time
+        from stream.local.children import StopSignals
+        def in_the_hook():  # the handler runs at one of these lines, inside the hook
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        signals = StopSignals()
+        os.register_at_fork(after_in_parent=in_the_hook)
+        started = time.monotonic()
+        try:
+            subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+            time.sleep(10)  # the rest of a start
+            print("the start went on", flush=True)
+        except SystemExit:
+            print(f"ended the start after {time.monotonic() - started:.2f} s", flush=True)
+        os.register_at_fork(after_in_parent=lambda: None)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ended the start after"), (out.stdout, out.stderr)
+    assert float(out.stdout.split()[4]) < 2.0, out.stdout
+    assert "Exception ignored" not in out.stderr, out.stderr
