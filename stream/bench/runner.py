@@ -44,6 +44,7 @@ from stream.models.demo import DEFAULT_MODEL_DIR
 from stream.models.train_demo import ensure_trained
 
 PARTITIONS = 8
+DRAIN_BOUND_S = 900.0  # a drain whose workers have not all exited by then is stopped and reported
 # Peers batch like the worker's defaults: take/consume up to max_batch_size within max_wait_ms.
 PEER_BATCH = WorkerSettings.model_fields["max_batch_size"].default
 PEER_WAIT_MS = WorkerSettings.model_fields["max_wait_ms"].default
@@ -164,6 +165,11 @@ class Bench:
                         rss = rss_mib(procs[0][0].pid)
                         if consumed and rss:
                             samples.append((consumed, rss))
+                if now - started > DRAIN_BOUND_S:
+                    for p, _ in procs:
+                        p.kill()
+                    raise RuntimeError(f"worker {name}: its replicas had not all exited {DRAIN_BOUND_S:.0f} s after "
+                                       f"they started (logs in {self.work}; stopped)")
                 time.sleep(0.05)
         summaries = []
         for p, path in procs:

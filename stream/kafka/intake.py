@@ -3,8 +3,10 @@ that takes them from a librdkafka queue the assigned partitions' fetch queues ar
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message
@@ -16,6 +18,9 @@ from stream.kafka.records import Records
 from stream.kafka.replies import ADDRESS_HEADERS, watched_headers
 
 log = logging.getLogger(__name__)
+_LEAVE_BOUND_S = 5.0  # `leave_group`: at most this long (or half the close's bound) before the close
+_LEAVE_SERVE_S = 0.3  # and at least this long, for a rebalance already on its way
+_HELD_GRACE_S = 10.0  # `close_within`: a close holding the interpreter ends the process this long after its bound
 _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
 
 
@@ -112,12 +117,29 @@ def consume_error(err: KafkaError) -> None:
     log.warning("consume: %s", err)
 
 
+def leave_group(consumer: Consumer, bound_s: float) -> None:
+    """Unsubscribe and serve the group's callbacks here, so that the close has no rebalance left to serve: within
+    librdkafka's close, an assignment that arrives meanwhile (a --stop-at-end replica stopping while the group hands
+    it the partitions of one that left) makes ``assign`` wait for ever (librdkafka #4884) inside confluent-kafka's
+    rebalance callback, which holds the interpreter. Records polled here are dropped: nothing of theirs was
+    committed."""
+    end = time.monotonic() + bound_s
+    try:
+        consumer.unsubscribe()
+        served_until = time.monotonic() + _LEAVE_SERVE_S
+        while time.monotonic() < end and (consumer.assignment() or time.monotonic() < served_until):
+            consumer.poll(0.05)
+    except Exception as exc:  # a client already failed: the close below still runs
+        log.debug("leaving the group before the close: %s", exc)
+
+
 def close_within(consumer: Consumer, timeout_s: float) -> bool:
-    """Leave the group (a revoke callback then finds nothing left to do) within ``timeout_s``; False when the close
-    did not return by then. librdkafka's close has no bound of its own, and was seen not to return when the group
-    assigned the partitions during the close (a --stop-at-end worker on an empty topic); past the bound the caller
-    goes on without it, and its process must end without running the client's destructor, which would wait for
-    that close."""
+    """Leave the group (`leave_group`, then the close; a revoke callback then finds nothing left to do) within
+    ``timeout_s``; False when the close did not return by then. librdkafka's close has no bound of its own; past
+    the bound the caller goes on without it, and its process must end without running the client's destructor,
+    which would wait for that close. Where the close holds the interpreter while it hangs, nothing in Python can
+    run again: a watchdog outside the interpreter (`faulthandler`) then prints every thread's stack and ends the
+    process (exit 1) ``_HELD_GRACE_S`` after the bound."""
     errors: list[BaseException] = []
 
     def close() -> None:
@@ -126,9 +148,15 @@ def close_within(consumer: Consumer, timeout_s: float) -> bool:
         except Exception as exc:  # confluent-kafka raises KafkaError itself here, not KafkaException
             errors.append(exc)
 
-    closing = threading.Thread(target=close, name="consumer-close", daemon=True)
-    closing.start()
-    closing.join(timeout_s)
+    started = time.monotonic()
+    leave_group(consumer, min(_LEAVE_BOUND_S, timeout_s / 2))
+    faulthandler.dump_traceback_later(timeout_s + _HELD_GRACE_S, exit=True)
+    try:
+        closing = threading.Thread(target=close, name="consumer-close", daemon=True)
+        closing.start()
+        closing.join(max(timeout_s - (time.monotonic() - started), 0.0))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     if closing.is_alive():
         log.warning("the consumer's close did not return within %.0f s; leaving the group to its session timeout",
                     timeout_s)

@@ -88,6 +88,64 @@ def test_end_of_partition_and_retriable_errors_go_on_others_stop_the_worker() ->
         consume_error(KafkaError(KafkaError._FATAL, fatal=True))
 
 
+class Leaving:
+    """A consumer's group side, as `leave_group` uses it: unsubscribed, then polled until nothing is assigned."""
+
+    def __init__(self, assigned: int = 0) -> None:
+        self.assigned = assigned
+        self.calls: list[str] = []
+
+    def unsubscribe(self) -> None:
+        self.calls.append("unsubscribe")
+
+    def assignment(self) -> list[int]:
+        return list(range(self.assigned))
+
+    def poll(self, timeout: float) -> None:
+        self.calls.append("poll")
+        self.assigned = max(self.assigned - 1, 0)  # the revoke served in the poll
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_the_group_is_left_and_its_callbacks_served_before_the_close() -> None:
+    from stream.kafka.intake import close_within
+
+    consumer = Leaving(assigned=3)
+    assert close_within(consumer, 5.0) is True  # type: ignore[arg-type]
+    assert consumer.calls[0] == "unsubscribe" and consumer.calls[-1] == "close"
+    assert consumer.calls.count("poll") >= 3 and consumer.assigned == 0
+
+
+def test_a_close_that_hangs_holding_the_interpreter_still_ends_the_process() -> None:
+    """librdkafka #4884: an assignment met inside the close makes it wait for ever in confluent-kafka's rebalance
+    callback, which holds the GIL, so no Python thread runs again. Here the close is libc's sleep called holding
+    the GIL (ctypes.PyDLL): the watchdog ends the process soon after the bound, with every thread's stack."""
+    import subprocess
+    import sys
+    import time
+
+    code = """if True:
+        import ctypes, sys
+        from stream.kafka import intake
+        intake._HELD_GRACE_S = 1.0
+        class Held:
+            def unsubscribe(self): pass
+            def assignment(self): return []
+            def poll(self, timeout): pass
+            def close(self): ctypes.PyDLL(None).sleep(60)
+        intake.close_within(Held(), 1.0)
+        print("close_within returned", flush=True)
+    """
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    took = time.monotonic() - started
+    assert out.returncode == 1 and "close_within returned" not in out.stdout, (out.returncode, out.stdout)
+    assert "Timeout" in out.stderr and "in close" in out.stderr, out.stderr
+    assert took < 30, took
+
+
 def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(caplog: pytest.LogCaptureFixture) -> None:
     """The worker's shutdown leaves the group through `close_within`: a close that hangs costs the bound, not the
     process (the worker then ends without the client's destructor), and a close that raises is logged."""
@@ -98,11 +156,11 @@ def test_a_consumer_close_that_never_returns_is_left_behind_within_its_bound(cap
 
     release = threading.Event()
 
-    class Stuck:
+    class Stuck(Leaving):
         def close(self) -> None:
             release.wait(30)
 
-    class Failing:
+    class Failing(Leaving):
         def close(self) -> None:
             raise RuntimeError("broker gone")
 
