@@ -292,13 +292,17 @@ def packed() -> MiniLMHandler:
 
 
 def test_packed_texts_embed_as_padded_passes_and_sentence_transformers_do(packed: MiniLMHandler,
-                                                                         embedded: np.ndarray) -> None:
+                                                                         embedded: np.ndarray,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     got = packed.embed(REFERENCE["texts"])
     want = np.asarray(REFERENCE["embeddings"], dtype=np.float64)
     assert float(np.abs(got - want).max()) <= 1e-4
     cosine = (got.astype(np.float64) * embedded).sum(axis=1)
     assert cosine.min() >= 0.99999, cosine.min()
-    texts = generate_texts(300, seed=11).texts
+    # 120 texts in packs of at most 1,024 tokens (the CPU's are 16,384: one pack): several packs and their seams
+    monkeypatch.setitem(minilm.PACK_TOKENS, "cpu", 1024)
+    texts = generate_texts(120, seed=11).texts
+    assert len(packed.layout(packed.tokenize(texts))["packs"]) >= 3
     assert float(np.abs(packed.embed(texts) - packed.embed(texts, bucketing=True)).max()) < 1e-5
 
 
