@@ -57,7 +57,6 @@ def test_a_stop_signal_while_a_child_forks_still_ends_the_start() -> None:
             print("the start went on", flush=True)
         except SystemExit:
             print(f"ended the start after {time.monotonic() - started:.2f} s", flush=True)
-        os.register_at_fork(after_in_parent=lambda: None)
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
