@@ -45,7 +45,17 @@ def add_parsers(sub: Any) -> None:
     text.add_argument("--stages-rounds", type=int, default=None,
                       help="rounds of the stages against a simulated device (3; 0: none)")
     text.add_argument("--stages-texts", type=int, default=None, help="texts each of those drains (300,000)")
-    text.add_argument("--cuda-texts", type=int, default=None, help="texts per CUDA drain (51,200)")
+    text.add_argument("--cuda-texts", type=int, default=None,
+                      help="texts of the model alone's and sentence-transformers' CUDA passes (51,200)")
+    text.add_argument("--cuda-drain-texts", type=int, default=None,
+                      help="texts per CUDA worker drain (1,000,000: at least 10 s near 100,000 texts/s)")
+    text.add_argument("--cuda-variants", type=_variant_list, default=None,
+                      help="on CUDA, per precision: padded, packed, graphs, packed-graphs (all)")
+    text.add_argument("--cuda-drains", type=_variant_list, default=None,
+                      help="the variants the worker drains too (those of --cuda-variants); the others: model alone")
+    text.add_argument("--no-host-ceiling", action="store_true",
+                      help="on CUDA, leave out the free model's drain at each batch size")
+    text.add_argument("--no-cpu", action="store_true", help="leave the CPU's runs out (CUDA's only)")
     text.add_argument("--cuda-dtypes", default=None, type=_dtype_list,
                       help="precisions on CUDA, comma-separated (float32,bfloat16,float16)")
     text.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA, leave the --cuda-graphs runs out")
@@ -132,7 +142,8 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
     console.print(table)
     for entry in section["devices"]:
         t = entry["tokens"]
-        console.print(f"{entry['device']}: {entry['texts']:,} texts, tokens median {t['median']:.0f}, p90 "
+        console.print(f"{entry['device']}: {entry['texts']:,} texts (drains: {entry.get('drain_texts', 0):,}), "
+                      f"tokens median {t['median']:.0f}, p90 "
                       f"{t['p90']:.0f}, p99 {t['p99']:.0f}, max {t['max']} ({t['truncated']} cut), "
                       f"{entry['torch_threads']} torch threads")
         for b in entry["batches"]:
@@ -146,7 +157,13 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
                        if w.get("steady_rate") else "- (drain too short)")
                     + (f", rounds {min(steady):,.0f}-{max(steady):,.0f}" if len(steady) > 1 else "")
                     + (f", ready {w['ready_s']:.1f} s after start" if w.get("ready_s") is not None else "")
-                    + (f", device {w['device_ms_per_batch']:.2f} ms a batch" if w.get("device_ms_per_batch") else ""))
+                    + (f", device {w['device_ms_per_batch']:.2f} ms a batch" if w.get("device_ms_per_batch") else "")
+                    + (f", {w['seconds']:.1f} s drain" if w.get("seconds") else ""))
+            if "host_ceiling" in b:
+                h = b["host_ceiling"]
+                console.print(f"{entry['device']}, batch {b['batch']}: the free model (host ceiling) "
+                              f"{h['rate']:,.0f} texts/s, steady "
+                              + (f"{h['steady_rate']:,.0f}" if h.get("steady_rate") else "-"))
             if "worker_mmap_128k" in b:
                 console.print(f"{entry['device']}, batch {b['batch']}: worker with --malloc-mmap-threshold-kib 128 "
                               f"{b['worker_mmap_128k']['rate']:,.1f} texts/s (with the model's 32 MiB: "
@@ -171,6 +188,15 @@ def _print_text_section(console: Any, section: dict[str, Any]) -> None:
                       f"{stages['padded_tokens_per_text']:.1f} padded tokens a text")
         if (cpu := format_host_cpu(stages)) is not None:
             console.print(cpu)
+
+
+def _variant_list(value: str) -> tuple[str, ...]:
+    from stream.bench.text import parse_variants
+
+    try:
+        return parse_variants(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _dtype_list(value: str) -> tuple[str, ...]:
@@ -200,8 +226,15 @@ def run_bench_text_command(args: argparse.Namespace) -> int:
         cfg.cuda_texts = args.cuda_texts
     if args.cuda_dtypes is not None:
         cfg.cuda_dtypes = args.cuda_dtypes
-    cfg.cuda_graphs = cfg.cuda_graphs and not args.no_cuda_graphs
-    cfg.cuda_packing = cfg.cuda_packing and not args.no_cuda_packing
+    if args.cuda_drain_texts is not None:
+        cfg.cuda_drain_texts = args.cuda_drain_texts
+    if args.cuda_variants is not None:
+        cfg.cuda_variants = args.cuda_variants
+    cfg.cuda_variants = tuple(v for v in cfg.cuda_variants if not (args.no_cuda_graphs and "graphs" in v)
+                              and not (args.no_cuda_packing and "packed" in v))
+    cfg.cuda_drains = args.cuda_drains
+    cfg.host_ceiling = cfg.host_ceiling and not args.no_host_ceiling
+    cfg.cpu = cfg.cpu and not args.no_cpu
     if args.worker_rounds is not None:
         cfg.worker_rounds = max(1, args.worker_rounds)
     if args.cuda_batches is not None:

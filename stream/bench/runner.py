@@ -399,9 +399,14 @@ def run_text_only(cfg: TextBenchConfig, results: Path, broker_kind: BrokerKind =
     servers = bootstrap or broker.bootstrap  # type: ignore[union-attr]
     broker_name = "given cluster" if bootstrap else broker_kind
     bench = Bench(servers, BenchConfig(events=0), DEFAULT_MODEL_DIR, broker.pid if broker is not None else None)
+    results.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"broker": broker_name, "versions": versions(broker_name)}
+
+    def partial(section: dict[str, Any]) -> None:  # what a run cut short (a device lent for minutes) still leaves
+        (results / "bench-text.partial.json").write_text(json.dumps({**report, "text": section}, indent=1) + "\n")
+
     try:
-        report = {"broker": broker_name, "versions": versions(broker_name),
-                  "text": run_text_bench(bench, cfg, console_print)}
+        report["text"] = run_text_bench(bench, cfg, console_print, on_entry=partial)
     except BaseException:
         console_print(f"bench-text: worker logs kept in {bench.work}")
         raise
@@ -409,6 +414,6 @@ def run_text_only(cfg: TextBenchConfig, results: Path, broker_kind: BrokerKind =
         if broker is not None:
             broker.stop()
     shutil.rmtree(bench.work, ignore_errors=True)
-    results.mkdir(parents=True, exist_ok=True)
     (results / "bench-text.json").write_text(json.dumps(report, indent=1) + "\n")
+    (results / "bench-text.partial.json").unlink(missing_ok=True)
     return report

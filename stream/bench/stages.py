@@ -112,9 +112,9 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, model_alone: Callable[.
             raise RuntimeError(f"pre-producing texts: {produced} of {cfg.texts} acknowledged")
         for r in range(cfg.rounds):
             console_print(f"bench: stages, round {r + 1} of {cfg.rounds}: the free model (host ceiling) ...")
-            free = _drain(bench, f"stages-free-{r}", 0.0, topic, cfg.batch)
+            free = simulated_drain(bench, f"stages-free-{r}", 0.0, topic, cfg.batch)
             console_print(f"bench: stages, round {r + 1}: the free model with the tokenizers library ...")
-            slow = _drain(bench, f"stages-free-library-{r}", 0.0, topic, cfg.batch, tokenizer="library")
+            slow = simulated_drain(bench, f"stages-free-library-{r}", 0.0, topic, cfg.batch, tokenizer="library")
             console_print(f"bench: stages, round {r + 1}: broker pass-through, {value_bytes} B values ...")
             ceiling = broker_ceiling(bench, topic, cfg.texts, value_bytes, f"-stages-{r}")
             entry: dict[str, Any] = {"host": _figures(free), "host_library": _figures(slow),
@@ -127,7 +127,7 @@ def run_stages_bench(bench: Any, cfg: StagesBenchConfig, model_alone: Callable[.
                 alone = measure(device, ids, cfg.batch, torch.device("cpu"))
                 console_print(f"bench: stages, round {r + 1}: simulated device at {alone['rate']:,.0f} texts/s "
                               f"(D = {fraction:g} H) ...")
-                drain = _drain(bench, f"stages-{name}-{r}", ns, topic, cfg.batch)
+                drain = simulated_drain(bench, f"stages-{name}-{r}", ns, topic, cfg.batch)
                 entry[name] = {"ns_per_token": ns, "device_alone": alone["rate"], "worker": _figures(drain),
                                "over_device": drain.rate / alone["rate"], "over_host": drain.rate / host}
             entry["host_over_tokenize"] = host / report["tokenize_alone"]
@@ -154,7 +154,10 @@ def broker_ceiling(bench: Any, topic: str, count: int, value_bytes: int, tag: st
     return {"events": ceiling.events, "seconds": ceiling.seconds, "rate": ceiling.rate, "value_bytes": value_bytes}
 
 
-def _drain(bench: Any, name: str, ns_per_token: float, topic: str, batch: int, tokenizer: str = "native") -> Any:
+def simulated_drain(bench: Any, name: str, ns_per_token: float, topic: str, batch: int,
+                    tokenizer: str = "native") -> Any:
+    """A worker draining ``topic`` with MiniLM's host path and a simulated device (``ns_per_token`` 0: the free
+    model, the host path's own ceiling)."""
     spec = write_spec(Path(bench.work) / f"{name}.json", ns_per_token, tokenizer)
     return bench.worker_drain(name, [
         "--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec), "--device", "cpu",

@@ -43,8 +43,11 @@ from stream.bench.stages import (
     output_value_bytes,
     quick_stages_config,
     run_stages_bench,
+    simulated_drain,
 )
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+
+CUDA_VARIANTS = ("padded", "packed", "graphs", "packed-graphs")
 
 
 @dataclass
@@ -57,14 +60,21 @@ class TextBenchConfig:
     # intra-op threads, the model alone's and the worker's: on this 2-core machine, 1 leaves a core to the client
     # threads and the co-located broker, 2 takes both
     torch_threads: tuple[int, ...] = (1, 2)
-    cuda_texts: int = 51_200  # on CUDA (more texts: it is fast)
+    cuda_texts: int = 51_200  # on CUDA, the model alone's and sentence-transformers' (more texts: it is fast)
+    # on CUDA, pre-produced and drained by each worker: enough that a drain lasts at least 10 s near 100,000 texts/s
+    # (a drain of 51,200 lasted 0.7 s, mostly the window's own edges: the first fetch, the last commit)
+    cuda_drain_texts: int = 1_000_000
     cuda_batches: tuple[int, ...] = (128, 512)
     seed: int = 2027
     mmap_check: bool = True  # CPU, largest batch: also a drain with the default 128 KiB mmap threshold
     reference: bool = True  # sentence-transformers' own encode of the same texts
     cuda_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    cuda_graphs: bool = True  # on CUDA: the model alone and the worker with --cuda-graphs too
-    cuda_packing: bool = True  # on CUDA, per precision: the model alone and the worker with --packing too
+    # on CUDA, per precision (packed-graphs not in float32, where packing has no flash kernel): padded passes,
+    # --packing, --cuda-graphs and both; the model alone for each, the worker for those in cuda_drains (None: all)
+    cuda_variants: tuple[str, ...] = CUDA_VARIANTS
+    cuda_drains: tuple[str, ...] | None = None
+    host_ceiling: bool = True  # on CUDA, per batch size: the free model's drain (the host path's own ceiling)
+    cpu: bool = True  # the CPU's runs too (False: CUDA's only, where a device is lent for minutes)
     worker_rounds: int = 1  # worker drains per row (the median one's figures kept, every round's beside them)
     stages: StagesBenchConfig | None = field(default_factory=StagesBenchConfig)
 
@@ -72,7 +82,7 @@ class TextBenchConfig:
 def quick_text_config() -> TextBenchConfig:
     """Small counts (CI): checks that the section runs, not its figures."""
     return TextBenchConfig(texts=160, batches=(32,), plain_texts=64, torch_threads=(1,), cuda_texts=2_048,
-                           cuda_batches=(128,), mmap_check=False, stages=quick_stages_config())
+                           cuda_drain_texts=4_096, cuda_batches=(128,), mmap_check=False, stages=quick_stages_config())
 
 
 def model_alone(handler: Any, ids: list[list[int]], batch: int, device: torch.device,
@@ -140,31 +150,43 @@ class _Run:
     cuda_graphs: bool = False
     packing: bool = False
 
+    @property
+    def variant(self) -> str:
+        return "-".join(n for n, on in (("packed", self.packing), ("graphs", self.cuda_graphs)) if on) or "padded"
+
 
 def _runs(cfg: TextBenchConfig) -> list[_Run]:
-    runs = [_Run(torch.device("cpu"), t) for t in cfg.torch_threads]
+    runs = [_Run(torch.device("cpu"), t) for t in cfg.torch_threads] if cfg.cpu else []
     if torch.cuda.is_available():
         cuda, threads = torch.device("cuda"), cfg.torch_threads[0]
-        runs += [_Run(cuda, threads, dtype) for dtype in cfg.cuda_dtypes]
-        if cfg.cuda_packing:
-            runs += [_Run(cuda, threads, dtype, packing=True) for dtype in cfg.cuda_dtypes]
-        if cfg.cuda_graphs:
-            runs.append(_Run(cuda, threads, "float32", True))
-            if cfg.cuda_packing:  # a graph per token bucket
-                runs += [_Run(cuda, threads, dtype, True, packing=True) for dtype in cfg.cuda_dtypes
-                         if dtype != "float32"]
+        for variant in cfg.cuda_variants:
+            for dtype in cfg.cuda_dtypes:
+                if variant == "packed-graphs" and dtype == "float32":
+                    continue  # no flash kernel in float32: packing falls back to a padded copy per layer
+                runs.append(_Run(cuda, threads, dtype, "graphs" in variant, "packed" in variant))
     return runs
 
 
-def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print) -> dict[str, Any]:
+def parse_variants(value: str) -> tuple[str, ...]:
+    """A comma-separated list of `CUDA_VARIANTS` (the flags' parser)."""
+    variants = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [v for v in variants if v not in CUDA_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"{', '.join(unknown) or repr(value)}: the variants are {', '.join(CUDA_VARIANTS)}")
+    return variants
+
+
+def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print,
+                   on_entry: Any = None) -> dict[str, Any]:
     """The section's figures; ``bench`` is the `stream.bench.runner.Bench` whose broker holds the topics. One entry
-    per device and (CPU) intra-op thread count, (CUDA) precision and CUDA graphs or not."""
+    per device and (CPU) intra-op thread count, (CUDA) precision and variant; ``on_entry(report)`` after each."""
     from stream.models.minilm import MiniLMHandler
 
     report: dict[str, Any] = {"config": asdict(cfg), "devices": []}
     report["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none on this machine"
     topics: dict[str, str] = {}
     ceilings: dict[str, dict[str, Any]] = {}
+    host_ceilings: dict[int, dict[str, Any]] = {}
     for run in _runs(cfg):
         device, threads = run.device, run.threads
         count = cfg.texts if device.type == "cpu" else cfg.cuda_texts
@@ -202,24 +224,42 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
                 if cfg.reference and not run.cuda_graphs and not run.packing:
                     console_print(f"bench: {what}, sentence-transformers' encode at batch {batch} ...")
                     row["sentence_transformers"] = reference_encode(texts, batch, device, run.dtype)
+                    row["model_over_sentence_transformers"] = (_alone(row)
+                                                               / row["sentence_transformers"]["rate"])
                 entry["batches"].append(row)
         finally:
             torch.set_num_threads(previous)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        drained = count if device.type == "cpu" else cfg.cuda_drain_texts
+        entry["drain_texts"] = drained
         if first:
             topics[device.type] = bench.topic(f"text-{device.type}-in")
-            produced = produce_texts(bench.bootstrap, topics[device.type], count, seed=cfg.seed)
-            if produced != count:
-                raise RuntimeError(f"pre-producing texts: {produced} of {count} acknowledged")
+            produced = produce_texts(bench.bootstrap, topics[device.type], drained, seed=cfg.seed)
+            if produced != drained:
+                raise RuntimeError(f"pre-producing texts: {produced} of {drained} acknowledged")
             # The broker's own ceiling for these records; the worker is held to the lower of it and the model alone.
             value_bytes = output_value_bytes(handler)
             console_print(f"bench: broker pass-through of the {device.type} texts, {value_bytes} B values ...")
-            ceilings[device.type] = broker_ceiling(bench, topics[device.type], count, value_bytes,
+            ceilings[device.type] = broker_ceiling(bench, topics[device.type], drained, value_bytes,
                                                    f"-text-{device.type}")
+            if device.type == "cuda" and cfg.host_ceiling:
+                # What the host path drains with a free model at each batch size (this machine's cores, this
+                # broker): the worker cannot pass it whatever the device does.
+                for batch in batches:
+                    console_print(f"bench: the free model (host ceiling) at batch {batch} ...")
+                    free = simulated_drain(bench, f"text-free-{batch}", 0.0, topics[device.type], batch)
+                    host_ceilings[batch] = _drain_figures(free)
         topic = topics[device.type]
         entry["broker_ceiling"] = ceilings[device.type]
+        if device.type == "cuda" and cfg.cuda_drains is not None and run.variant not in cfg.cuda_drains:
+            report["devices"].append(entry)  # the model alone only
+            if on_entry is not None:
+                on_entry(report)
+            continue
         for row in entry["batches"]:
+            if device.type == "cuda" and row["batch"] in host_ceilings:
+                row["host_ceiling"] = host_ceilings[row["batch"]]
             batch = row["batch"]
             console_print(f"bench: {what}, worker drain at batch {batch} ...")
             tag = (f"{device.type}-{run.dtype}{'-graphs' if run.cuda_graphs else ''}"
@@ -230,13 +270,11 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
             drain = drains[(len(drains) - 1) // 2]  # the median round (the lower middle one of an even count)
             row["worker"] = _drain_figures(drain)
             row["worker_rounds"] = [_drain_figures(d) for d in drains]
-            alone = max(row["model_alone"]["rate"], row.get("model_alone_second_pass", {}).get("rate", 0.0))
+            alone = _alone(row)
             row["worker_over_model"] = drain.rate / alone
             if drain.steady_rate is not None:
                 row["worker_steady_over_model"] = drain.steady_rate / alone
             row["worker_over_bound"] = drain.rate / min(alone, ceilings[device.type]["rate"])
-            if "sentence_transformers" in row:
-                row["model_over_sentence_transformers"] = alone / row["sentence_transformers"]["rate"]
         if device.type == "cpu" and first and cfg.mmap_check:
             # The worker's allocator setting for this model (stream.pipeline.malloc.mmap_threshold) against the
             # default one.
@@ -249,9 +287,16 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print)
                 input_topic=topic, model_dir=False)
             row["worker_mmap_128k"] = _drain_figures(drain)
         report["devices"].append(entry)
+        if on_entry is not None:
+            on_entry(report)
     if cfg.stages is not None:
         report["stages"] = run_stages_bench(bench, cfg.stages, model_alone, console_print)
     return report
+
+
+def _alone(row: dict[str, Any]) -> float:
+    """The model alone's rate at a row's batch size: the better of its passes (on CUDA the second, warm)."""
+    return float(max(row["model_alone"]["rate"], row.get("model_alone_second_pass", {}).get("rate", 0.0)))
 
 
 def _drain_figures(drain: Any) -> dict[str, Any]:
@@ -269,8 +314,10 @@ def _worker_args(run: _Run, batch: int) -> list[str]:
     return ["--model", "minilm", "--device", run.device.type, "--input-schema", TEXT_EVENT_SCHEMA,
             "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size",
             str(batch), "--max-wait-ms", "1000", "--torch-threads", str(run.threads),
-            *(["--dtype", run.dtype] if run.dtype != "float32" else []),
-            *(["--cuda-graphs"] if run.cuda_graphs else []), *(["--packing"] if run.packing else [])]
+            # every setting the run measures named, not left to the worker's defaults (on CUDA: bfloat16, packed;
+            # at fd6f6a4 the float32 and padded rows' workers ran those defaults)
+            "--dtype", run.dtype, "--packing" if run.packing else "--no-packing",
+            *(["--cuda-graphs"] if run.cuda_graphs else [])]
 
 
 def format_text_table(section: dict[str, Any]) -> list[list[str]]:

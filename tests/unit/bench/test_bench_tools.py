@@ -108,3 +108,93 @@ def test_the_host_ceilings_cpu_is_split_per_text_between_worker_and_broker() -> 
     assert "library tokenizer the worker 100 µs a text" in line
     assert host_cpu({"tokenize_alone_one_thread": 1.0, "rounds": [{"host": {"rate": 1.0}}]}) is None
     assert format_host_cpu({"summary": {"host_cpu": None}}) is None
+
+
+def test_the_text_benchs_cuda_variants_and_drains_are_chosen_by_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from stream.bench import text
+    from stream.cli import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = text.TextBenchConfig(torch_threads=(8,), cuda_dtypes=("float32", "bfloat16"))
+    runs = [(r.device.type, r.dtype, r.variant) for r in text._runs(cfg)]
+    # every variant in every precision but packed graphs in float32 (no flash kernel there)
+    assert runs == [("cpu", "float32", "padded"), ("cuda", "float32", "padded"), ("cuda", "bfloat16", "padded"),
+                    ("cuda", "float32", "packed"), ("cuda", "bfloat16", "packed"), ("cuda", "float32", "graphs"),
+                    ("cuda", "bfloat16", "graphs"), ("cuda", "bfloat16", "packed-graphs")]
+    args = build_parser().parse_args(["bench-text", "--cuda-variants", "padded,packed-graphs", "--cuda-drains",
+                                      "packed-graphs", "--cuda-drain-texts", "1200000", "--no-host-ceiling"])
+    assert args.cuda_variants == ("padded", "packed-graphs") and args.cuda_drains == ("packed-graphs",)
+    assert args.cuda_drain_texts == 1_200_000 and args.no_host_ceiling
+    cfg.cpu = False  # --no-cpu: CUDA's runs only
+    assert [r.device.type for r in text._runs(cfg)] == ["cuda"] * 7
+    with pytest.raises(SystemExit):  # an unknown variant is refused by the parser, naming the known ones
+        build_parser().parse_args(["bench-text", "--cuda-variants", "packed,fused"])
+    with pytest.raises(ValueError, match="fused: the variants are padded, packed, graphs, packed-graphs"):
+        text.parse_variants("packed,fused")
+
+
+def test_the_text_benchs_cuda_rows_drain_what_they_name_and_leave_partial_results(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch without a device: every heavy step replaced, what runs where (and with which flags) kept."""
+    import torch
+
+    from stream.bench import text
+
+    class Handler:
+        truncated = 0
+        outputs = (type("Out", (), {"size": 384})(),)
+
+        def __init__(self, **kw: Any) -> None:
+            pass
+
+        def load(self, device: Any) -> None:
+            pass
+
+        def tokenize(self, texts: list[str]) -> list[list[int]]:
+            return [[1] * (5 + i % 7) for i in range(len(texts))]
+
+    produced: list[int] = []
+    drains: list[tuple[str, list[str]]] = []
+    free: list[int] = []
+    partials: list[int] = []
+
+    class Bench:
+        bootstrap = "127.0.0.1:1"
+
+        def topic(self, name: str) -> str:
+            return name
+
+        def worker_drain(self, name: str, args: list[str], **kw: Any) -> Drain:
+            drains.append((name, args))
+            return Drain(name, 1_000, 10.0, progress=[(0.1 * i, 10.0 * i) for i in range(101)], ready_s=3.0,
+                         device_busy_s=2.0, batches=40)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _i: "a simulated card")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr("stream.models.minilm.MiniLMHandler", Handler)
+    monkeypatch.setattr(text, "model_alone", lambda h, ids, batch, device, bucketing=None: {"rate": 2_000.0})
+    monkeypatch.setattr(text, "reference_encode", lambda texts, batch, device, dtype: {"rate": 100.0})
+    monkeypatch.setattr(text, "produce_texts", lambda b, t, n, seed: produced.append(n) or n)
+    monkeypatch.setattr(text, "broker_ceiling", lambda *a: {"rate": 5_000.0})
+    monkeypatch.setattr(text, "simulated_drain",
+                        lambda b, name, ns, topic, batch: free.append(batch) or Drain(name, 1_000, 2.0))
+    cfg = text.TextBenchConfig(cpu=False, cuda_texts=64, cuda_drain_texts=1_000, cuda_batches=(16, 32),
+                               cuda_dtypes=("bfloat16",), cuda_variants=("padded", "packed-graphs"),
+                               cuda_drains=("packed-graphs",), worker_rounds=3, stages=None)
+    report = text.run_text_bench(Bench(), cfg, lambda *_: None, on_entry=lambda r: partials.append(len(r["devices"])))
+    assert produced == [1_000] and free == [16, 32] and partials == [1, 2]
+    padded, graphs = report["devices"]
+    # the padded row: the model alone and sentence-transformers, no drain; the packed graphs' rows: three rounds
+    # each, every setting named on the worker's command line, the free model's drain beside them
+    assert all("worker" not in b and b["model_over_sentence_transformers"] == 20.0 for b in padded["batches"])
+    assert [name.rsplit("-", 2)[-2:] for name, _ in drains] == [["16", "0"], ["16", "1"], ["16", "2"],
+                                                               ["32", "0"], ["32", "1"], ["32", "2"]]
+    assert all(a[a.index("--dtype") + 1] == "bfloat16" and "--packing" in a and "--cuda-graphs" in a
+               for _, a in drains)
+    row = graphs["batches"][0]
+    assert row["host_ceiling"]["rate"] == 500.0 and row["worker"]["ready_s"] == 3.0
+    assert row["worker"]["device_ms_per_batch"] == 50.0 and len(row["worker_rounds"]) == 3
+    assert row["worker_steady_over_model"] == pytest.approx(0.05) and graphs["drain_texts"] == 1_000
