@@ -112,3 +112,32 @@ def produce_texts(bootstrap: str, topic: str, count: int, *, seed: int = 0, star
     if on_progress is not None:
         on_progress(delivered)
     return delivered
+
+
+def produce_texts_in_parallel(bootstrap: str, topic: str, count: int, *, seed: int = 0, processes: int = 1) -> int:
+    """`produce_texts` of texts ``0 .. count-1`` split between ``processes`` child processes (fresh interpreters:
+    none of the caller's state, a CUDA context included, is inherited), each a contiguous range: the same texts, in
+    an order interleaved between the ranges. The number delivered; a failed child's error is raised."""
+    if processes <= 1 or count < 2 * processes:
+        return produce_texts(bootstrap, topic, count, seed=seed)
+    import subprocess
+    import sys
+
+    step = -(-count // processes)
+    code = ("import sys; from producers.texts import produce_texts; "
+            "print(produce_texts(sys.argv[1], sys.argv[2], int(sys.argv[4]), seed=int(sys.argv[5]), "
+            "start=int(sys.argv[3])))")
+    children = [subprocess.Popen([sys.executable, "-c", code, bootstrap, topic, str(start),
+                                  str(min(step, count - start)), str(seed)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for start in range(0, count, step)]
+    delivered, errors = 0, []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode != 0:
+            errors.append(f"exit {child.returncode}: {err.strip()[-500:]}")
+        else:
+            delivered += int(out.split()[-1])
+    if errors:
+        raise RuntimeError(f"producing texts to {topic} in {len(children)} processes: {'; '.join(errors)}")
+    return delivered

@@ -26,6 +26,7 @@ For each device and batch size, all on the same texts:
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import zipfile
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from producers.texts import generate_texts, produce_texts
+from producers.texts import generate_texts, produce_texts_in_parallel
 from stream.bench.stages import (
     StagesBenchConfig,
     broker_ceiling,
@@ -235,7 +236,10 @@ def run_text_bench(bench: Any, cfg: TextBenchConfig, console_print: Any = print,
         entry["drain_texts"] = drained
         if first:
             topics[device.type] = bench.topic(f"text-{device.type}-in")
-            produced = produce_texts(bench.bootstrap, topics[device.type], drained, seed=cfg.seed)
+            # CUDA's millions in parallel (one Python process encodes each record: minutes of a lent device's time)
+            processes = 1 if drained < 200_000 else max(1, (os.cpu_count() or 2) // 2)
+            produced = produce_texts_in_parallel(bench.bootstrap, topics[device.type], drained, seed=cfg.seed,
+                                                 processes=processes)
             if produced != drained:
                 raise RuntimeError(f"pre-producing texts: {produced} of {drained} acknowledged")
             # The broker's own ceiling for these records; the worker is held to the lower of it and the model alone.

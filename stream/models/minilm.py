@@ -34,12 +34,14 @@ from stream.errors import ConfigError, UnrecoverableModelError
 from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized, varlen_attention, varlen_available
 from stream.models.files import read_model_file, unreadable
 from stream.models.passes import (
+    CU_TIERS,
     PACK_BUCKET,
     PACK_TOKENS,
     PAD_TEXT,
     Pack,
-    cu_capacity,
+    cu_tier,
     flatten,
+    graph_pack_texts,
     plan_passes,
     scatter_rows,
     splice,
@@ -66,6 +68,11 @@ PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
 # Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
 PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
 CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
+def _words(tokens: int) -> str:
+    """A text of ``tokens`` tokens with [CLS] and [SEP] (at least 2: " " is those alone)."""
+    return " ".join(["hello"] * (tokens - 2)) or " "
+
+
 class MiniLMHandler:
     """all-MiniLM-L6-v2: input ``text`` (a non-empty string), output ``embedding`` (array<float>, 384)."""
 
@@ -170,16 +177,16 @@ class MiniLMHandler:
                                       rows * dim, torch.float32, device)
 
     def graph_packs(self, graphs: Callable[..., Any]) -> None:
-        """A graph per token bucket (``graphs``: `stream.models.shapes.CudaGraphs`, or a stand-in in tests): every
-        pack's texts' boundaries laid out to the bucket's fixed count (`cu_capacity`), the attention's longest text
+        """A graph per token bucket and count of texts' boundaries (``graphs``: `stream.models.shapes.CudaGraphs`,
+        or a stand-in in tests): every pack's boundaries padded to a tier (`cu_tier`), the attention's longest text
         fixed at ``max_tokens``, each pack's inputs copied into the graphs' static buffers."""
         assert self._encoder is not None
         bucket, most = self._pack_sizes()
-        cu = cu_capacity(most, self.max_tokens)
+        cu = CU_TIERS[-1]
         self._graphs = graphs(self._pack_pass, [(most, torch.int32), (most, torch.int64), (most, torch.int64),
                                                 (cu, torch.int32)],
                               cu * self._encoder.config.hidden_size, torch.float32, self._device,
-                              limit=most // bucket + 8)
+                              limit=most // bucket * len(CU_TIERS) + 8)
 
     def _pack_sizes(self) -> tuple[int, int]:
         """(the token bucket, the most tokens a pass) on the loaded device."""
@@ -249,6 +256,7 @@ class MiniLMHandler:
         bucket, budget = self._pack_sizes()
         pad_text = min(PAD_TEXT, self.max_tokens)  # within the attention's longest text, fixed under graphs
         graphs = self._graphs is not None
+        most_texts = graph_pack_texts(bucket, self.max_tokens)
         n = len(lengths)
         ends = np.cumsum(lengths)
         firsts = ends - lengths  # where each text starts in tokens
@@ -259,14 +267,16 @@ class MiniLMHandler:
         while first < n:
             start = int(firsts[first])
             last = max(first + 1, int(np.searchsorted(ends, start + budget, side="right")))  # texts first:last
+            if graphs:
+                last = min(last, first + most_texts)
             stop = int(ends[last - 1])
             real = stop - start
             padded = -(-real // bucket) * bucket
             pads = [pad_text] * ((padded - real) // pad_text) + ([(padded - real) % pad_text]
                                                                   if (padded - real) % pad_text else [])
             cu = np.concatenate([[0], ends[first:last] - start, real + np.cumsum(pads, dtype=np.int64)])
-            if graphs:  # the bucket's fixed count: empty texts at the end
-                cu = np.concatenate([cu, np.full(cu_capacity(padded, self.max_tokens) - len(cu), padded)])
+            if graphs:  # the boundaries' tier: empty texts at the end
+                cu = np.concatenate([cu, np.full(cu_tier(len(cu)) - len(cu), padded)])
             longest = self.max_tokens if graphs else max([int(lengths[first:last].max()), *pads])
             packs.append(Pack(offset, padded, cu_offset, len(cu), longest, first, last - first))
             cus.append(cu.astype(np.int32))
@@ -391,7 +401,28 @@ class MiniLMHandler:
         if bucket == 1:
             return [{"text": mixed}, {"text": [text] * 8}]
         batches = [{"text": [text] * max(1, b * bucket // k)} for b in range(1, budget // bucket + 1)]
+        if self._graphs is not None:
+            batches += self._tier_batches(bucket, budget)
         return [*batches, {"text": mixed * 64}, {"text": [mixed[0]] * 2048}]
+
+    def _tier_batches(self, bucket: int, budget: int) -> list[dict[str, list[str]]]:
+        """Under graphs, for every token bucket every tier of boundaries (`cu_tier`) a pack of it can have: one
+        pack of exactly the bucket's tokens with as many texts as the tier holds, or as the bucket can (texts of
+        2 tokens, [CLS] [SEP], at the most; ``max_tokens`` at the least). A pack with padding texts has more
+        boundaries than an exact one of as many real tokens, never past the exact ones' highest tier."""
+        k = self.max_tokens
+        most = graph_pack_texts(bucket, k)
+        out = []
+        for tokens in range(bucket, budget + 1, bucket):
+            fewest, texts_at_most = -(-tokens // k), min(most, tokens // 2)
+            below = 0  # this tier's counts: more boundaries (texts + 1) than the tier below holds
+            for tier in CU_TIERS:
+                texts = min(tier - 1, texts_at_most)
+                if texts >= max(fewest, below):
+                    size, longer = divmod(tokens, texts)  # `longer` texts of size + 1 tokens, the rest of size
+                    out.append({"text": [_words(size + 1)] * longer + [_words(size)] * (texts - longer)})
+                below = tier
+        return out
 
     def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         return {"embedding": raw.numpy()}

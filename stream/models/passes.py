@@ -1,6 +1,6 @@
 """How a batch of token rows becomes forward passes, for `stream.models.minilm`: padded passes planned by a dynamic
 programme over the rows' lengths (`plan_passes`: padded tokens plus a fixed cost a pass, minimised; C where
-compiled), the packed passes' layout (`Pack`, `cu_capacity`), and rows of ids laid out one after another
+compiled), the packed passes' layout (`Pack`, `cu_tier`), and rows of ids laid out one after another
 (`flatten`, `splice`). numpy only: no torch."""
 
 from __future__ import annotations
@@ -42,10 +42,26 @@ class Pack:
     count: int = 0
 
 
-def cu_capacity(tokens: int, max_tokens: int) -> int:
-    """Texts' boundaries a pack of ``tokens`` can need: a text is at least two tokens ([CLS] [SEP]), its padding
-    texts at least ``min(PAD_TEXT, max_tokens)`` each over less than a bucket (the fixed count a graph takes)."""
-    return tokens // 2 + -(-PACK_BUCKET["cuda"] // min(PAD_TEXT, max_tokens)) + 2
+# Under CUDA graphs a pack's texts' boundaries are padded (with empty texts) to the first of these counts that holds
+# them. The attention kernel launches blocks for every text, empty or not: one fixed count per bucket (half its
+# tokens) cost about 12x the blocks of a real pack (the graphs ran at 0.56x eager on an H200); powers of 4 waste at
+# most 4x, with at most 4 graphs a bucket.
+CU_TIERS = (64, 256, 1024, 4096)
+
+
+def cu_tier(count: int) -> int:
+    """The boundaries a graph's pack with ``count`` of them is padded to (at most `graph_pack_texts` + 1 + its
+    padding texts: within the top tier)."""
+    for tier in CU_TIERS:
+        if count <= tier:
+            return tier
+    raise ValueError(f"{count} text boundaries in a pack: more than a graph takes ({CU_TIERS[-1]})")
+
+
+def graph_pack_texts(bucket: int, max_tokens: int) -> int:
+    """The most texts a pack takes under graphs (a pack closes early at this many): its boundaries, its padding
+    texts' (at most one per ``min(PAD_TEXT, max_tokens)`` of a bucket) included, within the top tier."""
+    return CU_TIERS[-1] - 1 - -(-(bucket - 1) // min(PAD_TEXT, max_tokens))
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def test_the_text_benchs_cuda_rows_drain_what_they_name_and_leave_partial_result
     monkeypatch.setattr("stream.models.minilm.MiniLMHandler", Handler)
     monkeypatch.setattr(text, "model_alone", lambda h, ids, batch, device, bucketing=None: {"rate": 2_000.0})
     monkeypatch.setattr(text, "reference_encode", lambda texts, batch, device, dtype: {"rate": 100.0})
-    monkeypatch.setattr(text, "produce_texts", lambda b, t, n, seed: produced.append(n) or n)
+    monkeypatch.setattr(text, "produce_texts_in_parallel", lambda b, t, n, seed, processes: produced.append(n) or n)
     monkeypatch.setattr(text, "broker_ceiling", lambda *a: {"rate": 5_000.0})
     monkeypatch.setattr(text, "simulated_drain",
                         lambda b, name, ns, topic, batch: free.append(batch) or Drain(name, 1_000, 2.0))

@@ -4,6 +4,7 @@ by tests/fixtures/make_minilm_reference.py), and its length bucketing, truncatio
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -452,9 +453,25 @@ def collections_count(calls: list[str]) -> dict[str, int]:
     return dict(collections.Counter(calls).most_common())
 
 
+@functools.cache
+def warmed_graph_keys() -> frozenset[tuple[int, int]]:
+    """(tokens, boundaries) of every pack the warm-up lays out under graphs, with CUDA's buckets (no device)."""
+    h = MiniLMHandler(packing=True)
+    h.load(torch.device("cpu"))
+    h._pin, h._graphs = True, object()  # CUDA's buckets, laid out as under graphs (run nothing)
+    keys = set()
+    for batch in h.warm_inputs():
+        tokens, lengths, _ = h.tokenize_flat(batch["text"])
+        keys.update((p.tokens, p.cu_count) for p in h.layout_packed(tokens, lengths)["packs"])
+    return frozenset(keys)
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 256), min_size=1, max_size=3000))
-def test_every_packed_pass_is_one_of_the_warmed_buckets(lengths: list[int]) -> None:
+@given(st.lists(st.integers(2, 256), min_size=1, max_size=3000), st.booleans())
+def test_every_packed_pass_is_one_of_the_warmed_buckets(lengths: list[int], short: bool) -> None:
+    """Eager: every pack a token bucket. Under graphs: every (bucket, boundaries' tier) one the warm-up met."""
+    if short:  # many texts a pack: the higher tiers, and packs closed on their count of texts
+        lengths = [2 + n % 3 for n in lengths] * 4
     h = MiniLMHandler(packing=True)
     h._pin = True  # CUDA's buckets, no device needed
     tokens = np.zeros(sum(lengths), dtype=np.int32)
@@ -462,6 +479,26 @@ def test_every_packed_pass_is_one_of_the_warmed_buckets(lengths: list[int]) -> N
     bucket, budget = minilm.PACK_BUCKET["cuda"], minilm.PACK_TOKENS["cuda"]
     assert {p.tokens for p in packs} <= set(range(bucket, budget + 1, bucket))
     assert sum(p.cu_count - 1 for p in packs) >= len(lengths)
+    h._graphs = object()  # laid out as under graphs
+    packs = h.layout_packed(tokens, np.asarray(lengths, dtype=np.int64))["packs"]
+    assert sum(p.count for p in packs) == len(lengths) and all(p.cu_count in passes.CU_TIERS for p in packs)
+    assert {(p.tokens, p.cu_count) for p in packs} <= warmed_graph_keys()
+
+
+def test_every_pack_of_equal_texts_under_graphs_is_one_the_warm_up_met() -> None:
+    """Texts of one length at every count up to a full pass: every bucket and boundaries' tier such batches make
+    (the lengths that meet each tier's edges) was laid out by the warm-up."""
+    h = MiniLMHandler(packing=True)
+    h._pin, h._graphs = True, object()  # CUDA's buckets, laid out as under graphs
+    bucket, budget = minilm.PACK_BUCKET["cuda"], minilm.PACK_TOKENS["cuda"]
+    seen = set()
+    for length in (2, 3, 4, 5, 8, 15, 16, 17, 33, 64, 65, 100, 128, 255, 256):
+        for tokens in range(bucket, budget + 1, bucket // 4):
+            lengths = np.full(max(1, tokens // length), length, dtype=np.int64)
+            seen.update((p.tokens, p.cu_count) for p in h.layout_packed(np.zeros(lengths.sum(), np.int32),
+                                                                         lengths)["packs"])
+    assert seen <= warmed_graph_keys(), sorted(seen - warmed_graph_keys())[:10]
+    assert {tier for _, tier in seen} == set(passes.CU_TIERS)
 
 
 class _StandInGraphs:
@@ -507,11 +544,18 @@ def test_graphs_per_bucket_are_all_met_by_the_warm_up_and_replay_what_eager_pass
     assert isinstance(graphs, _StandInGraphs)
     done, total, _ = engine.warm(120.0)
     assert done == total and graphs.frozen
-    assert {shape[0] for shape in graphs.shapes} == {(t,) for t in range(128, 1025, 128)}  # every bucket, once
+    # every bucket, with each tier of texts' boundaries its packs can have (texts of 2 to 32 tokens), once
+    below = dict(zip(passes.CU_TIERS, (0, *passes.CU_TIERS[:-1]), strict=True))
+    reachable = {(t, tier) for t in range(128, 1025, 128) for tier in passes.CU_TIERS  # boundaries: texts + 1
+                 if tier >= -(-t // 32) + 1 and below[tier] < t // 2 + 1}
+    assert {(shape[0][0], shape[3][0]) for shape in graphs.shapes} == reachable
+    assert len(graphs.shapes) == len(reachable)
     eager = MiniLMHandler(packing=True, max_tokens=32)
     eager.load(torch.device("cpu"))
-    for seed, size in ((21, 3), (22, 40), (23, 97)):
+    for seed, size in ((21, 3), (22, 40), (23, 97), (24, 700)):
         texts = generate_texts(size, seed=seed).texts
+        if size == 700:
+            texts = [" ", "a b", *texts[:698]]  # texts of 2 and 4 tokens too: a higher tier
         got = engine.run({"text": texts}).outputs["embedding"]
         assert float(np.abs(got - eager.embed(texts)).max()) < 1e-5
     assert graphs.late == 0, "after the warm-up no new shape"
