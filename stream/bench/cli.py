@@ -48,7 +48,7 @@ def add_parsers(sub: Any) -> None:
     text.add_argument("--cuda-texts", type=int, default=None,
                       help="texts of the model alone's and sentence-transformers' CUDA passes (51,200)")
     text.add_argument("--cuda-drain-texts", type=int, default=None,
-                      help="texts per CUDA worker drain (1,000,000: at least 10 s near 100,000 texts/s)")
+                      help="texts per CUDA worker drain (2,000,000: at least 10 s on an H200)")
     text.add_argument("--cuda-variants", type=_variant_list, default=None,
                       help="on CUDA, per precision: padded, packed, graphs, packed-graphs (all)")
     text.add_argument("--cuda-drains", type=_variant_list, default=None,

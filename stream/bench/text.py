@@ -62,9 +62,10 @@ class TextBenchConfig:
     # threads and the co-located broker, 2 takes both
     torch_threads: tuple[int, ...] = (1, 2)
     cuda_texts: int = 51_200  # on CUDA, the model alone's and sentence-transformers' (more texts: it is fast)
-    # on CUDA, pre-produced and drained by each worker: enough that a drain lasts at least 10 s near 100,000 texts/s
-    # (a drain of 51,200 lasted 0.7 s, mostly the window's own edges: the first fetch, the last commit)
-    cuda_drain_texts: int = 1_000_000
+    # on CUDA, pre-produced and drained by each worker: enough that a drain lasts at least 10 s (on an H200 a drain
+    # of 51,200 lasted 0.7 s, mostly the window's own edges, the first fetch and the last commit; of 1,000,000,
+    # 6.7 s; of 2,000,000, 16-18 s)
+    cuda_drain_texts: int = 2_000_000
     cuda_batches: tuple[int, ...] = (128, 512)
     seed: int = 2027
     mmap_check: bool = True  # CPU, largest batch: also a drain with the default 128 KiB mmap threshold
