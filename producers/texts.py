@@ -132,12 +132,18 @@ def produce_texts_in_parallel(bootstrap: str, topic: str, count: int, *, seed: i
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for start in range(0, count, step)]
     delivered, errors = 0, []
-    for child in children:
-        out, err = child.communicate()
-        if child.returncode != 0:
-            errors.append(f"exit {child.returncode}: {err.strip()[-500:]}")
-        else:
-            delivered += int(out.split()[-1])
+    try:
+        for child in children:
+            out, err = child.communicate()
+            if child.returncode != 0:
+                errors.append(f"exit {child.returncode}: {err.strip()[-500:]}")
+            else:
+                delivered += int(out.split()[-1])
+    finally:  # interrupted: none left producing
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     if errors:
         raise RuntimeError(f"producing texts to {topic} in {len(children)} processes: {'; '.join(errors)}")
     return delivered

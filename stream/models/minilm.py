@@ -68,6 +68,8 @@ PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
 # Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
 PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
 CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
+
+
 def _words(tokens: int) -> str:
     """A text of ``tokens`` tokens with [CLS] and [SEP] (at least 2: " " is those alone)."""
     return " ".join(["hello"] * (tokens - 2)) or " "
