@@ -94,6 +94,29 @@ def end_offsets(bootstrap: str, topic: str, timeout_s: float = 60.0,
         consumer.close()
 
 
+def record_times(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[float]:
+    """Every record's timestamp (seconds; the producer's create time unless the topic sets the broker's) of
+    ``topic``, read from the start to its end (`end_offsets`)."""
+    ends = end_offsets(bootstrap, topic, timeout_s)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"times-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
+    times: list[float] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
+        at = {p: 0 for p in ends}
+        deadline = time.monotonic() + timeout_s
+        while any(at[p] < ends[p] for p in ends):
+            assert time.monotonic() < deadline, f"{topic}: read to {at}, its ends {ends}"
+            for msg in consumer.consume(10_000, 0.2):
+                partition, offset = msg.partition(), msg.offset()
+                if msg.error() is None and partition is not None and offset is not None:
+                    at[partition] = offset + 1
+                    times.append(msg.timestamp()[1] / 1000.0)
+        return times
+    finally:
+        consumer.close()
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str,
                       client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """The group's committed offset per partition of ``topic`` (-1: none)."""
@@ -103,6 +126,47 @@ def committed_offsets(bootstrap: str, group: str, topic: str,
     [future] = client.list_consumer_group_offsets([asked]).values()
     listed = future.result(timeout=30).topic_partitions
     return {tp.partition: tp.offset if tp.offset >= 0 else -1 for tp in listed}
+
+
+class CommitWatch:
+    """Groups whose ids start with ``prefix``, watched on a thread of their own (the admin API every ``every_s``):
+    per group, each look's (wall time the request went out, records committed over every partition). A commit
+    seen missing at a look was made after that look's time."""
+
+    def __init__(self, bootstrap: str, prefix: str, every_s: float = 0.1) -> None:
+        import threading
+
+        self.looks: dict[str, list[tuple[float, int]]] = {}
+        self.errors: list[str] = []
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._prefix, self._every_s = prefix, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commit-watch", daemon=True)
+
+    def __enter__(self) -> CommitWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                listed = self._admin.list_consumer_groups(request_timeout=10).result(timeout=15)
+                for group in (g.group_id for g in listed.valid if g.group_id.startswith(self._prefix)):
+                    sent = time.time()
+                    [future] = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+                    offsets = future.result(timeout=15).topic_partitions or []
+                    self.looks.setdefault(group, []).append((sent, sum(max(tp.offset, 0) for tp in offsets)))
+            except Exception as exc:  # a look that failed is no look (its time is not recorded); the next one tries
+                self.errors.append(repr(exc))
+
+    def last_short_of(self, group: str, records: int) -> float | None:
+        """The time of the last look at ``group`` that saw fewer than ``records`` committed (None: none did)."""
+        short = [t for t, committed in self.looks.get(group, []) if committed < records]
+        return max(short) if short else None
 
 
 def check_committed(committed: Mapping[int, int], ends: Mapping[int, int]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The benchmark runs in CI in quick mode so it cannot rot; no timing is asserted here."""
+"""The benchmark runs in CI in quick mode so it cannot rot. No speed is asserted here; the worker's figures are checked
+against its output topics, read by the tests' own verifier."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from stream.bench.bench_config import BenchConfig
 from stream.bench.report import format_before, format_broker_alone, format_latency, format_methods, format_table
@@ -17,6 +19,7 @@ from stream.bench.stages import format_stages_table
 from stream.bench.summarize import markdown
 from stream.bench.text import format_text_table, quick_text_config
 from tests.conftest import BrokerInfo
+from tests.verify import CommitWatch, record_times
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -27,7 +30,9 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
                       generic_events=2_000, before="HEAD", before_rounds=2, text=quick_text_config(),
                       end_to_end_records=200)
     worktrees = _worktrees()
-    report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
+    topics_before = set(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=15).topics)
+    with CommitWatch(broker.bootstrap, "bench-worker-current-", every_s=0.005) as watch:
+        report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
     assert names == ["passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust", "handtuned",
                      "quix-apply", "quix-sink", "worker-default", "worker-before", "worker-best", "worker-best-x2",
@@ -55,6 +60,20 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     assert before["pair_ratios"] == [c / b for c, b in zip(before["current_rates"], before["before_rates"],
                                                                    strict=True)]
     assert "median drain ratio" in (format_before(report) or "")
+    # This checkout's rounds against what the tests' own verifier saw: one prediction per event on each output
+    # topic, and a window (first record consumed to last commit) no shorter than from its first prediction's
+    # timestamp to the last look that found the group's commit still short of the events (the commit came after).
+    made = set(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=15).topics) - topics_before
+    for r, rate in enumerate(before["current_rates"]):
+        (out,) = [t for t in made if t.startswith(f"bench-worker-current-{r}-out-")]
+        (group,) = [g for g in watch.looks if g.startswith(f"bench-worker-current-{r}-")]
+        times = record_times(broker.bootstrap, out)
+        assert len(times) == cfg.events, (out, len(times))
+        short = watch.last_short_of(group, cfg.events)
+        assert short is not None, (group, watch.looks[group][:3], watch.errors[:3])
+        print(f"{group}: window {cfg.events / rate:.3f} s, first prediction to the last look short of the commit "
+              f"{short - min(times):.3f} s, {len(watch.looks[group])} looks")
+        assert cfg.events / rate >= short - min(times) - 0.002, (group, cfg.events / rate, short - min(times))
     assert _worktrees() == worktrees
     # The latency steps' loads are fractions of the smaller of the drain and the live (generator running) rate.
     assert report["capacity_drain"] == rates["worker-default"] and report["capacity_live"] == rates["worker-live"]
