@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -129,17 +129,20 @@ def committed_offsets(bootstrap: str, group: str, topic: str,
 
 
 class CommitWatch:
-    """Groups whose ids start with ``prefix``, watched on a thread of their own (the admin API every ``every_s``):
-    per group, each look's (wall time the request went out, records committed over every partition). A commit
-    seen missing at a look was made after that look's time."""
+    """Groups watched on a thread of their own through the admin API: each topic whose name starts with
+    ``topic_prefix`` (topics listed every 0.2 s) names a group (``group_of(topic)``), whose committed records over
+    every partition are looked at every ``every_s`` until they reach ``until``. Per group, each look's (wall time
+    the request went out, records committed): a commit seen missing at a look was made after that look's time.
+    The worker's output topic is made before it starts, so its group is watched before it commits."""
 
-    def __init__(self, bootstrap: str, prefix: str, every_s: float = 0.1) -> None:
+    def __init__(self, bootstrap: str, topic_prefix: str, group_of: Callable[[str], str], until: int,
+                 every_s: float = 0.005) -> None:
         import threading
 
         self.looks: dict[str, list[tuple[float, int]]] = {}
         self.errors: list[str] = []
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
-        self._prefix, self._every_s = prefix, every_s
+        self._prefix, self._group_of, self._until, self._every_s = topic_prefix, group_of, until, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commit-watch", daemon=True)
 
@@ -152,14 +155,24 @@ class CommitWatch:
         self._thread.join(30)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
+        active: set[str] = set()
+        listed_at = 0.0
+        while not self._stop.wait(self._every_s if active else 0.05):
             try:
-                listed = self._admin.list_consumer_groups(request_timeout=10).result(timeout=15)
-                for group in (g.group_id for g in listed.valid if g.group_id.startswith(self._prefix)):
+                if time.monotonic() - listed_at >= 0.2:
+                    listed_at = time.monotonic()
+                    for topic in self._admin.list_topics(timeout=10).topics:
+                        group = self._group_of(topic) if topic.startswith(self._prefix) else None
+                        if group is not None and group not in self.looks:
+                            self.looks[group] = []
+                            active.add(group)
+                for group in list(active):
                     sent = time.time()
                     [future] = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
-                    offsets = future.result(timeout=15).topic_partitions or []
-                    self.looks.setdefault(group, []).append((sent, sum(max(tp.offset, 0) for tp in offsets)))
+                    committed = sum(max(tp.offset, 0) for tp in future.result(timeout=15).topic_partitions or [])
+                    self.looks[group].append((sent, committed))
+                    if committed >= self._until:
+                        active.discard(group)
             except Exception as exc:  # a look that failed is no look (its time is not recorded); the next one tries
                 self.errors.append(repr(exc))
 

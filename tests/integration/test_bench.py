@@ -31,7 +31,8 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
                       end_to_end_records=200)
     worktrees = _worktrees()
     topics_before = set(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=15).topics)
-    with CommitWatch(broker.bootstrap, "bench-worker-current-", every_s=0.005) as watch:
+    with CommitWatch(broker.bootstrap, "bench-worker-current-", lambda out: out.replace("-out-", "-"),
+                     until=cfg.events) as watch:
         report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
     assert names == ["passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust", "handtuned",
