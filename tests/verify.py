@@ -131,15 +131,17 @@ def committed_offsets(bootstrap: str, group: str, topic: str,
 class CommitWatch:
     """Groups watched on a thread of their own through the admin API: each topic whose name starts with
     ``topic_prefix`` (topics listed every 0.2 s) names a group (``group_of(topic)``), whose committed records over
-    every partition are looked at every ``every_s`` until they reach ``until``. Per group, each look's (wall time
-    the request went out, records committed): a commit seen missing at a look was made after that look's time.
-    The worker's output topic is made before it starts, so its group is watched before it commits."""
+    every partition are looked at every ``every_s`` until they reach ``until``. Per group, its topic (``topics``)
+    and each look's (wall time the request went out, records committed): a commit seen missing at a look was made
+    after that look's time. The worker's output topic is made before it starts, so its group is watched before it
+    commits."""
 
     def __init__(self, bootstrap: str, topic_prefix: str, group_of: Callable[[str], str], until: int,
                  every_s: float = 0.005) -> None:
         import threading
 
         self.looks: dict[str, list[tuple[float, int]]] = {}
+        self.topics: dict[str, str] = {}  # group -> the topic that named it
         self.errors: list[str] = []
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
         self._prefix, self._group_of, self._until, self._every_s = topic_prefix, group_of, until, every_s
@@ -164,7 +166,7 @@ class CommitWatch:
                     for topic in self._admin.list_topics(timeout=10).topics:
                         group = self._group_of(topic) if topic.startswith(self._prefix) else None
                         if group is not None and group not in self.looks:
-                            self.looks[group] = []
+                            self.looks[group], self.topics[group] = [], topic
                             active.add(group)
                 for group in list(active):
                     sent = time.time()
