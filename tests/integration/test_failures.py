@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, ConsumerGroupState, Prod
 from confluent_kafka.admin import AdminClient
 
 from producers.events import generate_events
-from stream.codec import SchemaRegistry, decode, encode
+from stream.codec import SchemaRegistry, encode
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.local.broker import free_port
 from stream.local.children import WorkerProcess
@@ -26,7 +26,7 @@ from stream.pipeline.worker import EXIT_STOPPED_ON_PURPOSE
 from tests.conftest import BrokerInfo
 from tests.handlers import bad_values
 from tests.integration.harness import PARTITIONS, Pipeline, wait_for_assignment
-from tests.verify import check_committed, committed_offsets, end_offsets, source_of
+from tests.verify import check_committed, committed_offsets, decode_value, end_offsets, source_of, writer_schemas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 REGISTRY = SchemaRegistry.from_dir()
@@ -80,7 +80,8 @@ def test_every_bad_record_category_is_dead_lettered_once_and_the_stream_goes_on(
         assert value == (None if reason in ("null-value", "oversized") else bad[reason])
     preds = read_all(pipeline.bootstrap, pipeline.output, 400)
     assert len(preds) == 400
-    sources = [source_of(decode(REGISTRY, v)[1], h) for h, _, v in preds]
+    schemas = writer_schemas()  # the tests' own decoder: each input offset's count below decides duplicates
+    sources = [source_of(decode_value(schemas, v), h) for h, _, v in preds]
     # --provenance-headers: the headers name the same input record as the value's input_* fields.
     assert sources == [(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET])) for h, _, _ in preds]
     sources += [source_of({}, h) for h, _, _ in dead]
