@@ -3,7 +3,7 @@ and again. Each run's wall time, its parts' times (the ``== .ci/run: ... passed 
 lines and any server process it left behind are written after every run to ``docs/results/ci-fresh-<rev>.json``;
 each run's whole log stays in the work folder. It stops at the first failed run (its log's path and tail printed).
 
-    python3 .ci/fresh_clones.py [--runs 5] [--commit HEAD] [--work /tmp/stream-fresh-clones]
+    python3 .ci/fresh_clones.py [--runs 5] [--commit HEAD] [--work /tmp/stream-fresh-clones] [--append]
 
 Run it on a quiet machine: the times are the point, and another load lengthens them."""
 
@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--commit", default="HEAD")
     ap.add_argument("--work", type=Path, default=Path("/tmp/stream-fresh-clones"))
+    ap.add_argument("--append", action="store_true",
+                    help="add the runs to this commit's results file, numbered on from its last")
     args = ap.parse_args()
     repo = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                                check=True).stdout.strip())
@@ -49,7 +51,10 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "commit": rev, "what": "fresh clones of this commit, CI=true bash .ci/run, one after another", "runs": []}
-    for n in range(1, args.runs + 1):
+    if args.append and results.exists():
+        record = json.loads(results.read_text())
+    first = len(record["runs"]) + 1
+    for n in range(first, first + args.runs):
         clone = args.work / f"clone{n}"
         log = args.work / f"run{n}-{rev}.log"
         shutil.rmtree(clone, ignore_errors=True)
