@@ -4,10 +4,12 @@
 It is small on purpose: embeddings, ``num_hidden_layers`` post-LayerNorm blocks (self-attention through
 ``torch.nn.functional.scaled_dot_product_attention``, exact-erf GELU), nothing for training (no dropout, no
 heads). A key the file lacks or one the module does not know is an error, not a silent random weight.
+`attention_backends`: the attention kernels a batch of a stream of ever new shapes may use.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -15,6 +17,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 try:  # torch 2.9 and later: flash attention over packed texts of any lengths (CUDA, 16-bit floats)
     from torch.nn.attention.varlen import varlen_attn as _varlen
@@ -202,3 +205,14 @@ def mean_pool_normalized(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     summed = (hidden.to(torch.float32) * weights).sum(dim=1)
     pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
     return F.normalize(pooled, p=2.0, dim=1)
+
+
+# Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new
+# shape (in bfloat16 that made the model alone 10x slower than float32 on an H200 until the shapes repeated).
+STREAM_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_backends() -> contextlib.AbstractContextManager[None]:
+    """The backends `torch.nn.functional.scaled_dot_product_attention` may choose from while a batch runs (the
+    CPU's are all among them)."""
+    return sdpa_kernel(list(STREAM_ATTENTION))

