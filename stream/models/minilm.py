@@ -51,6 +51,7 @@ from stream.models.passes import (
     scatter_rows,
     splice,
     tier_warm_texts,
+    words,
 )
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
@@ -393,9 +394,8 @@ class MiniLMHandler:
         have (texts of ``max_tokens`` tokens filling it), then short texts (another attention kernel's choice); a
         few batches of mixed lengths otherwise (each batch of padded passes is a new shape: the kernels, handles
         and allocator are what warm there)."""
-        k = self.max_tokens
-        text = " ".join(["hello"] * (k - 2))  # [CLS] + k - 2 words of one token + [SEP]: k tokens
-        mixed = [" ".join(["hello"] * min(n, k - 2)) for n in (1, 5, 14, 30, 62, k - 2)]  # none cut
+        k, text = self.max_tokens, words(self.max_tokens)  # texts of k tokens, [CLS] and [SEP] among them
+        mixed = [words(min(n, k - 2) + 2) for n in (1, 5, 14, 30, 62, k - 2)]  # none cut
         if not self.packing:  # (on the CPU no kernel to load: the allocator and oneDNN's caches, in a second)
             return ([{"text": mixed}, {"text": mixed * 8}, {"text": [text] * 32}] if self._pin
                     else [{"text": mixed}, {"text": [text] * 4}])
