@@ -4,14 +4,15 @@ defers.
 1. Periodically (the poll loop, every ``--commit-interval-ms``) an asynchronous commit of the positions that
    advanced, one outstanding at a time: during a rebalance librdkafka holds commits until the generation moves
    on and then fails them all (``ILLEGAL_GENERATION``); one such commit is enough, its positions are offered
-   again (`on_commit`).
+   again (`CommitLedger.on_commit`).
 2. On a revoke, and at shutdown, a synchronous commit, which also retakes positions an unanswered asynchronous
    commit holds. At shutdown a rebalance in progress fails it: the group is served until the rebalance ends and
    the commit is tried again, up to the deadline (`commit_settled`).
 3. Exactly-once: the positions went out inside their transactions; they are only recorded.
 
-Every position the broker accepts is recorded (`record`): the tracker's confirmation, the stall detector's
-progress, the summary's and the metrics' committed counts.
+Every position the broker accepts is recorded (`CommitLedger.record`): the tracker's confirmation, the stall
+detector's progress, the summary's and the metrics' committed counts. The ledger exists before the consumer (whose
+configuration names its `on_commit`); the `Committer` is built over the consumer once it exists.
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ _ASYNC_COMMIT_PATIENCE_S = 30.0  # then send the next asynchronous commit even i
 
 
 
-class Committer:
+class CommitLedger:
+    """The positions the broker accepted, and the answers to asynchronous commits (the consumer's ``on_commit``):
+    it exists before the consumer, whose configuration names `on_commit`."""
+
     def __init__(self, tracker: OffsetTracker, stalls: StallDetector, summary: WorkerSummary,
-                 metrics: StreamMetrics, *, exactly_once: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        self.consumer: Consumer | None = None  # set once the consumer exists (its config names `on_commit`)
+                 metrics: StreamMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         self._tracker = tracker
         self._stalls = stalls
         self._summary = summary
         self._metrics = metrics
-        self._exactly_once = exactly_once
         self._clock = clock
         self._positions: dict[Tp, int] = {}  # committed position per partition of this assignment
         self._async_sent_at: float | None = None  # an asynchronous commit waits for its answer
@@ -67,59 +69,13 @@ class Committer:
     def positions(self) -> dict[Tp, int]:
         return dict(self._positions)
 
-    # -- commits --------------------------------------------------------------------------------------------
+    # -- asynchronous commits ---------------------------------------------------------------------------------
     def async_due(self) -> bool:
         sent = self._async_sent_at
         return sent is None or self._clock() - sent > _ASYNC_COMMIT_PATIENCE_S
 
-    def commit(self, *, asynchronous: bool, tps: list[Tp] | None = None) -> bool:
-        """Commit acknowledged positions. A synchronous commit also retakes positions that an asynchronous one
-        holds without an answer yet. False when a rebalance deferred it (the positions are offered again)."""
-        positions = self._tracker.committable(tps, unconfirmed=not asynchronous)
-        if not positions:
-            return True
-        consumer = self.consumer
-        assert consumer is not None
-        offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
-        if self._exactly_once:
-            self.record(offsets)  # already committed inside their transactions
-            return True
-        if asynchronous:
-            consumer.commit(offsets=offsets, asynchronous=True)
-            self._async_sent_at = self._clock()
-            return True
-        started = self._clock()
-        try:
-            result = consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            self._metrics.commit_failures.inc()
-            self._tracker.restore(positions)
-            error = exc.args[0]
-            if error.code() in REBALANCE_ERRORS:
-                # The group is rebalancing: the positions go out with the next commit, or the revoke's.
-                log.info("commit deferred by a rebalance: %s", error)
-                return False
-            raise KafkaClientError("commit", error) from exc
-        self._metrics.commit_seconds.labels("sync").observe(self._clock() - started)
-        self.record(result or offsets)
-        return True
-
-    def commit_settled(self, deadline: Deadline) -> None:
-        """Shutdown's commit: serve the group through a rebalance in progress and commit again, up to the
-        deadline; records fetched meanwhile are dropped, never dispatched."""
-        consumer = self.consumer
-        assert consumer is not None
-        while not self.commit(asynchronous=False):
-            if deadline.passed():
-                log.error("the group was still rebalancing at the shutdown deadline: the last positions stay "
-                          "uncommitted (their records will be processed again by the next owner)")
-                return
-            try:
-                consumer.consume(100, min(0.1, deadline.left()))
-            except KafkaException as exc:
-                log.error("the last positions stay uncommitted: the consumer failed while the group "
-                          "rebalanced: %s", exc)
-                return
+    def sent_async(self) -> None:
+        self._async_sent_at = self._clock()
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The consumer's ``on_commit``: an asynchronous commit's answer."""
@@ -154,3 +110,64 @@ class Committer:
                 self._summary.last_committed_at = time.time()
                 self._metrics.committed.inc(advanced)
                 self._metrics.last_commit.set(self._summary.last_committed_at)
+
+
+class Committer:
+    """Commits through the consumer what the offset tracker says may be committed; the ledger records what the
+    broker accepted."""
+
+    def __init__(self, consumer: Consumer, ledger: CommitLedger, tracker: OffsetTracker, metrics: StreamMetrics, *,
+                 exactly_once: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.consumer = consumer
+        self.ledger = ledger
+        self._tracker = tracker
+        self._metrics = metrics
+        self._exactly_once = exactly_once
+        self._clock = clock
+
+    def commit(self, *, asynchronous: bool, tps: list[Tp] | None = None) -> bool:
+        """Commit acknowledged positions. A synchronous commit also retakes positions that an asynchronous one
+        holds without an answer yet. False when a rebalance deferred it (the positions are offered again)."""
+        positions = self._tracker.committable(tps, unconfirmed=not asynchronous)
+        if not positions:
+            return True
+        consumer = self.consumer
+        offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
+        if self._exactly_once:
+            self.ledger.record(offsets)  # already committed inside their transactions
+            return True
+        if asynchronous:
+            consumer.commit(offsets=offsets, asynchronous=True)
+            self.ledger.sent_async()
+            return True
+        started = self._clock()
+        try:
+            result = consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            self._metrics.commit_failures.inc()
+            self._tracker.restore(positions)
+            error = exc.args[0]
+            if error.code() in REBALANCE_ERRORS:
+                # The group is rebalancing: the positions go out with the next commit, or the revoke's.
+                log.info("commit deferred by a rebalance: %s", error)
+                return False
+            raise KafkaClientError("commit", error) from exc
+        self._metrics.commit_seconds.labels("sync").observe(self._clock() - started)
+        self.ledger.record(result or offsets)
+        return True
+
+    def commit_settled(self, deadline: Deadline) -> None:
+        """Shutdown's commit: serve the group through a rebalance in progress and commit again, up to the
+        deadline; records fetched meanwhile are dropped, never dispatched."""
+        consumer = self.consumer
+        while not self.commit(asynchronous=False):
+            if deadline.passed():
+                log.error("the group was still rebalancing at the shutdown deadline: the last positions stay "
+                          "uncommitted (their records will be processed again by the next owner)")
+                return
+            try:
+                consumer.consume(100, min(0.1, deadline.left()))
+            except KafkaException as exc:
+                log.error("the last positions stay uncommitted: the consumer failed while the group "
+                          "rebalanced: %s", exc)
+                return

@@ -25,7 +25,6 @@ class Failure:
         self._settings, self._health, self._connection, self._stop = settings, health, connection, stop
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self.publisher_failure: Callable[[], BaseException | None] = lambda: None  # the publisher's, once it exists
 
     def fail(self, exc: BaseException) -> None:
         if isinstance(exc, KafkaClientError) and isinstance(exc.kafka_error, KafkaError):
@@ -39,13 +38,16 @@ class Failure:
                 log.error("worker failing: %s: %s", type(exc).__name__, exc)
         self._stop.set()
 
-    def failed(self) -> bool:
-        """The worker failed, or its publisher did (then the worker fails now)."""
-        if self.error is None:
-            failure = self.publisher_failure()
-            if failure is not None:
-                self.fail(failure)
-        return self.error is not None
+    def watching(self, publisher_failure: Callable[[], BaseException | None]) -> Callable[[], bool]:
+        """The check the worker's threads make once the publisher exists: the worker failed, or its publisher did
+        (then the worker fails now)."""
+        def failed() -> bool:
+            if self.error is None:
+                failure = publisher_failure()
+                if failure is not None:
+                    self.fail(failure)
+            return self.error is not None
+        return failed
 
     def on_admin_error(self, err: KafkaError) -> None:
         if not self._connection.error("admin", err):

@@ -31,11 +31,11 @@ log = logging.getLogger(__name__)
 
 
 class Rebalancer:
-    def __init__(self, batcher: MicroBatcher[Records], tracker: OffsetTracker, stalls: StallDetector,
+    def __init__(self, intake: Intake, batcher: MicroBatcher[Records], tracker: OffsetTracker, stalls: StallDetector,
                  committer: Committer, pause: InputPause, metrics: StreamMetrics, *, revoke_budget_s: float,
                  failed: Callable[[], bool], rewinding: Callable[[], bool],
                  clock: Callable[[], float] = time.monotonic, start_from_ms: int | None = None) -> None:
-        self.intake: Intake | None = None  # set once the consumer exists
+        self.intake = intake
         self._batcher = batcher
         self._tracker = tracker
         self._stalls = stalls
@@ -50,11 +50,10 @@ class Rebalancer:
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
-        if self.intake is not None:
-            self.intake.route(tps)
+        self.intake.route(tps)
         self._tracker.assign(tps)
         self._stalls.assign(tps)
-        self._committer.reassigned(tps)
+        self._committer.ledger.reassigned(tps)
         self._pause.assigned(consumer, partitions)
         self._metrics.assigned_partitions.set(len(self._tracker.assigned()))
         if partitions:

@@ -6,8 +6,8 @@ becomes one span per partition handed to the stages, and a span whose records we
   twice after a seek), then adds the rest to the open batch;
 - `Spans.close_batch`: takes the open batch (at most ``max_batch_size`` records; the rest stays open), registers
   its per-partition spans with the offset tracker and the committer, and returns the `Dispatched` batch;
-- `Spans.done`: a span's delivery report (every prediction or dead letter of it acknowledged), into the summary
-  and the metrics.
+- `Delivered.done`: a span's delivery report (every prediction or dead letter of it acknowledged), into the summary
+  and the metrics (it exists before the publisher, whose ``on_span_done`` it is).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from stream.ops.summary import WorkerSummary
 from stream.ops.tracing import BatchTraces
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger
 from stream.pipeline.processing import Begun, DeadRecord, Dispatched
 from stream.pipeline.transactions import Transactions
 
@@ -37,19 +37,19 @@ log = logging.getLogger(__name__)
 
 
 class Spans:
-    def __init__(self, topic: str, batcher: MicroBatcher[Records], tracker: OffsetTracker, committer: Committer,
-                 transactions: Transactions, summary: WorkerSummary, metrics: StreamMetrics, *,
-                 exactly_once: bool, tokens: Callable[[Records], np.ndarray] | None = None) -> None:
-        """``tokens``: each record's most tokens, when the batcher closes batches on a token budget."""
+    def __init__(self, topic: str, consumer: Any, publisher: Publisher, batcher: MicroBatcher[Records],
+                 tracker: OffsetTracker, ledger: CommitLedger, transactions: Transactions, summary: WorkerSummary,
+                 metrics: StreamMetrics, *, exactly_once: bool, tokens: Callable[[Records], np.ndarray] | None = None,
+                 traces: BatchTraces | None = None) -> None:
+        """``tokens``: each record's most tokens, when the batcher closes batches on a token budget; ``traces``:
+        tracing's side (`stream.ops.tracing`), when it is on."""
         self.topic = topic
-        self._batcher, self._tracker, self._committer = batcher, tracker, committer
+        self.consumer, self.publisher = consumer, publisher
+        self._batcher, self._tracker, self._ledger = batcher, tracker, ledger
         self._transactions, self._summary, self._metrics = transactions, summary, metrics
         self._exactly_once = exactly_once
         self._tokens = tokens
-        self.traces: BatchTraces | None = None  # tracing's side (`stream.ops.tracing`), when it is on
-        # Once the clients exist (`Worker._connect`).
-        self.publisher: Publisher | None = None
-        self.consumer: Any = None
+        self.traces = traces
 
     def accept(self, records: Records) -> None:
         topic = self.topic
@@ -86,19 +86,18 @@ class Spans:
             records, rest = records.split(fit)
             self._batcher.add([rest])
         partitions, offsets = records.partitions, records.offsets
-        assert self.publisher is not None
         deliveries = {}
         for p in np.unique(partitions).tolist():
             rows = np.flatnonzero(partitions == p)
             first, last = int(offsets[rows[0]]), int(offsets[rows[-1]])
-            self._committer.start_at((self.topic, p), first)
+            self._ledger.start_at((self.topic, p), first)
             deliveries[p] = SpanDelivery(self.publisher, self._tracker.dispatch((self.topic, p), first, last,
                                                                                 len(rows)))
         self._summary.batches += 1
         self._summary.batched_records += len(records)
         self._metrics.batches.inc()
         self._metrics.batch_size.observe(len(records))
-        metadata = self.consumer.consumer_group_metadata() if self._exactly_once and self.consumer else None
+        metadata = self.consumer.consumer_group_metadata() if self._exactly_once else None
         return Dispatched(records, partitions, offsets, deliveries, self._transactions.epoch, metadata,
                           closed_ns=time.time_ns())
 
@@ -118,6 +117,11 @@ class Spans:
             if delivery.traced is None:
                 delivery.traced = []
             delivery.traced.append(trace)
+
+
+class Delivered:
+    def __init__(self, summary: WorkerSummary, metrics: StreamMetrics, traces: BatchTraces | None = None) -> None:
+        self._summary, self._metrics, self.traces = summary, metrics, traces
 
     def done(self, delivery: SpanDelivery) -> None:
         faults.reach("after-delivery")

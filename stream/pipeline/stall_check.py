@@ -20,7 +20,7 @@ from stream.kafka.records import Records
 from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.pipeline.batching import MicroBatcher
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger
 from stream.pipeline.pausing import InputPause
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,12 @@ _STALL_QUERY_TIMEOUT_S = 2.0  # longest wait for the end and committed offsets o
 
 
 class StallCheck:
-    def __init__(self, consumer: Consumer, stalls: StallDetector, committer: Committer, tracker: OffsetTracker,
+    def __init__(self, consumer: Consumer, stalls: StallDetector, ledger: CommitLedger, tracker: OffsetTracker,
                  batcher: MicroBatcher[Records], pause: InputPause, metrics: StreamMetrics,
                  consumer_config: dict[str, Any]) -> None:
         self._consumer = consumer
         self._stalls = stalls
-        self._committer = committer
+        self._ledger = ledger
         self._tracker = tracker
         self._batcher = batcher
         self._pause = pause
@@ -85,7 +85,7 @@ class StallCheck:
                 ends[(t, p)] = max(ends.get((t, p), 0), fetched)
         taken = {(tp.topic, tp.partition): tp.offset for tp in positions if tp.error is None and tp.offset >= 0}
         # Nothing taken from these since they were assigned: where does the group stand on them?
-        unknown = [tp for tp in tps if tp not in taken and self._committer.position(tp) is None]
+        unknown = [tp for tp in tps if tp not in taken and self._ledger.position(tp) is None]
         committed: dict[Tp, int | None] = {}
         if unknown:
             try:
@@ -100,7 +100,7 @@ class StallCheck:
         batched = self._batched_partitions()
         waiting = {}
         for tp in tps:
-            known = [x for x in (taken.get(tp), self._committer.position(tp), committed.get(tp)) if x is not None]
+            known = [x for x in (taken.get(tp), self._ledger.position(tp), committed.get(tp)) if x is not None]
             if tp not in ends or not known:
                 continue
             waiting[tp] = ends[tp] > max(known) or self._tracker.holds(tp) or tp[1] in batched

@@ -36,7 +36,7 @@ class StopAtEnd:
             return False
         self._next_check = now + _CHECK_EVERY_S
         pending = {p: end for p, end in self._ends.items() if end > 0}
-        for (t, p), pos in self._committer.positions().items():  # own partitions first: no round trip
+        for (t, p), pos in self._committer.ledger.positions().items():  # own partitions first: no round trip
             if t == self._topic and p in pending and pos >= pending[p]:
                 del pending[p]
         if pending:

@@ -43,7 +43,7 @@ from stream.ops.summary import WorkerSummary
 from stream.ops.tracing import BatchTraces, tracing_from_env
 from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher, token_bounds
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger, Committer
 from stream.pipeline.failure import Failure
 from stream.pipeline.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
 from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
@@ -51,7 +51,7 @@ from stream.pipeline.processing import BatchProcessor, ProcessingPolicy
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
 from stream.pipeline.runtime import freeze_loaded, set_torch_threads, tuned
 from stream.pipeline.schemas import build_codecs
-from stream.pipeline.spans import Spans
+from stream.pipeline.spans import Delivered, Spans
 from stream.pipeline.stage import ProcessingStages
 from stream.pipeline.stall_check import StallCheck
 from stream.pipeline.stop_at_end import StopAtEnd
@@ -78,7 +78,11 @@ class Connected:
 
     consumer: Consumer
     publisher: Publisher
+    failed: Callable[[], bool]  # the worker's failure, or its publisher's (`Failure.watching`)
     intake: Intake
+    committer: Committer
+    rebalancer: Rebalancer
+    spans: Spans
     processor: BatchProcessor
     stage: ProcessingStages
     stall_check: StallCheck
@@ -127,32 +131,28 @@ class Worker:
         # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
         self._stop = threading.Event()
         self._failure = Failure(s, self.health, self._connection, self._stop)
-        self._fail, self._failed = self._failure.fail, self._failure.failed
+        self._fail = self._failure.fail
         self._admin_config = {**s.admin_config(), "error_cb": self._failure.on_admin_error}
         self._summary = WorkerSummary()
         tokens = _token_bound(s.max_batch_tokens, handler)
         self._batcher: MicroBatcher[Records] = MicroBatcher(
             s.max_batch_size, s.max_wait_ms, clock, size=len,
             weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens)
+        self._tokens = tokens
         self._tracker = OffsetTracker()
         self._stalls = StallDetector(s.stall_timeout_s, clock)
         self._pause = InputPause(self.metrics)
-        self._committer = Committer(self._tracker, self._stalls, self._summary, self.metrics,
-                                    exactly_once=s.exactly_once, clock=clock)
         self._transactions = Transactions(
             self.metrics, s.input_topic, int(self._producer_config.get("transaction.timeout.ms", 60_000)) / 1000.0,
             clock, interval_s=s.transaction_interval_ms / 1000.0)
-        max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
-        self._rebalancer = Rebalancer(
-            self._batcher, self._tracker, self._stalls, self._committer, self._pause, self.metrics,
-            revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=self._failed,
-            rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
-        self._spans = Spans(s.input_topic, self._batcher, self._tracker, self._committer, self._transactions,
-                            self._summary, self.metrics, exactly_once=s.exactly_once, tokens=tokens)
         # OpenTelemetry spans of the records that carry a trace context, with OTEL_EXPORTER_OTLP_ENDPOINT set
         self._tracing = tracing_from_env("stream-worker")
-        if self._tracing is not None:
-            self._spans.traces = BatchTraces(self._tracing, s.input_topic, handler.name, s.max_traced_per_s)
+        self._traces = (BatchTraces(self._tracing, s.input_topic, handler.name, s.max_traced_per_s)
+                        if self._tracing is not None else None)
+        # What the clients' callbacks report to, so built before them: the consumer's commit answers, the
+        # publisher's acknowledged spans. The rest is built once the clients exist (`_connect`).
+        self._ledger = CommitLedger(self._tracker, self._stalls, self._summary, self.metrics, clock)
+        self._delivered = Delivered(self._summary, self.metrics, self._traces)
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
         self._previous = PreviousStops(s.input_topic, {})  # where the group's last run stopped on purpose
         freeze_loaded()
@@ -214,9 +214,9 @@ class Worker:
         if s.dlq_topic:
             ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
         check_access(s, self._admin_config, self._connection, self._stop)
-        publisher = Publisher(self._producer_config, on_span_done=self._spans.done,
+        publisher = Publisher(self._producer_config, on_span_done=self._delivered.done,
                               native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
-        consumer = Consumer({**self._consumer_config, "on_commit": self._committer.on_commit,
+        consumer = Consumer({**self._consumer_config, "on_commit": self._ledger.on_commit,
                              "error_cb": self._failure.on_consumer_error, "logger": client_logger("consumer"),
                              **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
         parts = self._connect(consumer, publisher)
@@ -225,18 +225,18 @@ class Worker:
         counts = self._previous.breaker_counts()
         if counts is not None:
             parts.processor.breaker.prime(*counts)
-        self.health.stopped_before = lambda: self._previous.pending(self._tracker.assigned(), self._committer.position)
+        self.health.stopped_before = lambda: self._previous.pending(self._tracker.assigned(), self._ledger.position)
         self.metrics.stopped_on_purpose.set_function(lambda: len(self.health.stopped_before()))
         self._warm()
         parts.stage.start()
         try:
             if s.exactly_once:
                 publisher.init_transactions(self._transactions.timeout_s)
-            end = StopAtEnd(consumer, self._admin_config, s.input_topic, self._committer,
+            end = StopAtEnd(consumer, self._admin_config, s.input_topic, parts.committer,
                             lambda: bool(self._tracker.in_flight() or len(self._batcher)),
                             self._clock) if s.stop_at_end else None
             if not self._stop.is_set():  # else stopped during start-up: never join the group
-                r = self._rebalancer
+                r = parts.rebalancer
 
                 def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
                     r.on_assign(c, partitions)
@@ -269,11 +269,19 @@ class Worker:
 
     def _connect(self, consumer: Consumer, publisher: Publisher) -> Connected:
         """The parts that need the clients, wired to them (the stages' threads are started by `_run_clients`)."""
-        s = self.settings
-        self._spans.consumer, self._spans.publisher = consumer, publisher
-        self._failure.publisher_failure = publisher.failure
-        self._committer.consumer = consumer
-        intake = self._rebalancer.intake = Intake.open(consumer, s, self._clock)
+        s, clock = self.settings, self._clock
+        failed = self._failure.watching(publisher.failure)
+        intake = Intake.open(consumer, s, clock)
+        committer = Committer(consumer, self._ledger, self._tracker, self.metrics, exactly_once=s.exactly_once,
+                              clock=clock)
+        max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
+        rebalancer = Rebalancer(
+            intake, self._batcher, self._tracker, self._stalls, committer, self._pause, self.metrics,
+            revoke_budget_s=min(max_poll_ms / 2000.0, s.shutdown_timeout_s), failed=failed,
+            rewinding=self._transactions.pending, clock=clock, start_from_ms=s.start_from_ms)
+        spans = Spans(s.input_topic, consumer, publisher, self._batcher, self._tracker, self._ledger,
+                      self._transactions, self._summary, self.metrics, exactly_once=s.exactly_once,
+                      tokens=self._tokens, traces=self._traces)
         policy = ProcessingPolicy(s.input_topic, s.output_topic, s.dlq_topic, s.max_input_bytes, s.model_retries,
                                   s.retry_backoff_ms, s.dlq_max_fraction, s.dlq_window, s.provenance_headers,
                                   event_time_field=self._event_time_field, reply_topics=s.reply_topic_set,
@@ -282,23 +290,25 @@ class Worker:
         processor = BatchProcessor(policy, self._engine, self._decoder, self._binder, self._encoder, publisher,
                                    self.metrics, stopping=self._stop.is_set,
                                    reply_partitions=lambda topic: reply_partitions(admin_config, topic),
-                                   trace=None if self._tracing is None else self._spans.trace)
+                                   trace=None if self._traces is None else spans.trace)
         stage = ProcessingStages(
             processor, publisher, self._transactions, max_inflight_batches=s.max_inflight_batches,
             prepare_threads=s.prepare_threads, torch_threads=s.torch_threads, overlap=s.gpu_overlap,
-            exactly_once=s.exactly_once, fail=self._fail, failed=self._failed, metrics=self.metrics,
+            exactly_once=s.exactly_once, fail=self._fail, failed=failed, metrics=self.metrics,
             on_idle=intake.wake)
         self.metrics.queued_batches.set_function(stage.queued)
         self.metrics.open_batch.set_function(self._batcher.__len__)
-        stall_check = StallCheck(consumer, self._stalls, self._committer, self._tracker, self._batcher,
+        stall_check = StallCheck(consumer, self._stalls, self._ledger, self._tracker, self._batcher,
                                  self._pause, self.metrics, self._consumer_config)
-        return Connected(consumer, publisher, intake, processor, stage, stall_check)
+        return Connected(consumer, publisher, failed, intake, committer, rebalancer, spans, processor, stage,
+                         stall_check)
 
     # ---------------------------------------------------------------------------- poll thread
     def _poll_loop(self, parts: Connected, end: StopAtEnd | None = None) -> None:
         """Until a stop, a failure or, with ``end``, the end offsets read at start are committed."""
         consumer, intake, stage, stall_check = parts.consumer, parts.intake, parts.stage, parts.stall_check
-        batcher, pause, committer = self._batcher, self._pause, self._committer
+        batcher, pause = self._batcher, self._pause
+        committer, spans, failed = parts.committer, parts.spans, parts.failed
         commit_every_s = self.settings.commit_interval_ms / 1000.0
         next_commit = self._clock() + commit_every_s
         next_gauge = 0.0
@@ -308,7 +318,7 @@ class Worker:
         close_early = False
         health = self.health
         health.polling = True
-        while not self._stop.is_set() and not self._failed():
+        while not self._stop.is_set() and not failed():
             health.tick()
             records: Records | None = None
             close_now = close_early and len(batcher) > 0  # a revoke may have emptied the batch meanwhile
@@ -350,11 +360,11 @@ class Worker:
             if records is not None and len(records):
                 self._connection.reachable()
                 faults.reach("after-poll")
-                self._spans.accept(records)
+                spans.accept(records)
             if self._transactions.pending():
                 self._transactions.rewind(consumer, batcher, self._tracker)
             now = self._clock()
-            if now >= next_commit and committer.async_due():
+            if now >= next_commit and self._ledger.async_due():
                 committer.commit(asynchronous=True)
                 next_commit = now + commit_every_s
             if end is not None and end.reached():
@@ -368,7 +378,7 @@ class Worker:
 
     def _dispatch(self, parts: Connected, wait_s: float) -> bool:
         """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""
-        if not parts.stage.offer(self._spans.close_batch, wait_s):
+        if not parts.stage.offer(parts.spans.close_batch, wait_s):
             return False
         if self._pause.paused:
             self._pause.set(parts.consumer, False)
@@ -379,8 +389,8 @@ class Worker:
         consumer, publisher, stage = parts.consumer, parts.publisher, parts.stage
         deadline = Deadline(self.settings.shutdown_timeout_s, self._clock)
         # 1. Finish the open batch (never after a failure: nothing past it may be published).
-        while not self._failed() and len(self._batcher):
-            if not stage.offer(self._spans.close_batch, deadline.left(0.01)):
+        while not parts.failed() and len(self._batcher):
+            if not stage.offer(parts.spans.close_batch, deadline.left(0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
         # 2. Let the stages finish their queues.
@@ -394,7 +404,7 @@ class Worker:
         if failure is not None:
             self._fail(failure)
         try:
-            self._committer.commit_settled(deadline)
+            parts.committer.commit_settled(deadline)
         except KafkaClientError as exc:
             self._fail(exc)
         if isinstance(self._failure.error, StoppedOnPurpose):
@@ -417,7 +427,7 @@ class Worker:
             return
         positions = {}
         for tp in committed:
-            position = tp.offset if tp.offset >= 0 else self._committer.position((topic, tp.partition))
+            position = tp.offset if tp.offset >= 0 else self._ledger.position((topic, tp.partition))
             if position is not None:
                 positions[tp.partition] = position
         leave_notes(consumer, topic, positions, error, self._previous.notes)

@@ -13,7 +13,7 @@ from stream.kafka.offsets import OffsetTracker
 from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger, Committer
 
 TP = ("in", 0)
 
@@ -48,9 +48,9 @@ class Clock:
 def committer(consumer: FakeConsumer, *, exactly_once: bool = False,
               clock: Clock | None = None) -> tuple[Committer, OffsetTracker, WorkerSummary]:
     tracker, summary, clock = OffsetTracker(), WorkerSummary(), clock or Clock()
-    c = Committer(tracker, StallDetector(60.0, clock), summary, StreamMetrics(), exactly_once=exactly_once,
-                  clock=clock)
-    c.consumer = consumer  # type: ignore[assignment]
+    metrics = StreamMetrics()
+    ledger = CommitLedger(tracker, StallDetector(60.0, clock), summary, metrics, clock)
+    c = Committer(consumer, ledger, tracker, metrics, exactly_once=exactly_once, clock=clock)  # type: ignore[arg-type]
     tracker.assign([TP])
     return c, tracker, summary
 
@@ -59,17 +59,17 @@ def test_one_async_commit_at_a_time_and_shutdown_retakes_what_it_holds() -> None
     consumer = FakeConsumer()
     c, tracker, _ = committer(consumer)
     tracker.dispatch(TP, 0, 9, 10).ack(10)
-    assert c.async_due()
+    assert c.ledger.async_due()
     c.commit(asynchronous=True)
     assert consumer.commits == [(True, {TP: 10})]
-    assert not c.async_due(), "a second async commit while the first has no answer"
+    assert not c.ledger.async_due(), "a second async commit while the first has no answer"
     tracker.dispatch(TP, 10, 14, 5).ack(5)
     # Shutdown while the async commit of 10 is unanswered: the sync commit takes 15, and would take 10 too.
     c.commit_settled(Deadline(float("inf")))
     assert consumer.commits[-1] == (False, {TP: 15})
     # The async commit then fails (a rebalance moved the generation on): nothing is lost, 15 is confirmed.
-    c.on_commit(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition("in", 0, 10)])
-    assert c.async_due()
+    c.ledger.on_commit(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition("in", 0, 10)])
+    assert c.ledger.async_due()
     assert tracker.committable(unconfirmed=True) == {}
 
 
@@ -79,9 +79,9 @@ def test_an_unanswered_async_commit_is_given_up_on_after_30_s() -> None:
     tracker.dispatch(TP, 0, 0, 1).ack()
     c.commit(asynchronous=True)
     clock.now += 30.0
-    assert not c.async_due()
+    assert not c.ledger.async_due()
     clock.now += 0.01
-    assert c.async_due()
+    assert c.ledger.async_due()
 
 
 def test_a_failed_async_commit_offers_its_positions_again() -> None:
@@ -89,34 +89,34 @@ def test_a_failed_async_commit_offers_its_positions_again() -> None:
     c, tracker, summary = committer(consumer)
     tracker.dispatch(TP, 0, 9, 10).ack(10)
     c.commit(asynchronous=True)
-    c.on_commit(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition("in", 0, 10)])
+    c.ledger.on_commit(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition("in", 0, 10)])
     c.commit(asynchronous=True)
     assert consumer.commits == [(True, {TP: 10}), (True, {TP: 10})]
-    c.on_commit(None, [TopicPartition("in", 0, 10)])
-    assert c.position(TP) == 10 and summary.last_committed_at is not None
+    c.ledger.on_commit(None, [TopicPartition("in", 0, 10)])
+    assert c.ledger.position(TP) == 10 and summary.last_committed_at is not None
 
 
 def test_committed_counts_advance_from_the_assignments_first_offset() -> None:
     c, tracker, summary = committer(FakeConsumer())
-    c.start_at(TP, 40)
-    c.start_at(TP, 45)  # only the first dispatch sets the base
+    c.ledger.start_at(TP, 40)
+    c.ledger.start_at(TP, 45)  # only the first dispatch sets the base
     tracker.dispatch(TP, 40, 49, 10).ack(10)
     assert c.commit(asynchronous=False)
-    assert summary.committed == 10 and c.position(TP) == 50
-    c.reassigned([TP])
-    assert c.position(TP) is None
+    assert summary.committed == 10 and c.ledger.position(TP) == 50
+    c.ledger.reassigned([TP])
+    assert c.ledger.position(TP) is None
 
 
 def test_shutdown_commit_deferred_by_a_rebalance_serves_the_group_and_commits_again() -> None:
     consumer = FakeConsumer([KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS])
     c, tracker, _ = committer(consumer)
     tracker.dispatch(TP, 0, 9, 10).ack(10)
-    c.start_at(TP, 0)
+    c.ledger.start_at(TP, 0)
     c.commit(asynchronous=True)  # unanswered: its position must still go out with shutdown's commit
     c.commit_settled(Deadline(float("inf")))
     assert [x for x in consumer.commits if not x[0]] == [(False, {TP: 10})] * 3
     assert consumer.consumes == 2, "the group is served between the attempts"
-    assert c.position(TP) == 10
+    assert c.ledger.position(TP) == 10
 
 
 def test_shutdown_commit_gives_up_at_the_deadline() -> None:
@@ -137,10 +137,10 @@ def test_any_other_commit_error_is_raised() -> None:
 def test_exactly_once_positions_are_only_recorded() -> None:
     consumer = FakeConsumer()
     c, tracker, summary = committer(consumer, exactly_once=True)
-    c.start_at(TP, 0)
+    c.ledger.start_at(TP, 0)
     tracker.dispatch(TP, 0, 4, 5).ack(5)
     assert c.commit(asynchronous=True)
-    assert consumer.commits == [] and c.position(TP) == 5 and summary.committed == 5
+    assert consumer.commits == [] and c.ledger.position(TP) == 5 and summary.committed == 5
 
 
 def test_commit_latency_by_mode_and_the_last_commits_time() -> None:
@@ -148,15 +148,15 @@ def test_commit_latency_by_mode_and_the_last_commits_time() -> None:
     consumer = FakeConsumer()
     tracker, summary = OffsetTracker(), WorkerSummary()
     metrics = StreamMetrics()
-    c = Committer(tracker, StallDetector(60.0, clock), summary, metrics, exactly_once=False, clock=clock)
-    c.consumer = consumer  # type: ignore[assignment]
+    ledger = CommitLedger(tracker, StallDetector(60.0, clock), summary, metrics, clock)
+    c = Committer(consumer, ledger, tracker, metrics, exactly_once=False, clock=clock)  # type: ignore[arg-type]
     tracker.assign([TP])
     started = metrics.last_commit._value.get()
     assert started > 0, "the worker's start until a commit advances a position"
     tracker.dispatch(TP, 0, 9, 10).ack(10)
     c.commit(asynchronous=True)
     clock.now += 0.04
-    c.on_commit(None, [TopicPartition("in", 0, 10)])
+    c.ledger.on_commit(None, [TopicPartition("in", 0, 10)])
     tracker.dispatch(TP, 10, 10, 1).ack()
     c.commit(asynchronous=False)
     seen = {(s.labels["mode"], s.name): s.value for f in metrics.registry.collect() if f.name == "stream_commit_seconds"

@@ -86,7 +86,7 @@ def fill_and_block(worker: Worker, partitions: list[int]) -> PausingConsumer:
     """A closed batch waits for a processor that does not take it (its one queue slot is held)."""
     consumer = PausingConsumer(worker, partitions)
     consumer.parts = worker._connect(consumer, IdlePublisher())  # type: ignore[arg-type]  # (stages not started)
-    worker._rebalancer.on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
+    consumer.parts.rebalancer.on_assign(consumer, consumer.partitions)  # type: ignore[arg-type]
     consumer.calls.clear()  # (on_assign sets the new partitions' pause state either way)
     assert consumer.parts.stage._slots.acquire(blocking=False)  # the processor's queue is full
     worker._batcher.add([Records.build([b"a", b"b"], [None, None], partitions[:1] * 2, [0, 1])])
@@ -114,11 +114,11 @@ def test_input_resumes_when_the_waiting_batch_is_dropped(worker: Worker, how: st
 
     def drop(c: PausingConsumer) -> None:
         if how == "lost":
-            worker._rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
+            consumer.parts.rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
             c.partitions = [TopicPartition(TOPIC, 2)]
-            worker._rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
+            consumer.parts.rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
         elif how == "revoked":
-            worker._rebalancer.on_revoke(c, c.partitions[:1])  # type: ignore[arg-type]
+            consumer.parts.rebalancer.on_revoke(c, c.partitions[:1])  # type: ignore[arg-type]
             c.partitions = c.partitions[1:]
         else:
             worker._batcher.take()  # what Transactions.rewind does to the open batch
@@ -156,12 +156,12 @@ def test_partitions_lost_while_paused_and_assigned_again_later_are_not_left_paus
     def step(c: PausingConsumer) -> None:
         if c.paused and not steps:
             steps.append("lost")
-            worker._rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
+            consumer.parts.rebalancer.on_lost(c, c.partitions)  # type: ignore[arg-type]
             c.partitions = []
         elif steps == ["lost"] and not worker._pause.paused:
             steps.append("assigned again")
             c.partitions = [TopicPartition(TOPIC, p) for p in (3, 4, 5)]
-            worker._rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
+            consumer.parts.rebalancer.on_assign(c, c.partitions)  # type: ignore[arg-type]
         elif len(steps) == 2:
             worker.request_stop()
 

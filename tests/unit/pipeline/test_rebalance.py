@@ -15,7 +15,7 @@ from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
 from stream.pipeline.batching import MicroBatcher
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger, Committer
 from stream.pipeline.pausing import InputPause
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
 
@@ -61,14 +61,13 @@ def setup(budget_s: float = 5.0, clock: Any = None) -> tuple[Rebalancer, Consume
     metrics, tracker = StreamMetrics(), OffsetTracker()
     clock = clock or StepClock(0.0)
     stalls = StallDetector(60.0, clock)
-    committer = Committer(tracker, stalls, WorkerSummary(), metrics, exactly_once=False)
     consumer = Consumer()
-    committer.consumer = consumer  # type: ignore[assignment]
+    ledger = CommitLedger(tracker, stalls, WorkerSummary(), metrics)
+    committer = Committer(consumer, ledger, tracker, metrics, exactly_once=False)  # type: ignore[arg-type]
     batcher: MicroBatcher[Records] = MicroBatcher(100, 1000.0, clock, size=len)
     pause = InputPause(metrics)
-    r = Rebalancer(batcher, tracker, stalls, committer, pause, metrics, revoke_budget_s=budget_s,
-                   failed=lambda: False, rewinding=lambda: False, clock=clock)
-    r.intake = Intake()  # type: ignore[assignment]
+    r = Rebalancer(Intake(), batcher, tracker, stalls, committer, pause, metrics,  # type: ignore[arg-type]
+                   revoke_budget_s=budget_s, failed=lambda: False, rewinding=lambda: False, clock=clock)
     return r, consumer, tracker, batcher, committer, pause
 
 
@@ -78,18 +77,18 @@ def tps(*partitions: int) -> list[TopicPartition]:
 
 def test_an_assignment_is_routed_tracked_and_takes_the_pause_state() -> None:
     r, consumer, tracker, _, committer, pause = setup()
-    committer.start_at((T, 0), 99)  # from an earlier assignment of the same partition
+    committer.ledger.start_at((T, 0), 99)  # from an earlier assignment of the same partition
     pause.paused = True
     r.on_assign(consumer, tps(0, 1))  # type: ignore[arg-type]
     assert r.intake.routed == [(T, 0), (T, 1)]  # type: ignore[union-attr]
-    assert tracker.assigned() == [(T, 0), (T, 1)] and committer.position((T, 0)) is None
+    assert tracker.assigned() == [(T, 0), (T, 1)] and committer.ledger.position((T, 0)) is None
     assert consumer.calls == ["pause"]
 
 
 def test_a_revoke_finishes_in_flight_records_commits_them_and_drops_unstarted_ones() -> None:
     r, consumer, tracker, batcher, committer, _ = setup()
     r.on_assign(consumer, tps(0, 1))  # type: ignore[arg-type]
-    committer.start_at((T, 0), 0)
+    committer.ledger.start_at((T, 0), 0)
     span = tracker.dispatch((T, 0), 0, 9, 10)
     batcher.add([Records.build([b"a", b"b"], [None, None], [0, 1], [10, 0])])
     acker = threading.Timer(0.05, lambda: span.ack(10))  # the processing stage acknowledges meanwhile

@@ -15,7 +15,7 @@ from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
 from stream.pipeline.batching import MicroBatcher
-from stream.pipeline.committer import Committer
+from stream.pipeline.committer import CommitLedger
 from stream.pipeline.pausing import InputPause
 from stream.pipeline.stall_check import StallCheck
 from tests.unit.ops.test_stalls import FakeClock
@@ -54,9 +54,9 @@ class OffsetsConsumer:
 
 @dataclass
 class Parts:
-    """What the check reads besides the consumer: the committer's positions, the tracker, the open batch."""
+    """What the check reads besides the consumer: the committed positions, the tracker, the open batch."""
 
-    committer: Committer
+    ledger: CommitLedger
     tracker: OffsetTracker
     batcher: MicroBatcher[Records]
     config: dict[str, Any]
@@ -65,14 +65,14 @@ class Parts:
 @pytest.fixture
 def parts() -> Parts:
     tracker, clock = OffsetTracker(), FakeClock()
-    committer = Committer(tracker, StallDetector(8.0, clock), WorkerSummary(), StreamMetrics(), exactly_once=False)
+    ledger = CommitLedger(tracker, StallDetector(8.0, clock), WorkerSummary(), StreamMetrics())
     batcher: MicroBatcher[Records] = MicroBatcher(100, 20.0, clock, size=len)
-    return Parts(committer, tracker, batcher, {"auto.offset.reset": "earliest"})
+    return Parts(ledger, tracker, batcher, {"auto.offset.reset": "earliest"})
 
 
 def stall_check(parts: Parts, consumer: Any) -> StallCheck:
     metrics = StreamMetrics()
-    return StallCheck(consumer, StallDetector(8.0, FakeClock()), parts.committer, parts.tracker, parts.batcher,
+    return StallCheck(consumer, StallDetector(8.0, FakeClock()), parts.ledger, parts.tracker, parts.batcher,
                       InputPause(metrics), metrics, parts.config)
 
 
@@ -83,7 +83,7 @@ def waiting(parts: Parts, consumer: Any, tps: list[tuple[str, int]]) -> dict[tup
 
 def test_records_waiting_beyond_what_was_taken_or_committed(parts: Parts) -> None:
     consumer = OffsetsConsumer(ends={0: 50, 1: 50, 2: 50}, positions={0: 50, 1: 40})
-    parts.committer.start_at(("in", 2), 50)  # committed all, nothing taken since (position unknown)
+    parts.ledger.start_at(("in", 2), 50)  # committed all, nothing taken since (position unknown)
     assert waiting(parts, consumer, [("in", 0), ("in", 1), ("in", 2)]) == {
         ("in", 0): False, ("in", 1): True, ("in", 2): False}
     assert consumer.committed_asked == [], "positions known locally: no committed offsets asked"
@@ -92,7 +92,7 @@ def test_records_waiting_beyond_what_was_taken_or_committed(parts: Parts) -> Non
 def test_a_transaction_marker_after_the_last_record_is_not_taken_for_a_waiting_record(parts: Parts) -> None:
     # Transactional input: the last data record is offset 48, its commit marker 49; the end offset is 50. The
     # worker committed 49 (last record + 1); the consumer's position is past the marker.
-    parts.committer.start_at(A, 49)
+    parts.ledger.start_at(A, 49)
     assert waiting(parts, OffsetsConsumer(ends={0: 50}, positions={0: 50}), [A]) == {A: False}
 
 

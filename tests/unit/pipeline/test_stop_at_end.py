@@ -24,7 +24,7 @@ def test_a_coordinator_not_ready_is_asked_again_at_the_next_check() -> None:
     clock = iter(range(100))
     end = StopAtEnd.__new__(StopAtEnd)
     end._consumer, end._topic, end._clock, end._next_check = Consumer(), "in", lambda: float(next(clock)), 0.0
-    end._committer = SimpleNamespace(positions=lambda: {}, commit=lambda asynchronous: None)
+    end._committer = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
     end._busy, end._ends = lambda: False, {0: 5}
     assert end.reached() is False
     assert end.reached() is True

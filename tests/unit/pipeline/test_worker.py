@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from stream.config import WorkerSettings
 from stream.kafka.records import Records
+from stream.pipeline.spans import Spans
 from stream.pipeline.worker import Worker
 from tests.handlers import PoisonHandler
 
@@ -31,9 +32,12 @@ class NoPublisher:
 def worker(model_dir: Path) -> Worker:
     settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out",
                               group_id="g", model_dir=model_dir, max_batch_size=4, native_consumer=False)
-    w = Worker(settings, handler=PoisonHandler(model_dir))
-    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
-    return w
+    return Worker(settings, handler=PoisonHandler(model_dir))
+
+
+def connected_spans(worker: Worker) -> Spans:
+    """The worker's parts built over clients that are never used here."""
+    return worker._connect(NoConsumer(), NoPublisher()).spans  # type: ignore[arg-type]
 
 
 def records(partitions: list[int], offsets: list[int]) -> Records:
@@ -49,46 +53,50 @@ def test_the_model_and_both_schemas_are_named_in_stream_model_info(worker: Worke
 
 
 def test_records_of_partitions_no_longer_assigned_are_dropped_when_taken(worker: Worker) -> None:
+    batches = connected_spans(worker)
     worker._tracker.assign([("in", 0)])
-    worker._spans.accept(records([0, 1, 0], [5, 9, 6]))
+    batches.accept(records([0, 1, 0], [5, 9, 6]))
     assert worker._summary.consumed == 2 and len(worker._batcher) == 2
 
 
 def test_a_closed_batch_is_one_span_per_partition_and_sets_the_commit_base(worker: Worker) -> None:
+    batches = connected_spans(worker)
     worker._tracker.assign([("in", 0), ("in", 1)])
-    worker._spans.accept(records([0, 1, 0], [5, 9, 6]))
-    batch = worker._spans.close_batch()
+    batches.accept(records([0, 1, 0], [5, 9, 6]))
+    batch = batches.close_batch()
     spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
     assert spans == {0: (5, 6, 2), 1: (9, 9, 1)} and worker._tracker.in_flight() == 3
-    assert worker._committer.position(("in", 0)) == 5 and worker._committer.position(("in", 1)) == 9
+    assert worker._ledger.position(("in", 0)) == 5 and worker._ledger.position(("in", 1)) == 9
     assert len(worker._batcher) == 0 and worker._summary.batches == 1
 
 
 def test_a_batch_over_its_size_is_cut_and_the_rest_stays_open(worker: Worker) -> None:
     """Records taken while paused can overfill the open batch: only max_batch_size of them go."""
+    batches = connected_spans(worker)
     worker._tracker.assign([("in", 0)])
-    worker._spans.accept(records([0] * 6, list(range(6))))
-    assert len(worker._spans.close_batch().records) == 4 and len(worker._batcher) == 2
+    batches.accept(records([0] * 6, list(range(6))))
+    assert len(batches.close_batch().records) == 4 and len(worker._batcher) == 2
 
 
 def test_a_range_the_consumer_hands_over_twice_after_a_seek_is_taken_once(
         worker: Worker, caplog: pytest.LogCaptureFixture) -> None:
     """Seen in a long exactly-once chaos run right after a rewind's seek: one batch held offsets 240935..240952
     of a partition twice, and the span check stopped the worker. The second copy is dropped when taken."""
+    batches = connected_spans(worker)
     worker._tracker.assign([("in", 0), ("in", 1)])
-    worker._spans.accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
-    batch = worker._spans.close_batch()
+    batches.accept(records([0, 0, 1, 0, 0, 1, 0], [10, 11, 3, 10, 11, 3, 12]))
+    batch = batches.close_batch()
     assert batch.offsets.tolist() == [10, 11, 3, 12]
     spans = {p: (d.span.first, d.span.last, d.span.count) for p, d in batch.deliveries.items()}
     assert spans == {0: (10, 12, 3), 1: (3, 3, 1)}
-    worker._spans.accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
-    assert worker._spans.close_batch().offsets.tolist() == [13]
+    batches.accept(records([0, 0, 0], [11, 12, 13]))  # a later take repeating what the batch before held
+    assert batches.close_batch().offsets.tolist() == [13]
     assert worker._summary.consumed == 5
     assert "dropped 3 records taken a second time from the consumer (partitions [0, 1], offsets 3..11)" in caplog.text
     worker._tracker.forget([("in", 0)])  # a rewind (or a new assignment) starts the partition over
     worker._tracker.assign([("in", 0)])
-    worker._spans.accept(records([0, 0], [10, 11]))
-    assert worker._spans.close_batch().offsets.tolist() == [10, 11]
+    batches.accept(records([0, 0], [10, 11]))
+    assert batches.close_batch().offsets.tolist() == [10, 11]
 
 
 class TextLike(PoisonHandler):
@@ -99,15 +107,15 @@ def test_a_token_budget_closes_a_batch_at_its_texts_most_tokens_and_the_rest_ope
     settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
                               model_dir=model_dir, max_batch_size=100, max_batch_tokens=25, native_consumer=False)
     w = Worker(settings, handler=TextLike(model_dir))
-    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    batches = connected_spans(w)
     w._tracker.assign([("in", 0)])
     sizes = [3, 500, 1, 6, 2]  # value bytes: at most 5, 10, 3, 8, 4 tokens
-    w._spans.accept(Records.build([b"x" * n for n in sizes], [None] * 5, [0] * 5, range(5)))
+    batches.accept(Records.build([b"x" * n for n in sizes], [None] * 5, [0] * 5, range(5)))
     assert w._batcher.ready() and w._batcher.weight == 30
-    first = w._spans.close_batch()
+    first = batches.close_batch()
     assert first.offsets.tolist() == [0, 1, 2]  # 5 + 10 + 3 = 18; with the next 8, 26 > 25
     assert w._batcher.weight == 12 and not w._batcher.ready()
-    assert w._spans.close_batch().offsets.tolist() == [3, 4]
+    assert batches.close_batch().offsets.tolist() == [3, 4]
 
 
 def test_a_token_budget_needs_a_text_model_and_room_for_one_text(model_dir: Path) -> None:
@@ -126,10 +134,10 @@ def test_a_batch_over_both_its_size_and_its_token_budget_is_cut_once_and_the_res
     settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
                               model_dir=model_dir, max_batch_size=4, max_batch_tokens=25, native_consumer=False)
     w = Worker(settings, handler=TextLike(model_dir))
-    w._connect(NoConsumer(), NoPublisher())  # type: ignore[arg-type]
+    batches = connected_spans(w)
     w._tracker.assign([("in", 0)])
     # Six records taken at once (over the size of 4), each counting 10 tokens: the first two fit 25.
-    w._spans.accept(Records.build([b"x" * 20] * 6, [None] * 6, [0] * 6, range(6)))
-    assert w._spans.close_batch().offsets.tolist() == [0, 1]
-    assert w._spans.close_batch().offsets.tolist() == [2, 3]
-    assert w._spans.close_batch().offsets.tolist() == [4, 5]
+    batches.accept(Records.build([b"x" * 20] * 6, [None] * 6, [0] * 6, range(6)))
+    assert batches.close_batch().offsets.tolist() == [0, 1]
+    assert batches.close_batch().offsets.tolist() == [2, 3]
+    assert batches.close_batch().offsets.tolist() == [4, 5]
