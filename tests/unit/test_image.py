@@ -62,7 +62,7 @@ def test_compose_and_the_manifests_name_targets_the_dockerfile_has() -> None:
     assert built["worker"]["target"] == "cpu" and built["worker-gpu"]["target"] == "cuda"
     assert services["worker-gpu"]["profiles"] == ["gpu"]
     # The manifests run images whose build command is written beside them.
-    for path, target, tag in (("deploy/k8s/worker.yaml", "cpu", "stream-inference:0.1.0"),
+    for path, target, tag in (("deploy/k8s/base/worker.yaml", "cpu", "stream-inference:0.1.0"),
                               ("deploy/k8s/gpu/kustomization.yaml", "cuda", "stream-inference:0.1.0-cuda")):
         text = (ROOT / path).read_text()
         assert f"docker build --target {target} -t {tag} ." in text, path
