@@ -84,11 +84,13 @@ test: lint typecheck
 	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image and not k8s" tests
 
 k8s-test: $(STAMP)
+	$(PY) -m tests.kube_build --keda
 	KUBE_TEST_RESULTS=docs/results/k8s-$$(git rev-parse --short HEAD).json $(PY) -m pytest -p no:cacheprovider \
 		--durations=10 -m k8s tests/integration/test_k8s.py
 
 # The manifests admitted by a local API server (no KEDA): in CI, beside the image's tests
 k8s-admission: $(STAMP)
+	$(PY) -m tests.kube_build
 	$(PY) -m pytest -p no:cacheprovider -m "k8s and not keda" tests/integration/test_k8s.py
 
 image-test: $(STAMP)
