@@ -34,7 +34,8 @@ help:
 	@echo "                  stack up with two replicas (deploy/compose/host-network.yml)"
 	@echo "make k8s-test     deploy/k8s on a local Kubernetes control plane (built from the Go module proxy the first"
 	@echo "                  time, about 9 min): admitted under the restricted Pod Security level, and KEDA scaling"
-	@echo "                  the workers on a real Kafka's lag (results in docs/results/k8s-<rev>.json)"
+	@echo "                  the workers on a real Kafka's lag (results in docs/results/k8s-<rev>.json; K8S_WAITS=shipped:"
+	@echo "                  with the ScaledObject's own scale-down waits, about 20 min more)"
 	@echo "make k8s-admission  its admission part only (no KEDA; CI runs it)"
 	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
 	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
@@ -83,10 +84,12 @@ integration: $(STAMP)
 test: lint typecheck
 	$(PY) -m pytest --durations=30 -n 2 --dist loadgroup -m "not long and not image and not k8s" tests
 
+# K8S_WAITS=shipped: the ScaledObject's own scale-down waits (about 20 minutes) instead of the test's short ones
+K8S_WAITS ?= short
 k8s-test: $(STAMP)
 	$(PY) -m tests.kube_build --keda
-	KUBE_TEST_RESULTS=docs/results/k8s-$$(git rev-parse --short HEAD).json $(PY) -m pytest -p no:cacheprovider \
-		--durations=10 -m k8s tests/integration/test_k8s.py
+	KUBE_TEST_WAITS=$(K8S_WAITS) KUBE_TEST_RESULTS=docs/results/k8s-$(if $(filter shipped,$(K8S_WAITS)),shipped-)$$(git \
+		rev-parse --short HEAD).json $(PY) -m pytest -p no:cacheprovider --durations=10 -m k8s tests/integration/test_k8s.py
 
 # The manifests admitted by a local API server (no KEDA): in CI, beside the image's tests
 k8s-admission: $(STAMP)

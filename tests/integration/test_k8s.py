@@ -165,11 +165,12 @@ class Replicas:
         self._thread.join(10)
 
 
-def keda_documents(plane: ControlPlane, bootstrap: str, topic: str, group: str) -> list[dict[str, Any]]:
+def keda_documents(plane: ControlPlane, bootstrap: str, topic: str, group: str, *,
+                   shipped_waits: bool) -> list[dict[str, Any]]:
     """deploy/k8s as applied, pointed at this host's Kafka, topic and group. The trigger (lag threshold,
-    activation, partition limit, offset reset), the replica bounds and the scale target are the project's; the
-    waits are shortened for a test: KEDA polls every 5 s (15), and scaling down waits 15 s then takes a pod
-    every 5 s (300 s, then one each 60 s)."""
+    activation, partition limit, offset reset), the replica bounds and the scale target are the project's; unless
+    ``shipped_waits``, the waits are shortened for a test: KEDA polls every 5 s (15), and scaling down waits 15 s
+    then takes a pod every 5 s (300 s, then one each 60 s)."""
     docs = rendered(plane, K8S)
     for d in docs:
         if d["kind"] == "ConfigMap":
@@ -179,11 +180,20 @@ def keda_documents(plane: ControlPlane, bootstrap: str, topic: str, group: str) 
             spec = d["spec"]
             spec["triggers"][0]["metadata"].update({"bootstrapServers": bootstrap, "topic": topic,
                                                     "consumerGroup": group})
-            spec["pollingInterval"] = 5
-            down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
-            down["stabilizationWindowSeconds"] = 15
-            down["policies"] = [{"type": "Pods", "value": 1, "periodSeconds": 5}]
+            if not shipped_waits:
+                spec["pollingInterval"] = 5
+                down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+                down["stabilizationWindowSeconds"] = 15
+                down["policies"] = [{"type": "Pods", "value": 1, "periodSeconds": 5}]
     return [d for d in docs if d["kind"] != "Job"]  # the topic exists already
+
+
+def scale_down_bound_s(scaled: dict[str, Any], steps: int) -> float:
+    """How long ``steps`` pods take to go under the ScaledObject's scale-down behaviour, with room for the HPA's
+    and KEDA's rounds."""
+    down = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    [policy] = down["policies"]
+    return float(down["stabilizationWindowSeconds"] + steps * policy["periodSeconds"] / policy["value"] + 120)
 
 
 def lag(bootstrap: str, group: str, topic: str) -> int:
@@ -192,16 +202,19 @@ def lag(bootstrap: str, group: str, topic: str) -> int:
 
 
 @pytest.mark.keda
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)
 def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_drain_it(
         plane: ControlPlane, broker: BrokerInfo, unique_name: Callable[[str], str], model_dir: Path,
         tmp_path: Path) -> None:
+    """``KUBE_TEST_WAITS=shipped``: with the ScaledObject's own waits (about 20 minutes)."""
+    shipped_waits = os.environ.get("KUBE_TEST_WAITS") == "shipped"
     topic, output, group = unique_name("events"), unique_name("predictions"), unique_name("inference")
     create_topics(broker.bootstrap, [topic, output], PARTITIONS)
     plane.start_keda()
     plane.namespace("stream-keda")
-    docs = keda_documents(plane, broker.bootstrap, topic, group)
+    docs = keda_documents(plane, broker.bootstrap, topic, group, shipped_waits=shipped_waits)
     scaled = next(d for d in docs if d["kind"] == "ScaledObject")["spec"]
+    minimum = scaled["minReplicaCount"]
     threshold = int(scaled["triggers"][0]["metadata"]["lagThreshold"])
     plane.apply_docs(docs, "-n", "stream-keda")
     replicas = Replicas(plane, "stream-keda", "stream-worker")
@@ -209,8 +222,8 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
     try:
         # No lag: KEDA's HPA brings the Deployment's 2 replicas down to the minimum.
         wait_until("the HPA KEDA made", lambda: bool(plane.get("hpa", "-n", "stream-keda")["items"]), 60, plane)
-        wait_until("scaled down to minReplicaCount with no lag",
-                   lambda: replicas.desired() == scaled["minReplicaCount"], 120, plane)
+        wait_until("scaled down to minReplicaCount with no lag", lambda: replicas.desired() == minimum,
+                   scale_down_bound_s(scaled, 1), plane)
         replicas.mark("at the minimum", replicas=replicas.desired())
         # Lag: more than maxReplicaCount thresholds' worth, so the partition count caps it.
         events = threshold * (PARTITIONS + 2)
@@ -229,6 +242,7 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
                  "--group-id", group, "--model-dir", str(model_dir), "--commit-interval-ms", "500"],
                 tmp_path / f"worker-{i}.log", {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000"}))
         replicas.mark("host workers started", workers=len(workers))
+
         def drained() -> bool:
             for w in workers:
                 assert w.proc.poll() is None, f"a host worker exited:\n{w.output()[-3000:]}"
@@ -236,8 +250,8 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
 
         wait_until("the host workers drain the lag", drained, 300, plane)
         replicas.mark("lag drained")
-        wait_until("scaled back down to minReplicaCount",
-                   lambda: replicas.desired() == scaled["minReplicaCount"], 240, plane)
+        wait_until("scaled back down to minReplicaCount", lambda: replicas.desired() == minimum,
+                   scale_down_bound_s(scaled, PARTITIONS - minimum), plane)
         replicas.mark("back at the minimum", replicas=replicas.desired())
         time.sleep(3)
     finally:
@@ -249,6 +263,7 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
     results = os.environ.get("KUBE_TEST_RESULTS")
     if results:
         Path(results).write_text(json.dumps({
-            "command": "make k8s-test", "kubernetes": plane.version(), "keda": "v2.21.0",
+            "command": "make k8s-test" + (" K8S_WAITS=shipped" if shipped_waits else ""),
+            "waits": "shipped" if shipped_waits else "shortened", "kubernetes": plane.version(), "keda": "v2.21.0",
             "scaled_object": copy.deepcopy(scaled), "records": events, "partitions": PARTITIONS,
             "events": replicas.events, "timeline": replicas.timeline}, indent=1) + "\n")
