@@ -40,7 +40,7 @@ help:
 	@echo "make compose-images  the Kafka, Apicurio Registry and Prometheus images deploy/compose/host-network.yml runs"
 	@echo "make unit-versions  the unit tests on Python 3.12 and 3.13 too (pyenv's or python3.X on PATH), each in its venv"
 	@echo "make ci-runs      CI's run (CI=true bash .ci/run) on RUNS (5) fresh clones of HEAD in a row, each part's time in"
-	@echo "                  docs/results/ci-fresh-<rev>.json (22-25 min a run at c5c6fd1; on a quiet machine)"
+	@echo "                  docs/results/ci-fresh-<rev>.json (22-25 min a run at c5c6fd1, 23.5 at cc21127; quiet machine)"
 
 # The venv's packages are installed by uv (from PyPI, into the venv first): a fresh clone's venv took 5 s from uv's
 # cache (~/.cache/uv) and 20 s with an empty one, against pip's 67 to 120 s here (torch's 3 GB included, which pip
