@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from stream.local.broker import free_port, log_tails
+from stream.local.broker import free_port, log_tails, terminate
 from stream.local.children import die_with_parent
 from tests.go_modules import KEDA, module_dir
 from tests.kube_build import ensure_binaries
@@ -36,6 +36,7 @@ from tests.kube_build import ensure_binaries
 KEDA_NAMESPACE = "keda"
 METRICS_SERVICE = "keda-metrics-apiserver"  # the APIService's service: an ExternalName pointing at localhost
 NODE_CPU, NODE_MEMORY = "32", "256Gi"
+APPLY = ("apply", "--server-side", "--field-manager=stream-tests")  # every apply: server-side, one field manager
 
 
 class KubeError(RuntimeError):
@@ -82,13 +83,7 @@ class Component:
         return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc, timeout_s)
 
 
 class ControlPlane:
@@ -130,7 +125,7 @@ class ControlPlane:
                            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
                            "--initial-cluster", f"local=http://127.0.0.1:{peer_port}",
                            "--unsafe-no-fsync", "--log-level", "warn"])
-        self._wait("etcd", lambda: b'"health":"true"' in _get(f"http://127.0.0.1:{etcd_port}/health"), 60)
+        self.wait("etcd", lambda: b'"health":"true"' in _get(f"http://127.0.0.1:{etcd_port}/health"), 60)
         self._run("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1",
             f"--secure-port={self.port}", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
@@ -145,7 +140,7 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={c / 'front-proxy.crt'}", f"--proxy-client-key-file={c / 'front-proxy.key'}",
             "--profiling=false"])
-        self._wait("kube-apiserver", lambda: self._get("/readyz") == b"ok", 120)
+        self.wait("kube-apiserver", lambda: self._get("/readyz") == b"ok", 120)
         kubeconfig = f"--kubeconfig={self.kubeconfig}"
         self._run("kube-controller-manager", [
             kubeconfig, "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
@@ -155,13 +150,10 @@ class ControlPlane:
         self._run("kwok", [kubeconfig, "--manage-all-nodes=true", f"--server-address=127.0.0.1:{free_port()}",
                            "--cidr=10.0.0.1/16", "--node-lease-duration-seconds=40"])
         self.apply_docs([node("kwok-cpu-0"), node("kwok-gpu-0", gpus=8)])
-        self._wait("the simulated nodes", lambda: self._nodes_ready(2), 90)
+        self.wait("the simulated nodes", lambda: self._nodes_ready(2), 90)
 
     def _nodes_ready(self, count: int) -> bool:
-        nodes = self.get("nodes")["items"]
-        ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
-                                         for c in n.get("status", {}).get("conditions", []))]
-        return len(ready) >= count
+        return sum(has_condition(n, "Ready") for n in self.get("nodes")["items"]) >= count
 
     def stop(self) -> None:
         for component in reversed(self.components):
@@ -176,7 +168,9 @@ class ControlPlane:
         self.components.append(component)
         return component
 
-    def _wait(self, what: str, ready: Callable[[], bool], timeout_s: float) -> None:
+    def wait(self, what: str, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Until ``ready()`` (an error it raises of the API or a connection counts as not yet), failing at once when
+        a component exits."""
         deadline = time.monotonic() + timeout_s
         last: BaseException | None = None
         while time.monotonic() < deadline:
@@ -210,8 +204,11 @@ class ControlPlane:
         return proc
 
     def apply_docs(self, docs: list[dict[str, Any]], *extra: str) -> subprocess.CompletedProcess[str]:
-        return self.kubectl("apply", "--server-side", "--field-manager=stream-tests", "-f", "-", *extra,
-                            stdin=yaml.safe_dump_all(docs))
+        return self.kubectl(*APPLY, "-f", "-", *extra, stdin=yaml.safe_dump_all(docs))
+
+    def apply_kustomized(self, folder: Path, namespace: str) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply -k folder`` into ``namespace``, server-side."""
+        return self.kubectl(*APPLY, "-k", str(folder), "-n", namespace)
 
     def get(self, kind: str, *extra: str) -> Any:
         return json.loads(self.kubectl("get", kind, "-o", "json", *extra).stdout)
@@ -221,7 +218,7 @@ class ControlPlane:
         account exists (pods wait for it)."""
         self.apply_docs([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
             "pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}}}])
-        self._wait(f"namespace {name}'s default service account",
+        self.wait(f"namespace {name}'s default service account",
                    lambda: self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
                    60)
 
@@ -242,7 +239,7 @@ class ControlPlane:
             f"--health-probe-bind-address=127.0.0.1:{health}", f"--metrics-service-bind-address=127.0.0.1:{grpc_port}",
             f"--cert-dir={self.certs}", "--enable-cert-rotation=false", "--enable-webhook-patching=false",
             "--enable-apiservice-patching=false", f"--ca-dir={self.certs}", "--zap-log-level=info"], env)
-        self._wait("keda-operator", lambda: _get(f"http://127.0.0.1:{health}/readyz") == b"ok", 90)
+        self.wait("keda-operator", lambda: _get(f"http://127.0.0.1:{health}/readyz") == b"ok", 90)
         self._run("keda-adapter", [
             f"--secure-port={adapter_port}", "--bind-address=127.0.0.1", f"--cert-dir={self.certs}",
             f"--tls-cert-file={self.certs / 'tls.crt'}", f"--tls-private-key-file={self.certs / 'tls.key'}",
@@ -260,19 +257,22 @@ class ControlPlane:
              "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1", "caBundle": ca_bundle,
                       "groupPriorityMinimum": 100, "versionPriority": 100,
                       "service": {"name": METRICS_SERVICE, "namespace": KEDA_NAMESPACE, "port": adapter_port}}}])
-        self._wait("the external metrics API (KEDA's adapter)", self._external_metrics_available, 120)
+        self.wait("the external metrics API (KEDA's adapter)", self._external_metrics_available, 120)
 
     def _external_metrics_available(self) -> bool:
-        service = self.get("apiservice", "v1beta1.external.metrics.k8s.io")
-        return any(c["type"] == "Available" and c["status"] == "True"
-                   for c in service.get("status", {}).get("conditions", []))
+        return has_condition(self.get("apiservice", "v1beta1.external.metrics.k8s.io"), "Available")
 
     def install_keda_crds(self) -> None:
         crds = sorted((module_dir(KEDA) / "config" / "crd" / "bases").glob("*.yaml"))
         for crd in crds:
-            self.kubectl("apply", "--server-side", "--field-manager=stream-tests", "-f", str(crd))
+            self.kubectl(*APPLY, "-f", str(crd))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                      *[f"crd/{yaml.safe_load(p.read_text())['metadata']['name']}" for p in crds])
+
+
+def has_condition(obj: dict[str, Any], kind: str) -> bool:
+    """``obj``'s status condition ``kind`` is true."""
+    return any(c["type"] == kind and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
 
 
 def node(name: str, *, gpus: int = 0) -> dict[str, Any]:

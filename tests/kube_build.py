@@ -26,12 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stream.local.cache import cache_dir, fill_once
+from tests.go_modules import KEDA, module_dir
 
 KUBERNETES = "v1.34.4"
 STAGING = "v0.34.4"  # the staging modules' release that goes with KUBERNETES
 ETCD = "v3.6.8"
 KWOK = "v0.7.0"
-KEDA = "v2.21.0"  # as tests.go_modules.KEDA (the CRDs and the Kafka scaler the deployment tests read)
 COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 BUILD_TIMEOUT_S = 3600
 
@@ -59,18 +59,6 @@ def _go(args: list[str], cwd: Path, what: str) -> None:
     print(f"kube_build: {what} built in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def _module_dir(path: str, version: str) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("`go` must be on PATH")
-    proc = subprocess.run([go, "mod", "download", "-json", f"{path}@{version}"], env=go_env(), capture_output=True,
-                          text=True, timeout=600, check=False, cwd=tempfile.gettempdir())
-    found = re.search(r'"Dir": "([^"]+)"', proc.stdout)
-    if proc.returncode != 0 or found is None:
-        raise BuildError(f"go mod download {path}@{version} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return Path(found[1])
-
-
 def _wrapper(folder: Path, name: str, requires: dict[str, str], replaces: dict[str, str]) -> None:
     """A module of our own at ``folder`` that requires (and replaces) the given modules."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +82,7 @@ def _version_flags() -> str:
 
 
 def _build_kubernetes(out: Path, work: Path) -> str:
-    source = _module_dir("k8s.io/kubernetes", KUBERNETES)
+    source = module_dir(("k8s.io/kubernetes", KUBERNETES))
     staging = re.findall(r"^\s*(k8s\.io/[a-z-]+) => \./staging/", (source / "go.mod").read_text(), re.M)
     if not staging:
         raise BuildError(f"k8s.io/kubernetes@{KUBERNETES}: no ./staging replace lines in its go.mod")
@@ -112,8 +100,9 @@ def _build_etcd(out: Path, work: Path) -> str:
     return f"go.etcd.io/etcd/server/v3@{ETCD}"
 
 
-def _build_in_module(out: Path, path: str, version: str, commands: dict[str, str]) -> str:
-    source = _module_dir(path, version)
+def _build_in_module(out: Path, module: tuple[str, str], commands: dict[str, str]) -> str:
+    path, version = module
+    source = module_dir(module)
     for name, package in commands.items():
         # In its own module (replaces honoured), read-only: nothing there is written.
         args = ["build", "-mod=readonly", "-trimpath", "-ldflags", "-s -w", "-o", str(out / name), package]
@@ -122,12 +111,11 @@ def _build_in_module(out: Path, path: str, version: str, commands: dict[str, str
 
 
 def _kwok(out: Path, work: Path) -> str:
-    return _build_in_module(out, "sigs.k8s.io/kwok", KWOK, {"kwok": "./cmd/kwok"})
+    return _build_in_module(out, ("sigs.k8s.io/kwok", KWOK), {"kwok": "./cmd/kwok"})
 
 
 def _keda(out: Path, work: Path) -> str:
-    return _build_in_module(out, "github.com/kedacore/keda/v2", KEDA,
-                            {"keda-operator": "./cmd/operator", "keda-adapter": "./cmd/adapter"})
+    return _build_in_module(out, KEDA, {"keda-operator": "./cmd/operator", "keda-adapter": "./cmd/adapter"})
 
 
 def ensure_binaries(*, keda: bool = False) -> Path:
@@ -138,7 +126,7 @@ def ensure_binaries(*, keda: bool = False) -> Path:
     bins = root / "bin"
     entries: dict[str, Callable[[Path, Path], str]] = {
         f"kubernetes-{KUBERNETES}": _build_kubernetes, f"etcd-{ETCD}": _build_etcd, f"kwok-{KWOK}": _kwok,
-        **({f"keda-{KEDA}": _keda} if keda else {})}
+        **({f"keda-{KEDA[1]}": _keda} if keda else {})}
     bins.mkdir(parents=True, exist_ok=True)
     for name, build in entries.items():
         entry = root / name

@@ -151,7 +151,7 @@ def _own_logs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.log") if p.name != GC_LOG)
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     """SIGTERM by PID, SIGKILL after ``timeout_s``; waits for the process either way."""
     if proc.poll() is None:
         proc.terminate()
@@ -185,7 +185,7 @@ class LocalProcess:
         self.stop()
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        _terminate(self.proc, timeout_s)
+        terminate(self.proc, timeout_s)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Self:
@@ -262,7 +262,7 @@ class KafkaNode:
         """SIGTERM (a controlled shutdown), SIGKILL after ``timeout_s``; waits for the process."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot act on SIGTERM
-            _terminate(self.proc, timeout_s)
+            terminate(self.proc, timeout_s)
 
 
 class LocalCluster:

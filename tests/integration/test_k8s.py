@@ -23,7 +23,8 @@ import yaml
 from producers.load import produce_events
 from stream.kafka.topics import create_topics
 from stream.local.children import WorkerProcess
-from tests.conftest import BrokerInfo
+from tests.conftest import FAILURE_LOGS, BrokerInfo
+from tests.go_modules import KEDA
 from tests.integration.test_deploy import K8S, LOOSENINGS, loosened, restricted_problems
 from tests.kube import ControlPlane, remove, started
 from tests.verify import committed_offsets, end_offsets
@@ -36,10 +37,12 @@ PARTITIONS = 8  # as deploy/k8s/base/topics-job.yaml creates the input, and the 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
     p = started()
+    FAILURE_LOGS.watch("plane", lambda: [c.log for c in p.components])
     try:
         p.install_keda_crds()
         yield p
     finally:
+        FAILURE_LOGS.forget("plane")
         remove(p)
 
 
@@ -48,21 +51,14 @@ def rendered(plane: ControlPlane, folder: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(plane.kubectl("kustomize", str(folder)).stdout) if d]
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float, plane: ControlPlane) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1.0)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s\n{plane.log_tails()}")
-
-
 def pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[str, Any]]:
     return list(plane.get("pods", "-n", namespace, "-l", selector)["items"])
 
 
-def ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+def worker_nodes(plane: ControlPlane, namespace: str) -> set[str]:
+    """The nodes the worker Deployment's pods were scheduled on (not the topics Job's, which share its label)."""
+    return {p["spec"]["nodeName"] for p in pods(plane, namespace, "app.kubernetes.io/name=stream-worker")
+            if p["metadata"].get("ownerReferences", [{}])[0].get("kind") == "ReplicaSet"}
 
 
 def ready_replicas(plane: ControlPlane, namespace: str, name: str) -> int:
@@ -73,30 +69,26 @@ def ready_replicas(plane: ControlPlane, namespace: str, name: str) -> int:
 def test_every_manifest_and_overlay_is_admitted_under_the_restricted_level_and_scheduled(
         plane: ControlPlane) -> None:
     plane.namespace("stream")
-    applied = plane.kubectl("apply", "--server-side", "--field-manager=stream-tests", "-k", str(K8S), "-n", "stream")
-    kinds = {line.split("/")[0] for line in applied.stdout.split()  if "/" in line}
+    applied = plane.apply_kustomized(K8S, "stream")
+    kinds = {line.split("/")[0] for line in applied.stdout.split() if "/" in line}
     assert {"configmap", "job.batch", "deployment.apps", "poddisruptionbudget.policy",
             "scaledobject.keda.sh"} <= kinds, applied.stdout
     assert "Warning" not in applied.stderr, applied.stderr  # Pod Security warns (audit/warn modes) on what it admits
-    wait_until("the base Deployment's 2 replicas ready", lambda: ready_replicas(plane, "stream", "stream-worker") == 2,
-               90, plane)
-    workers = pods(plane, "stream", "app.kubernetes.io/name=stream-worker")
-    assert {p["spec"]["nodeName"] for p in workers if p["metadata"].get("ownerReferences", [{}])[0].get("kind")
-            == "ReplicaSet"} == {"kwok-cpu-0"}, "the GPU node's taint keeps CPU workers off it"
+    plane.wait("the base Deployment's 2 replicas ready",
+               lambda: ready_replicas(plane, "stream", "stream-worker") == 2, 90)
+    assert worker_nodes(plane, "stream") == {"kwok-cpu-0"}, "the GPU node's taint keeps CPU workers off it"
     # The topics Job's pod was admitted and created (kwok completes a Job's pods).
-    wait_until("the topics Job's pod", lambda: bool(pods(plane, "stream", "job-name=stream-topics")), 60, plane)
+    plane.wait("the topics Job's pod", lambda: bool(pods(plane, "stream", "job-name=stream-topics")), 60)
     # The canary overlay: a second Deployment in the same namespace and consumer group.
-    plane.kubectl("apply", "--server-side", "--field-manager=stream-tests", "-k", str(K8S / "canary"), "-n", "stream")
-    wait_until("the canary's replica ready", lambda: ready_replicas(plane, "stream", "stream-worker-canary") == 1,
-               90, plane)
+    plane.apply_kustomized(K8S / "canary", "stream")
+    plane.wait("the canary's replica ready",
+               lambda: ready_replicas(plane, "stream", "stream-worker-canary") == 1, 90)
     # The GPU variant, in a namespace of its own: its workers land on the GPU node, one GPU each.
     plane.namespace("stream-gpu")
-    plane.kubectl("apply", "--server-side", "--field-manager=stream-tests", "-k", str(K8S / "gpu"), "-n", "stream-gpu")
-    wait_until("the GPU Deployment's 2 replicas ready",
-               lambda: ready_replicas(plane, "stream-gpu", "stream-worker") == 2, 90, plane)
-    gpu_pods = [p for p in pods(plane, "stream-gpu", "app.kubernetes.io/name=stream-worker")
-                if p["metadata"].get("ownerReferences", [{}])[0].get("kind") == "ReplicaSet"]
-    assert {p["spec"]["nodeName"] for p in gpu_pods} == {"kwok-gpu-0"}
+    plane.apply_kustomized(K8S / "gpu", "stream-gpu")
+    plane.wait("the GPU Deployment's 2 replicas ready",
+               lambda: ready_replicas(plane, "stream-gpu", "stream-worker") == 2, 90)
+    assert worker_nodes(plane, "stream-gpu") == {"kwok-gpu-0"}
     node = plane.get("node", "kwok-gpu-0")
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
 
@@ -221,19 +213,19 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
     workers: list[WorkerProcess] = []
     try:
         # No lag: KEDA's HPA brings the Deployment's 2 replicas down to the minimum.
-        wait_until("the HPA KEDA made", lambda: bool(plane.get("hpa", "-n", "stream-keda")["items"]), 60, plane)
-        wait_until("scaled down to minReplicaCount with no lag", lambda: replicas.desired() == minimum,
-                   scale_down_bound_s(scaled, 1), plane)
+        plane.wait("the HPA KEDA made", lambda: bool(plane.get("hpa", "-n", "stream-keda")["items"]), 60)
+        plane.wait("scaled down to minReplicaCount with no lag", lambda: replicas.desired() == minimum,
+                   scale_down_bound_s(scaled, 1))
         replicas.mark("at the minimum", replicas=replicas.desired())
         # Lag: more than maxReplicaCount thresholds' worth, so the partition count caps it.
         events = threshold * (PARTITIONS + 2)
         summary = produce_events(broker.bootstrap, topic, events, seed=71)
         assert summary.delivered == events, summary.line()
         replicas.mark("lag produced", records=events, lag=lag(broker.bootstrap, group, topic))
-        wait_until(f"scaled up to {PARTITIONS} on {events} records of lag",
-                   lambda: replicas.desired() == PARTITIONS, 180, plane)
+        plane.wait(f"scaled up to {PARTITIONS} on {events} records of lag",
+                   lambda: replicas.desired() == PARTITIONS, 180)
         replicas.mark("at the partition count", replicas=replicas.desired())
-        wait_until(f"{PARTITIONS} pods ready (kwok's)", lambda: replicas.ready() == PARTITIONS, 60, plane)
+        plane.wait(f"{PARTITIONS} pods ready (kwok's)", lambda: replicas.ready() == PARTITIONS, 60)
         time.sleep(15)  # a few more HPA rounds at full lag: it must not go past the partition count
         # Real workers in the same group drain it.
         for i in range(2):
@@ -248,10 +240,10 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
                 assert w.proc.poll() is None, f"a host worker exited:\n{w.output()[-3000:]}"
             return lag(broker.bootstrap, group, topic) == 0
 
-        wait_until("the host workers drain the lag", drained, 300, plane)
+        plane.wait("the host workers drain the lag", drained, 300)
         replicas.mark("lag drained")
-        wait_until("scaled back down to minReplicaCount", lambda: replicas.desired() == minimum,
-                   scale_down_bound_s(scaled, PARTITIONS - minimum), plane)
+        plane.wait("scaled back down to minReplicaCount", lambda: replicas.desired() == minimum,
+                   scale_down_bound_s(scaled, PARTITIONS - minimum))
         replicas.mark("back at the minimum", replicas=replicas.desired())
         time.sleep(3)
     finally:
@@ -264,6 +256,6 @@ def test_keda_scales_the_workers_on_the_groups_lag_and_back_once_real_workers_dr
     if results:
         Path(results).write_text(json.dumps({
             "command": "make k8s-test" + (" K8S_WAITS=shipped" if shipped_waits else ""),
-            "waits": "shipped" if shipped_waits else "shortened", "kubernetes": plane.version(), "keda": "v2.21.0",
+            "waits": "shipped" if shipped_waits else "shortened", "kubernetes": plane.version(), "keda": KEDA[1],
             "scaled_object": copy.deepcopy(scaled), "records": events, "partitions": PARTITIONS,
             "events": replicas.events, "timeline": replicas.timeline}, indent=1) + "\n")
