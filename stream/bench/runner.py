@@ -194,16 +194,19 @@ class Bench:
                      progress if replicas == 1 else [], ready_s, sum(device) if device else None, batches)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
-                           on_drain: Any = None) -> tuple[list[Drain], list[Drain]]:
+                           on_drain: Any = None, input_topic: str | None = None,
+                           model_dir: bool = True) -> tuple[list[Drain], list[Drain]]:
         """``rounds`` drains each of this checkout's worker and of the one in ``before`` (a built checkout of
         another revision), interleaved (before, current, current, before, ...) so that the machine's drift
-        between rounds falls on both; ``on_drain(round, which, drain)`` after each. (current, before)."""
+        between rounds falls on both; ``on_drain(round, which, drain)`` after each. ``input_topic`` and
+        ``model_dir`` as `worker_drain`'s. (current, before)."""
         current: list[Drain] = []
         baseline: list[Drain] = []
         for r in range(rounds):
             order: list[tuple[str, Path | None]] = [("before", before), ("current", None)]
             for which, cwd in (order if r % 2 == 0 else order[::-1]):
-                drain = self.worker_drain(f"worker-{which}-{r}", list(extra or []), cwd=cwd)
+                drain = self.worker_drain(f"worker-{which}-{r}", list(extra or []), cwd=cwd,
+                                          input_topic=input_topic, model_dir=model_dir)
                 (baseline if which == "before" else current).append(drain)
                 if on_drain is not None:
                     on_drain(r, which, drain)

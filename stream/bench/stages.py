@@ -159,11 +159,21 @@ def simulated_drain(bench: Any, name: str, ns_per_token: float, topic: str, batc
     """A worker draining ``topic`` with MiniLM's host path and a simulated device (``ns_per_token`` 0: the free
     model, the host path's own ceiling)."""
     spec = write_spec(Path(bench.work) / f"{name}.json", ns_per_token, tokenizer)
-    return bench.worker_drain(name, [
-        "--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec), "--device", "cpu",
-        "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema", TEXT_EMBEDDING_SCHEMA, "--copy-fields",
-        TEXT_COPY_FIELDS, "--max-batch-size", str(batch), "--max-wait-ms", "1000", "--torch-threads", "1"],
-        input_topic=topic, model_dir=False)
+    return bench.worker_drain(name, text_worker_args(free_model(spec), batch), input_topic=topic, model_dir=False)
+
+
+def free_model(spec: Path) -> list[str]:
+    """The ``--model`` flags of a simulated device whose ``--model-dir`` file is ``spec`` (`write_spec`)."""
+    return ["--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec)]
+
+
+def text_worker_args(model: list[str], batch: int) -> list[str]:
+    """A worker's flags for draining the benchmark's texts on the CPU at one torch thread with ``model`` (its
+    ``--model`` flags): flags that every revision since the simulated device takes, so that `stream.bench.ab`
+    can pass them to another revision's worker too."""
+    return [*model, "--device", "cpu", "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema", TEXT_EMBEDDING_SCHEMA,
+            "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size", str(batch), "--max-wait-ms", "1000",
+            "--torch-threads", "1"]
 
 
 def _figures(drain: Any) -> dict[str, Any]:

@@ -198,3 +198,26 @@ def test_the_text_benchs_cuda_rows_drain_what_they_name_and_leave_partial_result
     assert row["host_ceiling"]["rate"] == 500.0 and row["worker"]["ready_s"] == 3.0
     assert row["worker"]["device_ms_per_batch"] == 50.0 and len(row["worker_rounds"]) == 3
     assert row["worker_steady_over_model"] == pytest.approx(0.05) and graphs["drain_texts"] == 1_000
+
+
+def test_the_ab_benchs_text_workers_take_the_workers_own_flags_and_bad_counts_are_refused(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from stream.bench import ab
+    from stream.bench.simulated import write_spec
+    from stream.bench.stages import free_model, text_worker_args
+    from stream.cli import build_parser
+
+    spec = write_spec(tmp_path / "free.json", 0.0)
+    for model, name in ((free_model(spec), "stream.bench.simulated:SimulatedDevice"),
+                        (["--model", "minilm"], "minilm")):
+        args = build_parser().parse_args(["worker", "--bootstrap-servers", "127.0.0.1:1", "--input-topic", "in",
+                                          "--output-topic", "out", *text_worker_args(model, 64)])
+        assert (args.model, args.max_batch_size, args.torch_threads, args.device) == (name, 64, 1, "cpu")
+    for bad in (["--events", "0"], ["--model", "free-text", "--batch", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            ab.main(["--baseline", "HEAD", *bad])
+        assert exc.value.code == 2
+        assert "--events and --batch must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--baseline", "HEAD", "--model", "gpt"])
+    assert "invalid choice: 'gpt'" in capsys.readouterr().err
