@@ -19,7 +19,7 @@ help:
 	@echo "make demo-kafka  the same on a local Apache Kafka (needs java 17 and mvn)"
 	@echo "make test        lint, type-check, unit, integration and chaos tests (about 20 min; Apache Kafka: java 17 + mvn)"
 	@echo "make model       train the demo fraud model into artifacts/demo-fraud"
-	@echo "make chaos       long chaos run on a local 3-node Kafka cluster (per guarantee: >= 1,000,000 events, 12 worker kills, 8 faults of each broker-fault kind, a 20 s freeze of each replica; about 1 h), a 100,000-example decoder fuzz, the at-least-once broker-fault and freeze tests (left out of make test), and the cluster command under exactly-once workers (two nodes frozen, one killed)"
+	@echo "make chaos       long chaos run on a local 3-node Kafka cluster (per guarantee: >= 1,000,000 events, 12 worker kills, 8 faults of each broker-fault kind, a 20 s freeze of each replica; about 1 h), a 100,000-example decoder fuzz, the at-least-once broker-fault and freeze tests (left out of make test), the cluster command under exactly-once workers (two nodes frozen, one killed), and a text run (--model minilm on the CPU, one Kafka node: 30,000 texts, 10 kills, a 20 s freeze of each replica, per guarantee)"
 	@echo "make fuzz        the decoder's fuzzers with a long budget (C against the reference; random bytes)"
 	@echo "make bench       the benchmark: the worker against a pass-through limit, naive, faust, hand-tuned, its demo-layout drain against 41686ef, and --model minilm against the model alone"
 	@echo "make bench-text  the benchmark's model-bound section alone (--model minilm against the model alone)"
@@ -129,6 +129,8 @@ chaos: $(STAMP) fuzz
 	$(PY) -m tests.chaos.runner --events 1000000 --kills 12 --replicas 3 --nodes 3 --broker-faults 8 \
 		--results docs/results/chaos-$$(git rev-parse --short HEAD).json
 	$(PY) -m tests.chaos.cluster_command --results docs/results/cluster-command-$$(git rev-parse --short HEAD).json
+	$(PY) -m tests.chaos.runner --text minilm --events 30000 --kills 10 --replicas 2 --nodes 1 --broker-faults 0 \
+		--results docs/results/chaos-text-$$(git rev-parse --short HEAD).json
 
 bench: $(STAMP)
 	$(PY) -m stream bench

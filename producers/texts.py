@@ -7,6 +7,7 @@ cuts). Pure and seeded: the same (seed, start, count) always gives the same text
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,15 +72,29 @@ def generate_texts(count: int, *, seed: int = 0, start: int = 0, n_keys: int = 1
         text = " ".join(words[:target])
         texts.append(text if text.endswith(".") else text + ".")
         keys.append(f"conversation-{int(rng.integers(n_keys))}")
-    return TextBlock([f"text-{seed}-{i}" for i in range(start, start + count)], keys, texts)
+    return TextBlock(text_ids(count, seed=seed, start=start), keys, texts)
+
+
+def text_ids(count: int, *, seed: int = 0, start: int = 0) -> list[str]:
+    """The event ids of texts ``start .. start+count-1`` of stream ``seed`` (without making the texts)."""
+    return [f"text-{seed}-{i}" for i in range(start, start + count)]
 
 
 def produce_texts(bootstrap: str, topic: str, count: int, *, seed: int = 0, start: int = 0,
                   config: dict[str, Any] | None = None, on_progress: Callable[[int], None] | None = None,
-                  timeout_s: float = 120.0, chunk: int = 2_000) -> int:
+                  timeout_s: float = 120.0, chunk: int = 2_000, rate: float | None = None,
+                  stop: threading.Event | None = None) -> int:
     """Publish texts ``start .. start+count-1`` of stream ``seed`` as ``stream.demo.TextEvent`` records (the
-    schema folder's id); the number delivered. Raises RuntimeError on a delivery failure."""
+    schema folder's id); the number delivered. Raises RuntimeError on a delivery failure.
+
+    ``rate``: texts/s, in chunks of a tenth of a second's texts (None: as fast as possible, ``chunk`` at a time).
+    ``stop``: once set, no further chunk is sent; what was sent is flushed and counted (texts ``start ..
+    start+returned-1``)."""
+    if rate is not None and rate <= 0:
+        raise ValueError("rate must be > 0")
     schema = SchemaRegistry.from_dir().by_name(TEXT_EVENT_SCHEMA)
+    if rate is not None:
+        chunk = max(1, int(rate / 10))
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4",
                          "enable.idempotence": True, "acks": "all", **(config or {})})
     delivered = 0
@@ -92,7 +107,12 @@ def produce_texts(bootstrap: str, topic: str, count: int, *, seed: int = 0, star
         else:
             failures.append(str(err))
 
+    started = time.monotonic()
     for first in range(start, start + count, chunk):
+        if stop is not None and stop.is_set():
+            break
+        if rate is not None:
+            time.sleep(max(0.0, started + (first - start) / rate - time.monotonic()))
         block = generate_texts(min(chunk, start + count - first), seed=seed, start=first)
         now = int(time.time() * 1000)
         for event_id, key, text in zip(block.event_ids, block.keys, block.texts, strict=True):

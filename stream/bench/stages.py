@@ -167,13 +167,17 @@ def free_model(spec: Path) -> list[str]:
     return ["--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec)]
 
 
-def text_worker_args(model: list[str], batch: int) -> list[str]:
-    """A worker's flags for draining the benchmark's texts on the CPU at one torch thread with ``model`` (its
-    ``--model`` flags): flags that every revision since the simulated device takes, so that `stream.bench.ab`
-    can pass them to another revision's worker too."""
+def text_model_args(model: list[str]) -> list[str]:
+    """A worker's flags for the demo's texts with ``model`` (its ``--model`` flags) on the CPU at one torch thread:
+    flags that every revision since the simulated device takes, so that `stream.bench.ab` can pass them to another
+    revision's worker too."""
     return [*model, "--device", "cpu", "--input-schema", TEXT_EVENT_SCHEMA, "--output-schema", TEXT_EMBEDDING_SCHEMA,
-            "--copy-fields", TEXT_COPY_FIELDS, "--max-batch-size", str(batch), "--max-wait-ms", "1000",
-            "--torch-threads", "1"]
+            "--copy-fields", TEXT_COPY_FIELDS, "--torch-threads", "1"]
+
+
+def text_worker_args(model: list[str], batch: int) -> list[str]:
+    """`text_model_args` and the benchmark's batching: ``batch`` texts, closed after at most a second."""
+    return [*text_model_args(model), "--max-batch-size", str(batch), "--max-wait-ms", "1000"]
 
 
 def _figures(drain: Any) -> dict[str, Any]:

@@ -181,7 +181,9 @@ class Worker:
             done, total, seconds = self._engine.warm(WARM_LIMIT_S, self._stop.is_set, progress)
         finally:
             self.health.warming = None
-        if total:
+        if total and done < total and self._stop.is_set():
+            log.info("warm-up left after %d of %d batches (%.1f s): the worker is stopping", done, total, seconds)
+        elif total:
             log.info("model warmed in %.1f s: %d of %d batches of the shapes it will use", seconds, done, total)
 
     def run(self) -> WorkerSummary:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from producers.events import generate_events
 from producers.load import ProduceSummary, produce_events
+from producers.texts import produce_texts, text_ids
 from stream.kafka.client_logs import client_logger
 from stream.kafka.topics import create_topics
 from stream.local.broker import LocalCluster
@@ -64,6 +65,16 @@ class ChaosConfig:
     fault_gap_s: float = 12.0  # undisturbed load before each broker fault (its recovery's baseline)
     catch_up_timeout_s: float = 120.0  # before that, the longest wait for the group to catch up with the load
     fault_plan: FaultPlan = field(default_factory=FaultPlan)
+    # None: the demo's events and `tests.handlers.PoisonHandler`; a text model instead (`TEXT_MODELS`): seeded
+    # texts (`producers.texts`) and MiniLM's worker ("minilm", on the CPU) or its host path with a free model
+    # ("free", `stream.bench.simulated`)
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.text is not None and self.text not in TEXT_MODELS:
+            raise ValueError(f"text model {self.text!r}: one of {', '.join(TEXT_MODELS)}")
+        if self.text is not None and self.poison_fraction > 0:
+            raise ValueError("poison records are the demo's events (tests.handlers.bad_values): none with texts")
 
 
 @dataclass
@@ -114,10 +125,9 @@ class Fleet:
                  isolate: tuple[int, ...] = ()) -> None:
         self.cfg = cfg
         self.args = ["--bootstrap-servers", cfg.bootstrap, "--input-topic", input_topic, "--output-topic",
-                     output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--model-dir", str(cfg.model_dir),
-                     "--guarantee", cfg.guarantee, "--max-batch-size", str(cfg.max_batch_size),
-                     "--commit-interval-ms", "200", "--max-wait-ms", "10", "--max-input-bytes", "4096",
-                     "--model", "tests.handlers:PoisonHandler", "--dlq-max-fraction", "0.5"]
+                     output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--guarantee", cfg.guarantee,
+                     "--max-batch-size", str(cfg.max_batch_size), "--commit-interval-ms", "200", "--max-wait-ms",
+                     "10", *_model_args(cfg)]
         self.group = group
         self.live: dict[int, WorkerProcess] = {}
         self.finished: list[WorkerProcess] = []
@@ -178,6 +188,24 @@ class Fleet:
             self.bridge.close()
 
 
+TEXT_MODELS = ("free", "minilm")
+# texts/s offered by default: about half of what two replicas drain on a 2-core machine beside the broker (MiniLM's
+# CPU worker at one torch thread: about 100-200 texts/s a replica)
+TEXT_RATES = {"free": 4_000.0, "minilm": 100.0}
+
+
+def _model_args(cfg: ChaosConfig) -> list[str]:
+    """The fleet's model flags: the demo's poison handler, or a text model on the CPU at one torch thread."""
+    if cfg.text is None:
+        return ["--model-dir", str(cfg.model_dir), "--max-input-bytes", "4096", "--model",
+                "tests.handlers:PoisonHandler", "--dlq-max-fraction", "0.5"]
+    from stream.bench.simulated import write_spec
+    from stream.bench.stages import free_model, text_model_args
+
+    return text_model_args(free_model(write_spec(cfg.workdir / "free-model.json", 0.0)) if cfg.text == "free"
+                           else ["--model", "minilm"])
+
+
 class _Load:
     """The input: the load generator (only acknowledged events are expected) and the poison injector."""
 
@@ -188,6 +216,7 @@ class _Load:
         self.poison_keys: set[str] = set()
         self.poison_failed = 0
         self.sent = 0
+        self.error: str | None = None  # a text load's failure (texts are sent and acknowledged, or none counts)
         # With broker faults the load runs until the faults are done (at least ``events``); a cap keeps it finite.
         count = (max(cfg.events, int(cfg.rate * cfg.timeout_s)) if cfg.faults and cfg.load_until_kills_done
                  else cfg.events)
@@ -198,8 +227,17 @@ class _Load:
             t.start()
 
     def _produce(self, topic: str, count: int) -> None:
-        self.summary = produce_events(self.cfg.bootstrap, topic, count, seed=self.cfg.seed, rate=self.cfg.rate,
-                                      stop=self.stop, on_progress=self._progress, timeout_s=600.0)
+        if self.cfg.text is None:
+            self.summary = produce_events(self.cfg.bootstrap, topic, count, seed=self.cfg.seed, rate=self.cfg.rate,
+                                          stop=self.stop, on_progress=self._progress, timeout_s=600.0)
+            return
+        started = time.monotonic()
+        try:  # every text sent is acknowledged, or this raises: a failed send is the run's failure (no broker faults)
+            sent = produce_texts(self.cfg.bootstrap, topic, count, seed=self.cfg.seed, rate=self.cfg.rate,
+                                 stop=self.stop, on_progress=self._progress, timeout_s=600.0)
+            self.summary = ProduceSummary(sent, sent, 0, time.monotonic() - started, 0.0, 0.0, None, ())
+        except RuntimeError as exc:
+            self.error = str(exc)
 
     def _progress(self, sent: int) -> None:
         self.sent = sent
@@ -320,9 +358,11 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
     summary = load.summary
     sent = summary.requested if summary is not None else 0
     if summary is None or len(summary.failed_ids) != summary.failed:
-        failures.append(f"load generator: {summary} (failed sends it cannot name)")
+        failures.append(f"load generator: {summary} (failed sends it cannot name) {load.error or ''}")
     failed_ids = set(summary.failed_ids) if summary is not None else set()
-    expected = set(generate_events(sent, seed=cfg.seed).event_ids) - failed_ids  # only what was acknowledged
+    ids_sent = (generate_events(sent, seed=cfg.seed).event_ids if cfg.text is None
+                else text_ids(sent, seed=cfg.seed))
+    expected = set(ids_sent) - failed_ids  # only what was acknowledged
     verifier = Verifier(cfg.bootstrap, output_topic, dlq_topic)
     verifier.read_until(expected | {f"dlq:{k}" for k in load.poison_keys}, deadline)
     for slot in list(fleet.live):
@@ -445,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--freeze-s", type=float, default=20.0,
                         help="after the kills, freeze each replica in turn this long (0: no freezes)")
+    parser.add_argument("--text", choices=TEXT_MODELS, default=None,
+                        help="seeded texts through --model minilm on the CPU, or through its host path with a free "
+                             "model, instead of the demo's events (no poison records; default rate: "
+                             + ", ".join(f"{k} {v:,.0f}/s" for k, v in TEXT_RATES.items()) + ")")
     parser.add_argument("--results", type=Path, default=None, help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     # SIGTERM unwinds through the finally blocks (a frozen replica is thawed, the broker stopped).
@@ -456,14 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     netcut = netns_available() if with_faults else "no broker faults in this run"
     kinds = [*BROKER_KINDS, *(["worker-netcut"] if netcut is None else [])]
     faults = tuple(kinds * args.broker_faults) if with_faults else ()
-    rate = args.rate or (1_000.0 if faults else 8_000.0)
+    rate = args.rate or (TEXT_RATES[args.text] if args.text else 1_000.0 if faults else 8_000.0)
     freeze_phase_s = args.replicas * (args.freeze_s + ChaosConfig.freeze_gap_s) if args.freeze_s > 0 else 0.0
-    model_dir = ensure_trained(Path(tempfile.mkdtemp(prefix="chaos-model-")))
+    model_dir = (ensure_trained(Path(tempfile.mkdtemp(prefix="chaos-model-"))) if args.text is None
+                 else Path("unused"))
     cluster = None if args.bootstrap_servers else start_kafka_cluster(args.nodes)
     bootstrap = args.bootstrap_servers or cluster.bootstrap  # type: ignore[union-attr]
     report: dict[str, object] = {"command": " ".join(["python -m tests.chaos.runner", *(argv or sys.argv[1:])]),
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": args.nodes,
-                                 "rate": rate, "replicas": args.replicas, "partitions": args.partitions,
+                                 "rate": rate, "text": args.text, "replicas": args.replicas,
+                                 "partitions": args.partitions,
                                  "fault_kinds": kinds if faults else [], "worker_netcut": netcut or "yes",
                                  "runs": {}}
     ok = True
@@ -474,8 +520,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ChaosConfig(bootstrap, model_dir, events=args.events, partitions=args.partitions,
                               replicas=args.replicas, kills=args.kills, guarantee=mode, rate=rate,
                               kill_interval_s=interval, seed=args.seed, scale=(1, 3, 1),
-                              timeout_s=3 * 3600 if faults else 3600, poison_fraction=0.01, freeze_s=args.freeze_s,
-                              cluster=cluster, faults=faults, load_until_kills_done=bool(faults))
+                              timeout_s=3 * 3600 if faults else 3600,
+                              poison_fraction=0.0 if args.text else 0.01, freeze_s=args.freeze_s,
+                              cluster=cluster, faults=faults, load_until_kills_done=bool(faults), text=args.text)
             result = run_chaos(cfg, log=True)
             print(f"{mode}: {result.line()}", flush=True)
             ok = ok and result.ok(mode == "exactly-once")

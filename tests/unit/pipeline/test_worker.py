@@ -141,3 +141,22 @@ def test_a_batch_over_both_its_size_and_its_token_budget_is_cut_once_and_the_res
     assert batches.close_batch().offsets.tolist() == [0, 1]
     assert batches.close_batch().offsets.tolist() == [2, 3]
     assert batches.close_batch().offsets.tolist() == [4, 5]
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_the_warm_up_is_logged_as_done_only_when_it_ran_every_batch(
+        worker: Worker, stopping: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A stop during the warm-up (a SIGTERM at start-up) ends it early: the log says so, not "warmed"."""
+    def warm(_limit_s: float, stop: Any, progress: Any) -> tuple[int, int, float]:
+        progress(1, 2)
+        return (1 if stop() else 2), 2, 0.3
+
+    monkeypatch.setattr(worker._engine, "warm", warm)
+    if stopping:
+        worker.request_stop()
+    with caplog.at_level("INFO", logger="stream.pipeline.worker"):
+        worker._warm()
+    assert worker.health.warming is None
+    expected = ("warm-up left after 1 of 2 batches (0.3 s): the worker is stopping" if stopping
+                else "model warmed in 0.3 s: 2 of 2 batches of the shapes it will use")
+    assert [r.getMessage() for r in caplog.records] == [expected]
