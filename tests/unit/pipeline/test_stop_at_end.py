@@ -1,30 +1,66 @@
-"""--stop-at-end against a fake consumer: a coordinator that is not ready yet is asked again, not fatal."""
+"""--stop-at-end against a fake consumer: a coordinator that is not ready yet is asked again, not fatal; the broker is
+asked as soon as the worker goes idle, then at most every `_ASK_EVERY_S`."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from stream.pipeline import stop_at_end
 from stream.pipeline.stop_at_end import StopAtEnd
 
 
 class Consumer:
-    def __init__(self) -> None:
+    def __init__(self, not_coordinator_first: bool = True) -> None:
         self.calls = 0
+        self.not_coordinator_first = not_coordinator_first
+        self.committed_offset = 5
 
     def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         self.calls += 1
-        if self.calls == 1:  # a fresh cluster's first group: its coordinator is not there yet
+        if self.calls == 1 and self.not_coordinator_first:  # a fresh cluster's first group: no coordinator yet
             raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR, "Broker: Not coordinator"))
-        return [TopicPartition(tp.topic, tp.partition, 5) for tp in tps]
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in tps]
+
+
+def _stop_at_end(consumer: Consumer, clock: Any, busy: Any = lambda: False) -> StopAtEnd:
+    end = StopAtEnd.__new__(StopAtEnd)
+    end._consumer, end._topic, end._clock, end._next_check, end._next_ask = consumer, "in", clock, 0.0, 0.0
+    end._committer = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
+    end._busy, end._ends = busy, {0: 5}
+    return end
 
 
 def test_a_coordinator_not_ready_is_asked_again_at_the_next_check() -> None:
     clock = iter(range(100))
-    end = StopAtEnd.__new__(StopAtEnd)
-    end._consumer, end._topic, end._clock, end._next_check = Consumer(), "in", lambda: float(next(clock)), 0.0
-    end._committer = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
-    end._busy, end._ends = lambda: False, {0: 5}
+    end = _stop_at_end(Consumer(), lambda: float(next(clock)))
     assert end.reached() is False
     assert end.reached() is True
+
+
+def test_the_broker_is_asked_as_soon_as_the_worker_goes_idle_then_at_most_every_ask_interval() -> None:
+    now = [0.0]
+    busy = [True]
+    consumer = Consumer(not_coordinator_first=False)
+    consumer.committed_offset = 3  # short of the end (5) until the test moves it
+    end = _stop_at_end(consumer, lambda: now[0], lambda: busy[0])
+    tick = stop_at_end._CHECK_EVERY_S
+    assert end.reached() is False and consumer.calls == 0  # busy: nothing asked
+    now[0] += tick
+    busy[0] = False
+    assert end.reached() is False and consumer.calls == 1  # idle: asked at the first look
+    for _ in range(3):  # idle and short of the end: not asked again within the ask interval
+        now[0] += tick
+        assert end.reached() is False
+    assert consumer.calls == 1
+    now[0] += stop_at_end._ASK_EVERY_S
+    assert end.reached() is False and consumer.calls == 2
+    busy[0] = True  # more work, then idle again: asked at once, not after the ask interval
+    now[0] += tick
+    assert end.reached() is False and consumer.calls == 2
+    busy[0] = False
+    consumer.committed_offset = 5
+    now[0] += tick
+    assert end.reached() is True and consumer.calls == 3
