@@ -138,6 +138,15 @@ class OffsetTracker:
         state.dispatched = last + 1
         return span
 
+    def taken_to(self, topic: str, ends: dict[int, int]) -> bool:
+        """Every partition of ``topic`` in ``ends`` ({partition: end offset}) that is assigned here has had its
+        records taken from the consumer up to that end."""
+        for p, end in ends.items():
+            state = self._partitions.get((topic, p))
+            if state is not None and (state.taken is None or state.taken < end):
+                return False
+        return True
+
     def holds(self, tp: TopicPartition) -> bool:
         """Records of ``tp`` were dispatched in this assignment and the broker has not confirmed their commit."""
         state = self._partitions.get(tp)

@@ -236,6 +236,7 @@ class Worker:
                 publisher.init_transactions(self._transactions.timeout_s)
             end = StopAtEnd(consumer, self._admin_config, s.input_topic, parts.committer,
                             lambda: bool(self._tracker.in_flight() or len(self._batcher)),
+                            lambda ends: self._tracker.taken_to(s.input_topic, ends),
                             self._clock) if s.stop_at_end else None
             if not self._stop.is_set():  # else stopped during start-up: never join the group
                 r = parts.rebalancer

@@ -173,3 +173,17 @@ def test_admit_keeps_each_offset_once_and_never_skips_ahead() -> None:
     assert t.admit("t", np.array([0, 0]), np.array([8, 9])) is None
     keep = t.admit("t", np.array([0, 0, 0]), np.array([4, 12, 10]))
     assert keep is not None and keep.tolist() == [False, True, False]
+
+
+def test_taken_to_holds_once_every_assigned_partition_is_taken_to_its_end() -> None:
+    import numpy as np
+
+    t = OffsetTracker()
+    t.assign([("t", 0), ("t", 1)])
+    ends = {0: 10, 1: 5, 2: 7}  # partition 2 is another replica's: never holds this back
+    assert t.taken_to("t", ends) is False  # nothing taken yet
+    t.admit("t", np.array([0, 1]), np.array([9, 3]))
+    assert t.taken_to("t", ends) is False  # partition 1 stopped at 4, short of its end (5)
+    t.admit("t", np.array([1]), np.array([4]))
+    assert t.taken_to("t", ends) is True
+    assert t.taken_to("t", {0: 11}) is False

@@ -1,5 +1,5 @@
 """--stop-at-end against a fake consumer: a coordinator that is not ready yet is asked again, not fatal; the broker is
-asked as soon as the worker goes idle, then at most every `_ASK_EVERY_S`."""
+asked as soon as the worker has finished its own partitions, else at most every `_ASK_EVERY_S`."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ class Consumer:
         return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in tps]
 
 
-def _stop_at_end(consumer: Consumer, clock: Any, busy: Any = lambda: False) -> StopAtEnd:
+def _stop_at_end(consumer: Consumer, clock: Any, busy: Any = lambda: False,
+                 taken_to: Any = lambda ends: False) -> StopAtEnd:
     end = StopAtEnd.__new__(StopAtEnd)
     end._consumer, end._topic, end._clock, end._next_check, end._next_ask = consumer, "in", clock, 0.0, 0.0
     end._committer = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
-    end._busy, end._ends = busy, {0: 5}
+    end._busy, end._taken_to, end._asked_since_busy, end._ends = busy, taken_to, False, {0: 5}
     return end
 
 
@@ -40,27 +41,34 @@ def test_a_coordinator_not_ready_is_asked_again_at_the_next_check() -> None:
     assert end.reached() is True
 
 
-def test_the_broker_is_asked_as_soon_as_the_worker_goes_idle_then_at_most_every_ask_interval() -> None:
+def test_the_broker_is_asked_at_once_when_the_worker_finishes_its_partitions_else_at_most_every_ask_interval() -> None:
     now = [0.0]
     busy = [True]
+    own_done = [False]
     consumer = Consumer(not_coordinator_first=False)
     consumer.committed_offset = 3  # short of the end (5) until the test moves it
-    end = _stop_at_end(consumer, lambda: now[0], lambda: busy[0])
-    tick = stop_at_end._CHECK_EVERY_S
-    assert end.reached() is False and consumer.calls == 0  # busy: nothing asked
-    now[0] += tick
-    busy[0] = False
-    assert end.reached() is False and consumer.calls == 1  # idle: asked at the first look
-    for _ in range(3):  # idle and short of the end: not asked again within the ask interval
+    end = _stop_at_end(consumer, lambda: now[0], lambda: busy[0], lambda ends: own_done[0])
+    tick, ask_every = stop_at_end._CHECK_EVERY_S, stop_at_end._ASK_EVERY_S
+
+    def look(is_busy: bool) -> bool:
+        busy[0] = is_busy
         now[0] += tick
-        assert end.reached() is False
+        return end.reached()
+
+    assert look(True) is False and consumer.calls == 0  # busy: nothing asked
+    assert look(False) is False and consumer.calls == 1  # the first idle look asks
+    for _ in range(3):  # idle between two fetches, more to take: no round trip within the ask interval
+        assert look(True) is False
+        assert look(False) is False
     assert consumer.calls == 1
-    now[0] += stop_at_end._ASK_EVERY_S
-    assert end.reached() is False and consumer.calls == 2
-    busy[0] = True  # more work, then idle again: asked at once, not after the ask interval
-    now[0] += tick
-    assert end.reached() is False and consumer.calls == 2
-    busy[0] = False
+    now[0] += ask_every
+    assert look(False) is False and consumer.calls == 2  # idle past the interval: asked again
+    assert look(True) is False
+    own_done[0] = True  # its partitions taken to their ends and processed: asked at the first idle look
+    assert look(False) is False and consumer.calls == 3
+    for _ in range(3):  # once, not at every look while it waits for the group's other partitions
+        assert look(False) is False
+    assert consumer.calls == 3
     consumer.committed_offset = 5
-    now[0] += tick
-    assert end.reached() is True and consumer.calls == 3
+    now[0] += ask_every
+    assert look(False) is True and consumer.calls == 4
