@@ -99,6 +99,10 @@ class ChaosResult:
     recovery: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     duplicate_details: list[str] = field(default_factory=list)  # where the first repeated ids were written
     upstream_repeats: int = 0  # of the duplicates, those whose copies name different input records
+    # the output's repeats by when their first copy was appended: (first ms, last ms, repeats) per burst
+    duplicate_bursts: list[tuple[int, int, int]] = field(default_factory=list)
+    peak_per_commit: int = 0  # the most output records the fleet appended within one commit interval
+    fleet_log: list[tuple[int, str]] = field(default_factory=list)  # (epoch ms, a replica started, stopped, killed)
 
     def ok(self, exactly_once: bool) -> bool:
         return (self.lost == 0 and self.order_violations == 0 and not self.commit_problems
@@ -116,6 +120,16 @@ class ChaosResult:
                 f"commit_problems={len(self.commit_problems)} hanging_transactions={len(self.hanging_transactions)} "
                 f"send_failures={self.send_failures}" + (f" {faults}" if faults else ""))
 
+    def timeline(self) -> list[str]:
+        """The fleet's starts, stops and kills and the bursts of repeats, in order, in seconds from the first start:
+        what a kill or a handover left to be written again shows as a burst just before the next start or
+        assignment."""
+        zero = self.fleet_log[0][0] if self.fleet_log else 0
+        rows = [(ms, f"{what}") for ms, what in self.fleet_log]
+        rows += [(first, f"{n} repeats, first written {(first - zero) / 1000:.2f}-{(last - zero) / 1000:.2f} s")
+                 for first, last, n in self.duplicate_bursts]
+        return [f"+{(ms - zero) / 1000:7.2f} s  {what}" for ms, what in sorted(rows)]
+
 
 class Fleet:
     """Replica processes with stable names (and transactional ids), restarted in place. ``isolate``: slots whose
@@ -126,12 +140,14 @@ class Fleet:
         self.cfg = cfg
         self.args = ["--bootstrap-servers", cfg.bootstrap, "--input-topic", input_topic, "--output-topic",
                      output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--guarantee", cfg.guarantee,
-                     "--max-batch-size", str(cfg.max_batch_size), "--commit-interval-ms", "200", "--max-wait-ms",
+                     "--max-batch-size", str(cfg.max_batch_size), "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
+                     "--max-wait-ms",
                      "10", *_model_args(cfg)]
         self.group = group
         self.live: dict[int, WorkerProcess] = {}
         self.finished: list[WorkerProcess] = []
         self.starts = 0
+        self.log: list[tuple[int, str]] = []  # (epoch ms, what happened to which slot): read beside the duplicates
         self.isolate = isolate
         self.bridge = Bridge(cfg.workdir / f"bridge-{group}.sock") if isolate else None
         self._ports = [int(a.rsplit(":", 1)[1]) for a in cfg.bootstrap.split(",")]
@@ -147,6 +163,11 @@ class Fleet:
                              else self.args, self.cfg.workdir / f"{name}-{self.starts}.log",
                              {"KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000", **(env or {})}, wrap=wrap)
         self.live[slot] = proc
+        self._note(f"start r{slot}" + (f" armed {env['STREAM_TEST_KILL_AT']}" if env and "STREAM_TEST_KILL_AT" in env
+                                       else ""))
+
+    def _note(self, what: str) -> None:
+        self.log.append((int(time.time() * 1000), what))
 
     def cut(self, seconds: float) -> str:
         """Cut the isolated replicas off from every broker for ``seconds``, then reconnect them."""
@@ -165,19 +186,23 @@ class Fleet:
         for slot in gone:
             proc = self.live.pop(slot)
             proc.kill()  # already dead: reaps it and closes its log
+            self._note(f"r{slot} exited {proc.proc.returncode} (found)")
             self.finished.append(proc)
             reaped.append((slot, proc))
         return reaped
 
     def stop(self, slot: int) -> int:
         proc = self.live.pop(slot)
+        self._note(f"SIGTERM r{slot}")
         code = proc.terminate()
+        self._note(f"r{slot} exited {code}")
         self.finished.append(proc)
         return code
 
     def kill(self, slot: int) -> None:
         proc = self.live.pop(slot)
         proc.kill()
+        self._note(f"SIGKILL r{slot}")
         self.finished.append(proc)
 
     def all(self) -> list[WorkerProcess]:
@@ -189,6 +214,7 @@ class Fleet:
 
 
 TEXT_MODELS = ("free", "minilm")
+COMMIT_INTERVAL_MS = 200  # the fleet's --commit-interval-ms
 # texts/s offered by default: about half of what two replicas drain on a 2-core machine beside the broker (MiniLM's
 # CPU worker at one torch thread: about 100-200 texts/s a replica)
 TEXT_RATES = {"free": 4_000.0, "minilm": 100.0}
@@ -388,6 +414,8 @@ def run_chaos(cfg: ChaosConfig, log: bool = False) -> ChaosResult:
         worker_failures=failures, send_failures=len(failed_ids) + load.poison_failed,
         failed_sends_found=sum(1 for e in failed_ids if e in ids), faults=faults, recovery=recovery_table(faults),
         duplicate_details=verifier.duplicate_details(), upstream_repeats=verifier.upstream_repeats(),
+        duplicate_bursts=verifier.duplicate_bursts(), peak_per_commit=verifier.peak_appended(COMMIT_INTERVAL_MS),
+        fleet_log=fleet.log,
     )
     verifier.close()
     return result

@@ -82,6 +82,12 @@ class Verifier:
                 copies[event_id].append(f"{topic}[{partition}]@{offset} ts={ts} from input[{src_p}]@{src_off}")
         return [f"{event_id}: " + "; ".join(where) for event_id, where in copies.items()]
 
+    def duplicate_bursts(self, gap_ms: int = 500) -> list[tuple[int, int, int]]:
+        return duplicate_bursts(self.outputs, self.output_topic, gap_ms)
+
+    def peak_appended(self, window_ms: int) -> int:
+        return peak_within(self.append_ms, window_ms)
+
     def upstream_repeats(self) -> int:
         """Output repeats that are not the workers': copies of one id that name different input records, so the
         input held the event more than once (a producer that sends again a record whose delivery failed though it
@@ -110,6 +116,38 @@ class Verifier:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def duplicate_bursts(outputs: list[tuple[str, int, int, int, str, int, int]], output_topic: str,
+                     gap_ms: int = 500) -> list[tuple[int, int, int]]:
+    """The output's repeats grouped by when their first copy was appended: (first, last append time in ms,
+    repeats) per run of first copies no more than ``gap_ms`` apart. A replica killed, or a partition handed
+    over, shows as one burst: what it had delivered and not yet committed. ``outputs``: `Verifier.outputs`."""
+    first: dict[tuple[int, int], int] = {}
+    copies: dict[tuple[int, int], int] = defaultdict(int)
+    for topic, _, src_p, src_off, _, _, ts in outputs:
+        if topic == output_topic:
+            first.setdefault((src_p, src_off), ts)
+            copies[(src_p, src_off)] += 1
+    times = sorted(t for record, t in first.items() for _ in range(copies[record] - 1))
+    bursts: list[tuple[int, int, int]] = []
+    for t in times:
+        if bursts and t - bursts[-1][1] <= gap_ms:
+            bursts[-1] = (bursts[-1][0], t, bursts[-1][2] + 1)
+        else:
+            bursts.append((t, t, 1))
+    return bursts
+
+
+def peak_within(times_ms: list[int], window_ms: int) -> int:
+    """The most of ``times_ms`` within any ``window_ms`` (both ends included): the fleet's fastest stretch."""
+    times = sorted(times_ms)
+    peak, lo = 0, 0
+    for hi, t in enumerate(times):
+        while times[lo] < t - window_ms:
+            lo += 1
+        peak = max(peak, hi - lo + 1)
+    return peak
 
 
 def hanging_transactions(bootstrap: str, topics: list[str]) -> list[str]:
