@@ -23,8 +23,8 @@ from stream.ops.verify import headers_of, input_source
 
 class CpuSampler:
     """CPU seconds (user + system, from ``/proc/<pid>/stat``) of named processes, sampled on a thread every
-    ``every_s``, so that the cores each used over a window of wall-clock time can be read afterwards. Where
-    ``/proc`` is missing, or a process is gone, it simply has no samples."""
+    ``every_s`` and once more on exit, so that the cores each used over a window of wall-clock time can be read
+    afterwards. Where ``/proc`` is missing, or a process is gone, it simply has no samples."""
 
     def __init__(self, every_s: float = 0.25) -> None:
         self.every_s = every_s
@@ -45,24 +45,49 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
+    def _sample(self) -> None:
+        now = time.time()
+        self.samples.append((now, {name: c for name, pid in self._pids.items() if (c := cpu_seconds(pid)) is not None}))
+
     def _run(self) -> None:
-        while True:
-            now = time.time()
-            cpu = {name: c for name, pid in self._pids.items() if (c := cpu_seconds(pid)) is not None}
-            self.samples.append((now, cpu))
-            if self._stop.wait(self.every_s):
-                return
+        self._sample()
+        while not self._stop.wait(self.every_s):
+            self._sample()
+        self._sample()  # the window's end may fall after the last tick
 
     def cores(self, start: float, end: float) -> dict[str, float]:
-        """Mean cores each process used between wall-clock times ``start`` and ``end`` (epoch seconds), from
-        its first and last sample inside that window; a process with fewer than two there is left out."""
-        inside = [(t, cpu) for t, cpu in self.samples if start <= t <= end]
+        """Mean cores each process used between wall-clock times ``start`` and ``end`` (epoch seconds). Each
+        process's CPU seconds are interpolated linearly between its samples at the window's ends, so a window
+        shorter than the sampling step (or a sampler thread held up on a busy machine) still reads: a window
+        between two samples gets their slope. A window reaching past a process's samples (it started late or
+        exited early) is cut to them; a process with fewer than two samples, or none spanning any of the window,
+        is left out."""
         out = {}
         for name in self._pids:
-            mine = [(t, cpu[name]) for t, cpu in inside if name in cpu]
-            if len(mine) >= 2 and mine[-1][0] > mine[0][0]:
-                out[name] = (mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0])
+            mine = [(t, cpu[name]) for t, cpu in self.samples if name in cpu]
+            rate = _mean_slope(mine, start, end)
+            if rate is not None:
+                out[name] = rate
         return out
+
+
+def _mean_slope(points: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """The mean slope of the piecewise-linear curve through ``points`` (time-ordered) over ``[start, end]`` cut to
+    the points' span; at a single instant, the slope of the segment holding it. None: fewer than two points, or
+    no overlap."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    ts = np.array([t for t, _ in points])
+    cs = np.array([c for _, c in points])
+    lo, hi = max(start, ts[0]), min(end, ts[-1])
+    if hi < lo:
+        return None
+    if hi > lo:
+        return float((np.interp(hi, ts, cs) - np.interp(lo, ts, cs)) / (hi - lo))
+    j = min(max(int(np.searchsorted(ts, lo, side="right")), 1), len(ts) - 1)
+    while j < len(ts) - 1 and ts[j] <= ts[j - 1]:
+        j += 1
+    return float((cs[j] - cs[j - 1]) / (ts[j] - ts[j - 1])) if ts[j] > ts[j - 1] else None
 
 
 def cpu_seconds(pid: int) -> float | None:

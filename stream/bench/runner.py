@@ -182,8 +182,8 @@ class Bench:
         batches = sum(s["batches"] for s in summaries)
         busy = {stage: sum(s.get("stage_busy_s", {}).get(stage, 0.0) for s in summaries)
                 for stage in summaries[0].get("stage_busy_s", {})}
-        # The cores over the drain's own window (first record consumed to last offset committed): a process
-        # sampled fewer than twice in it (a drain of well under a second) is left out.
+        # The cores over the drain's own window (first record consumed to last offset committed), interpolated
+        # between samples at its ends.
         cores = sampler.cores(first, last)
         cpu = {"workers": sum(v for k, v in cores.items() if k.startswith("worker-")),
                **({"broker": cores["broker"]} if "broker" in cores else {})} if cores else None

@@ -37,12 +37,37 @@ def test_a_busy_process_reads_near_one_core_and_a_sleeping_one_near_none() -> No
     assert cores["idle"] < 0.1, cores
 
 
-def test_a_window_with_fewer_than_two_samples_of_a_process_leaves_it_out() -> None:
+def test_a_window_outside_a_process_s_samples_leaves_it_out() -> None:
     with CpuSampler(every_s=0.05) as sampler:
         sampler.watch("me", os.getpid())
         time.sleep(0.3)
     assert sampler.cores(0.0, 1.0) == {}  # no sample in 1970
     assert "me" in sampler.cores(0.0, time.time())
+
+
+def test_a_window_shorter_than_the_sampling_step_reads_the_slope_around_it() -> None:
+    """A latency step's window can fall between two samples (a held-up sampler thread on a loaded machine left
+    the CI run at a37c8d1 with no figure at all): it reads the interpolated slope, and the exit's sample closes
+    a window that ends after the last tick."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    try:
+        with CpuSampler(every_s=1.0) as sampler:
+            sampler.watch("busy", busy.pid)
+            time.sleep(1.3)
+            start = time.time()
+            time.sleep(0.1)
+            end = time.time()
+            time.sleep(0.2)
+        inside = [t for t, _ in sampler.samples if start <= t <= end]
+        short = sampler.cores(start, end)
+        at_once = sampler.cores(start, start)
+        tail = sampler.cores(sampler.samples[-2][0] + 0.01, sampler.samples[-1][0] + 5.0)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert inside == [] and len(sampler.samples) == 3, sampler.samples  # the start's, the tick's, the exit's
+    assert 0.3 < short["busy"] <= 1.1 and 0.3 < at_once["busy"] <= 1.1, (short, at_once)
+    assert 0.3 < tail["busy"] <= 1.1, tail  # cut at the exit's sample, not divided by the 5 s past it
 
 
 def test_cpu_seconds_of_a_process_that_is_gone_is_none() -> None:
