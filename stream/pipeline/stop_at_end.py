@@ -23,20 +23,30 @@ _ASK_EVERY_S = 0.25
 
 
 class StopAtEnd:
-    def __init__(self, consumer: Consumer, admin_config: dict[str, Any], topic: str, committer: Committer,
-                 busy: Callable[[], bool], taken_to: Callable[[dict[int, int]], bool],
+    """``ends``: the input's end offsets at start, per partition (`from_broker` reads them)."""
+
+    def __init__(self, consumer: Consumer, topic: str, ends: dict[int, int], committer: Committer,
+                 busy: Callable[[], bool], taken_to: Callable[[str, dict[int, int]], bool],
                  clock: Callable[[], float]) -> None:
         self._consumer = consumer
         self._topic = topic
+        self._ends = ends
         self._committer = committer
         self._busy = busy  # records in flight or batched: not done yet
-        self._taken_to = taken_to  # {partition: end}: those assigned here have been taken up to their ends
+        self._taken_to = taken_to  # (topic, {partition: end}): those assigned here were taken up to their ends
         self._clock = clock
         self._next_check = 0.0
         self._next_ask = 0.0
         self._asked_since_busy = False
-        self._ends = end_offsets(admin_config["bootstrap.servers"], topic, client_config=admin_config)
-        log.info("stop-at-end: end offsets at start %s", self._ends)
+
+    @classmethod
+    def from_broker(cls, consumer: Consumer, admin_config: dict[str, Any], topic: str, committer: Committer,
+                    busy: Callable[[], bool], taken_to: Callable[[str, dict[int, int]], bool],
+                    clock: Callable[[], float]) -> StopAtEnd:
+        """With the topic's end offsets as the broker has them now."""
+        ends = end_offsets(admin_config["bootstrap.servers"], topic, client_config=admin_config)
+        log.info("stop-at-end: end offsets at start %s", ends)
+        return cls(consumer, topic, ends, committer, busy, taken_to, clock)
 
     def reached(self) -> bool:
         """True once the group's committed offsets reach the end offsets seen at start, for every partition
@@ -53,7 +63,7 @@ class StopAtEnd:
             if self._busy():
                 self._asked_since_busy = False
                 return False
-            if now < self._next_ask and (self._asked_since_busy or not self._taken_to(pending)):
+            if now < self._next_ask and (self._asked_since_busy or not self._taken_to(self._topic, pending)):
                 return False
             self._next_ask = now + _ASK_EVERY_S
             self._asked_since_busy = True

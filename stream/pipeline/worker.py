@@ -234,10 +234,9 @@ class Worker:
         try:
             if s.exactly_once:
                 publisher.init_transactions(self._transactions.timeout_s)
-            end = StopAtEnd(consumer, self._admin_config, s.input_topic, parts.committer,
-                            lambda: bool(self._tracker.in_flight() or len(self._batcher)),
-                            lambda ends: self._tracker.taken_to(s.input_topic, ends),
-                            self._clock) if s.stop_at_end else None
+            end = StopAtEnd.from_broker(consumer, self._admin_config, s.input_topic, parts.committer,
+                                        lambda: bool(self._tracker.in_flight() or len(self._batcher)),
+                                        self._tracker.taken_to, self._clock) if s.stop_at_end else None
             if not self._stop.is_set():  # else stopped during start-up: never join the group
                 r = parts.rebalancer
 

@@ -26,12 +26,9 @@ class Consumer:
 
 
 def _stop_at_end(consumer: Consumer, clock: Any, busy: Any = lambda: False,
-                 taken_to: Any = lambda ends: False) -> StopAtEnd:
-    end = StopAtEnd.__new__(StopAtEnd)
-    end._consumer, end._topic, end._clock, end._next_check, end._next_ask = consumer, "in", clock, 0.0, 0.0
-    end._committer = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
-    end._busy, end._taken_to, end._asked_since_busy, end._ends = busy, taken_to, False, {0: 5}
-    return end
+                 taken_to: Any = lambda topic, ends: False) -> StopAtEnd:
+    committer: Any = SimpleNamespace(ledger=SimpleNamespace(positions=lambda: {}), commit=lambda asynchronous: None)
+    return StopAtEnd(consumer, "in", {0: 5}, committer, busy, taken_to, clock)  # type: ignore[arg-type]
 
 
 def test_a_coordinator_not_ready_is_asked_again_at_the_next_check() -> None:
@@ -47,7 +44,7 @@ def test_the_broker_is_asked_at_once_when_the_worker_finishes_its_partitions_els
     own_done = [False]
     consumer = Consumer(not_coordinator_first=False)
     consumer.committed_offset = 3  # short of the end (5) until the test moves it
-    end = _stop_at_end(consumer, lambda: now[0], lambda: busy[0], lambda ends: own_done[0])
+    end = _stop_at_end(consumer, lambda: now[0], lambda: busy[0], lambda topic, ends: topic == "in" and own_done[0])
     tick, ask_every = stop_at_end._CHECK_EVERY_S, stop_at_end._ASK_EVERY_S
 
     def look(is_busy: bool) -> bool:
