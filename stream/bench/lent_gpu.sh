@@ -10,7 +10,8 @@
 # Counts: TEXTS (the model alone's and sentence-transformers' passes, 51,200), DRAIN (texts per worker drain,
 # 2,000,000: about 15 s at 130,000 texts/s), ROUNDS (worker drains per row, 3), BATCH (4,096), EVENTS (the MLP's,
 # 500,000). `measure --check` runs every step with small counts on a machine without CUDA (the text benchmark then
-# has no CUDA rows): it checks the script, not the figures.
+# has no CUDA rows): it checks the script, not the figures. A failed or skipped step does not stop the later ones;
+# `measure` then exits 1, and $OUT/steps.log says which.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 phase=${1:-}
@@ -18,6 +19,7 @@ OUT=${OUT:-$PWD/lent-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PY:-python3}
+failed=0
 left() { echo "$(( ${DEADLINE:-999999} - SECONDS ))"; }
 step() {  # step NAME SECONDS COMMAND...: at most SECONDS (and never past the deadline), its output in $OUT/NAME.log
   local name=$1 limit=$2 rc
@@ -25,11 +27,13 @@ step() {  # step NAME SECONDS COMMAND...: at most SECONDS (and never past the de
   (( limit > $(left) )) && limit=$(left)
   if (( limit < 20 )); then
     echo "== $name: not run ($(left) s left)" | tee -a "$OUT/steps.log"
+    failed=1
     return
   fi
   echo "== $name (at most $limit s): $*" | tee -a "$OUT/steps.log"
   timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
+  (( rc == 0 )) || failed=1
   echo "== $name: exit $rc after $SECONDS s in all" | tee -a "$OUT/steps.log"
   tail -25 "$OUT/$name.log"
 }
@@ -67,6 +71,7 @@ case "$phase" in
       --no-host-ceiling --worker-rounds "${ROUNDS:-3}" --stages-rounds 0 --results "$OUT/bench-text"
     step bench-gpu 90 "$PY" -m stream bench-gpu --broker tansu --width 8192 --depth 4 --events "${EVENTS:-500000}" \
       --results "$OUT/bench-gpu"
+    exit "$failed"
     ;;
   *)
     echo "usage: bash stream/bench/lent_gpu.sh setup | measure [--check]" >&2
