@@ -125,7 +125,7 @@ class ChaosResult:
         what a kill or a handover left to be written again shows as a burst just before the next start or
         assignment."""
         zero = self.fleet_log[0][0] if self.fleet_log else 0
-        rows = [(ms, f"{what}") for ms, what in self.fleet_log]
+        rows = list(self.fleet_log)
         rows += [(first, f"{n} repeats, first written {(first - zero) / 1000:.2f}-{(last - zero) / 1000:.2f} s")
                  for first, last, n in self.duplicate_bursts]
         return [f"+{(ms - zero) / 1000:7.2f} s  {what}" for ms, what in sorted(rows)]
@@ -141,8 +141,7 @@ class Fleet:
         self.args = ["--bootstrap-servers", cfg.bootstrap, "--input-topic", input_topic, "--output-topic",
                      output_topic, "--dlq-topic", dlq_topic, "--group-id", group, "--guarantee", cfg.guarantee,
                      "--max-batch-size", str(cfg.max_batch_size), "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
-                     "--max-wait-ms",
-                     "10", *_model_args(cfg)]
+                     "--max-wait-ms", "10", *_model_args(cfg)]
         self.group = group
         self.live: dict[int, WorkerProcess] = {}
         self.finished: list[WorkerProcess] = []
