@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -164,8 +165,6 @@ def test_property_watermark_is_contiguous_acked_prefix(sizes: list[int], seed: i
 
 
 def test_admit_keeps_each_offset_once_and_never_skips_ahead() -> None:
-    import numpy as np
-
     t = OffsetTracker()
     t.assign([("t", 0)])
     keep = t.admit("t", np.array([0, 0, 0, 0, 7]), np.array([5, 6, 5, 7, 1]))
@@ -176,8 +175,6 @@ def test_admit_keeps_each_offset_once_and_never_skips_ahead() -> None:
 
 
 def test_taken_to_holds_once_every_assigned_partition_is_taken_to_its_end() -> None:
-    import numpy as np
-
     t = OffsetTracker()
     t.assign([("t", 0), ("t", 1)])
     ends = {0: 10, 1: 5, 2: 7}  # partition 2 is another replica's: never holds this back
