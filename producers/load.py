@@ -19,7 +19,7 @@ from stream.codec import RegisteredSchema, SchemaRegistry, avro_long, decode
 from stream.kafka.client_logs import client_logger
 from stream.kafka.native import NativeProducer
 from stream.kafka.native import unavailable as native_unavailable
-from stream.models.demo import EVENT_SCHEMA
+from stream.models.demo_names import EVENT_SCHEMA
 
 BLOCK = 5_000
 _BURST = 500  # events per timestamp: a burst is handed over in well under a millisecond

@@ -17,7 +17,7 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
 from stream.codec import SchemaRegistry, encode
-from stream.models.demo import TEXT_EVENT_SCHEMA
+from stream.models.demo_names import TEXT_EVENT_SCHEMA
 
 _SUBJECTS = ("the customer", "our team", "a new user", "the driver", "my neighbour", "the support agent",
              "the warehouse", "this app", "the hotel", "the courier", "a reviewer", "the bank", "the engineer",

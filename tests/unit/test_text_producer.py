@@ -1,8 +1,12 @@
-"""`producers.texts.produce_texts` paced and stopped (the text chaos run's load), against a stand-in producer."""
+"""`producers.texts.produce_texts` paced and stopped (the text chaos run's load), against a stand-in producer;
+the load generators' imports."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,3 +81,11 @@ def test_a_stop_ends_the_run_after_the_chunk_in_hand_and_counts_what_was_sent(fa
 def test_a_rate_must_be_positive() -> None:
     with pytest.raises(ValueError, match="rate must be > 0"):
         texts.produce_texts("b:1", "t", 1, rate=0.0)
+
+
+def test_the_load_generators_start_without_torch() -> None:
+    """`python -m producers` and the text producer take the demo's schema names from `stream.models.demo_names`:
+    taking them from `stream.models.demo` imported torch, about 3 s of CPU at each load generator's start here."""
+    code = ("import sys; import producers.cli, producers.texts; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=Path(__file__).parents[2])

@@ -513,7 +513,12 @@ def other_thread_ran_during(call: Any, window_s: float = 0.1) -> bool:
     result each time) is made again until the counter moves or ``window_s`` has passed: one call of a few
     milliseconds can end before a loaded machine's scheduler wakes the other thread (seen in CI: the unit tests
     beside another pytest process on two cores), while a window far under the switch interval still cannot let it
-    in through a call that holds the GIL."""
+    in through a call that holds the GIL.
+
+    The spinning thread gives the GIL up itself every few thousand counts (a 0.1 ms sleep): with a switch interval
+    of a second the calling thread would otherwise wait up to a second to get it back after each call that released
+    it, and at the start (about a second per probe: 7 of this file's 10 s). A call that holds the GIL still keeps
+    it from running at all."""
     import sys
     import threading
     import time
@@ -524,6 +529,8 @@ def other_thread_ran_during(call: Any, window_s: float = 0.1) -> bool:
     def spin() -> None:
         while not stop.is_set():
             counter[0] += 1
+            if counter[0] % 4096 == 0:
+                time.sleep(0.0001)
 
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1.0)
@@ -531,7 +538,7 @@ def other_thread_ran_during(call: Any, window_s: float = 0.1) -> bool:
     try:
         thread.start()
         while counter[0] == 0:
-            pass  # the spinning thread is running
+            time.sleep(0.0001)  # until the spinning thread runs
         before = counter[0]
         deadline = time.perf_counter() + window_s
         call()
