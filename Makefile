@@ -46,9 +46,10 @@ help:
 # cache (~/.cache/uv) and 20 s with an empty one, against pip's 67 to 120 s here (torch's 3 GB included, which pip
 # fetched again every time). uv compiles nothing, and where PYTHONDONTWRITEBYTECODE is set (this machine and CI)
 # Python writes no bytecode either: every process compiled torch's modules and this project's again as it imported
-# them (a worker's imports: 4.6 s of CPU here, 2.3 s from bytecode). So the venv's packages and this checkout are
-# compiled once here (about 45 s on 2 cores; a source edited later is compiled on import again). A file that does
-# not compile on this Python (torch's py312_intrinsics.py on 3.11) makes compileall exit 1: it is left as it was.
+# them (a worker's imports: 4.5 s of CPU from source, 2.2 s from bytecode, docs/results/import-cost-ae62915.json,
+# `python -m tests.import_cost`). So the venv's packages and this checkout are compiled once here (about 45 s on
+# 2 cores; a source edited later is compiled on import again). A file that does not compile on this Python (torch's
+# py312_intrinsics.py on 3.11) makes compileall exit 1: it is left as it was.
 UV_VERSION := 0.13.9
 UV         := $(VENV)/bin/uv pip install --quiet --python $(PY)
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
