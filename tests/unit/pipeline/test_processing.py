@@ -517,8 +517,8 @@ def other_thread_ran_during(call: Any, window_s: float = 0.1) -> bool:
 
     The spinning thread gives the GIL up itself every few thousand counts (a 0.1 ms sleep): with a switch interval
     of a second the calling thread would otherwise wait up to a second to get it back after each call that released
-    it, and at the start (about a second per probe: 7 of this file's 10 s). A call that holds the GIL still keeps
-    it from running at all."""
+    it, and at the start (about a second per probe: 7 of the GIL test's 10 s here). A call that holds the GIL still
+    keeps it from running at all."""
     import sys
     import threading
     import time
