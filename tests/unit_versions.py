@@ -73,8 +73,8 @@ def install(venv: Path, *args: str) -> None:
 def compile_bytecode(venv: Path, packages: bool) -> None:
     """This checkout's modules (and with ``packages`` the venv's) compiled to bytecode: where
     PYTHONDONTWRITEBYTECODE is set (CI) Python writes none on import, and each test process compiled torch again
-    (the Makefile's venv does the same). A file that does not compile on this version makes compileall exit 1: it
-    is compiled on import, as before."""
+    (`make venv` calls this for its venv too). A file that does not compile on this version (torch's
+    py312_intrinsics.py on 3.11) makes compileall exit 1: it is compiled on import, as before."""
     python = str(venv / "bin" / "python")
     trees = ["stream", "producers", "tests"]
     if packages:
