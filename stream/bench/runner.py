@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -123,9 +124,11 @@ class Bench:
 
     def worker_drain(self, name: str, extra: list[str], replicas: int = 1,
                      env: dict[str, str] | None = None, cwd: Path | None = None, input_topic: str | None = None,
-                     model_dir: bool = True) -> Drain:
+                     model_dir: bool = True, on_ready: Callable[[int], None] | None = None) -> Drain:
         """Replicas drain the pre-produced topic (``--stop-at-end``); the first one's RSS is sampled against
-        its consumed count (from its /metrics) for the growth figure. ``model_dir``: pass the demo model's."""
+        its consumed count (from its /metrics) for the growth figure. ``model_dir``: pass the demo model's.
+        ``on_ready(pid)``: called with the first replica's PID once it answers ``/readyz`` (a profiler attaching
+        to the drain alone)."""
         out = self.topic(f"{name}-out")
         group = f"bench-{name}-{self.run}"
         port = free_port()
@@ -155,6 +158,8 @@ class Bench:
                 now = time.monotonic()
                 if ready_s is None and ready(port):
                     ready_s = now - started
+                    if on_ready is not None:
+                        on_ready(procs[0][0].pid)
                 if now >= next_progress:
                     next_progress += 0.2
                     consumed = scrape(port, "stream_records_consumed_total")
