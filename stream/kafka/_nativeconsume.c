@@ -194,8 +194,9 @@ static PyObject *wall_ns(void) {
     return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
 }
 
-/* consume(n, timeout_s) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
- * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something):
+/* consume(n, timeout_s, first=False) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
+ * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something; with
+ * first, waiting up to timeout_s for one, then taking up to n - 1 more of those already fetched without waiting):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
  * events among them (end of partition included); pending: the consumer's queue holds something to serve;
@@ -204,7 +205,8 @@ static PyObject *wall_ns(void) {
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
-    if (!PyArg_ParseTuple(args, "nd", &max, &timeout_s) || open_or_raise(self) < 0)
+    int first = 0;
+    if (!PyArg_ParseTuple(args, "nd|p", &max, &timeout_s, &first) || open_or_raise(self) < 0)
         return NULL;
     if (max < 1 || max > (1 << 24))
         return PyErr_Format(PyExc_ValueError, "n must be in 1..2**24, got %zd", max);
@@ -219,14 +221,22 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     const int wait_ms = timeout_ms(timeout_s, 0);
     if (PyErr_Occurred())
         return NULL;
+    /* Only what makes Python objects holds the GIL: the copies into the result's buffers, the reply headers'
+     * search and the records' release run without it (as the wait does), so that a thread launching device work
+     * between them gets it back at once. The buffers are this call's alone until it returns; consume() and
+     * close() are called from one thread (the poll loop), as before. */
     ssize_t n;
-    Py_BEGIN_ALLOW_THREADS
-    n = rdk.consume_batch_queue(self->q, wait_ms, msgs, (size_t)max);
-    Py_END_ALLOW_THREADS
-    if (n < 0)
-        return PyErr_Format(PyExc_RuntimeError, "consume: %s", rdk.err2str(rdk.last_error()));
     Py_ssize_t good = 0, nerr = 0;
     size_t total = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (first) { /* the wait is for the first record; then what is already fetched, without waiting */
+        n = rdk.consume_batch_queue(self->q, wait_ms, msgs, 1);
+        if (n == 1 && max > 1) {
+            const ssize_t more = rdk.consume_batch_queue(self->q, 0, msgs + 1, (size_t)max - 1);
+            n += more > 0 ? more : 0;
+        }
+    } else
+        n = rdk.consume_batch_queue(self->q, wait_ms, msgs, (size_t)max);
     for (ssize_t i = 0; i < n; i++) {
         if (msgs[i]->err)
             nerr++;
@@ -235,6 +245,9 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
             total += msgs[i]->payload ? msgs[i]->len : 0;
         }
     }
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        return PyErr_Format(PyExc_RuntimeError, "consume: %s", rdk.err2str(rdk.last_error()));
     PyObject *result = NULL;
     PyObject *values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     PyObject *starts = PyBytes_FromStringAndSize(NULL, good * 8);
@@ -245,12 +258,41 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *errors = PyList_New(nerr);
     PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
     PyObject *taken_ns = NULL; /* the wall clock, read at the first record with headers */
-    if (values && starts && lens && parts && offs && keys && errors) {
+    /* rows with a watched header, found without the GIL (n_reply_headers > 0 only) */
+    char *watched = self->n_reply_headers && good ? calloc((size_t)good, 1) : NULL;
+    if (values && starts && lens && parts && offs && keys && errors && (watched || !self->n_reply_headers || !good)) {
         char *vb = PyBytes_AS_STRING(values);
         int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
         int32_t *pt = (int32_t *)PyBytes_AS_STRING(parts);
         int64_t *of = (int64_t *)PyBytes_AS_STRING(offs);
-        Py_ssize_t g = 0, e = 0, at = 0, failed = 0;
+        Py_ssize_t g = 0, at = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (ssize_t i = 0; i < n; i++) {
+            const rd_kafka_message_t *m = msgs[i];
+            if (m->err)
+                continue;
+            st[g] = at;
+            if (m->payload) {
+                memcpy(vb + at, m->payload, m->len);
+                ln[g] = (int64_t)m->len;
+                at += (Py_ssize_t)m->len;
+            } else
+                ln[g] = -1;
+            pt[g] = m->partition;
+            of[g] = m->offset;
+            if (watched) {
+                rd_kafka_headers_t *hdrs;
+                const void *value;
+                size_t size;
+                if (rdk.message_headers(m, &hdrs) == 0)
+                    for (Py_ssize_t h = 0; h < self->n_reply_headers && !watched[g]; h++)
+                        watched[g] = rdk.header_get_last(hdrs, self->reply_headers[h], &value, &size) == 0 && value;
+            }
+            g++;
+        }
+        Py_END_ALLOW_THREADS
+        Py_ssize_t e = 0, failed = 0;
+        g = 0;
         for (ssize_t i = 0; i < n; i++) {
             const rd_kafka_message_t *m = msgs[i];
             PyObject *item;
@@ -278,18 +320,9 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
                 Py_INCREF(item);
             }
             PyList_SET_ITEM(keys, g, item);
-            st[g] = at;
-            if (m->payload) {
-                memcpy(vb + at, m->payload, m->len);
-                ln[g] = (int64_t)m->len;
-                at += (Py_ssize_t)m->len;
-            } else
-                ln[g] = -1;
-            pt[g] = m->partition;
-            of[g] = m->offset;
-            if (self->n_reply_headers) {
+            if (watched && watched[g]) {
                 rd_kafka_headers_t *hdrs;
-                if (rdk.message_headers(m, &hdrs) == 0) {
+                if (rdk.message_headers(m, &hdrs) == 0) { /* parsed above: librdkafka keeps them */
                     if (!taken_ns && !(taken_ns = wall_ns())) {
                         failed = 1;
                         break;
@@ -306,11 +339,15 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
             result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
                                    rdk.queue_length(self->cq) > 0 ? Py_True : Py_False,
                                    replies ? replies : Py_None);
-    }
+    } else if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    free(watched);
     /* Records taken from librdkafka are released whatever happened; a failure here fails the caller, whose
      * offsets then stay where their acknowledged predictions put them. */
+    Py_BEGIN_ALLOW_THREADS
     for (ssize_t i = 0; i < n; i++)
         rdk.message_destroy(msgs[i]);
+    Py_END_ALLOW_THREADS
     Py_XDECREF(values);
     Py_XDECREF(starts);
     Py_XDECREF(lens);

@@ -57,12 +57,19 @@ class Intake:
         if self._source is not None:
             self._source.route([p for t, p in tps if t == self._source.topic])
 
-    def take(self, n: int, timeout_s: float) -> Records:
-        """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile."""
+    def take(self, n: int, timeout_s: float, first: bool = False) -> Records:
+        """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile.
+        ``first``: waiting up to ``timeout_s`` for the first record only, then taking what is already fetched,
+        up to ``n`` in all: one batch's worth of a backlog in one `Records` (no copy to join it later)."""
         consumer = self._consumer
         source = self._source
         if source is None:
-            return self._records_of(consumer.consume(n, timeout_s))
+            if not first:
+                return self._records_of(consumer.consume(n, timeout_s))
+            messages = consumer.consume(1, timeout_s)
+            if messages and n > 1:
+                messages += consumer.consume(n - 1, 0)
+            return self._records_of(messages)
         now = self._clock()
         if now >= self._serve_consumer_at:
             # Rebalances (on_assign routes new partitions to the native queue before they are assigned),
@@ -72,7 +79,7 @@ class Intake:
             if len(self._records_of(consumer.consume(100, 0))):
                 raise StreamError("a record reached the consumer's own queue while the native consumer takes the "
                                   "input (a partition assigned without on_assign?)")
-        records, errors, pending = source.consume(n, timeout_s)
+        records, errors, pending = source.consume(n, timeout_s, first)
         for _partition, _offset, code, text in errors:
             consume_error(KafkaError(code, text))
         if pending:

@@ -181,11 +181,13 @@ class NativeInput:
         if not self._closed:
             self._queue.route(partitions)
 
-    def consume(self, n: int, timeout_s: float) -> tuple[Records, list[tuple[int, int, int, str]], bool]:
+    def consume(self, n: int, timeout_s: float, first: bool = False
+                ) -> tuple[Records, list[tuple[int, int, int, str]], bool]:
         """(up to ``n`` records, error events among them as (partition, offset, code, text), whether the
-        consumer's own queue has something to serve)."""
+        consumer's own queue has something to serve). ``first``: ``timeout_s`` is a wait for the first record;
+        the others are those already fetched then (no wait for ``n``)."""
         values, starts, lengths, keys, partitions, offsets, errors, pending, replies = self._queue.consume(
-            n, timeout_s)
+            n, timeout_s, first)
         records = Records(values, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64),
                           keys, np.frombuffer(partitions, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64),
                           replies)

@@ -343,8 +343,9 @@ class Worker:
                     elif now - stalled_since >= PAUSE_AFTER_S:
                         pause.set(consumer, True)
             elif len(batcher) == 0:
-                # Empty batch: take one record as soon as it arrives, so its wait is timed from arrival.
-                records = intake.take(1, _IDLE_POLL_S)
+                # Empty batch: take a record as soon as it arrives, so its wait is timed from arrival, and with it
+                # those fetched before it (a backlog's batch in one piece, not one record and then the rest).
+                records = intake.take(batcher.room, _IDLE_POLL_S, first=True)
             elif adaptive and stage.idle():
                 # The model has nothing to do: waiting for more records only adds latency. Take what is
                 # already fetched; if that does not fill the batch, hand it over now. Under load the model is
