@@ -1,4 +1,5 @@
-"""Model handlers: the protocol's types (`InputSpec`, `OutputSpec`, from `stream.models.spec`) and the built-in
+"""Model handlers: the protocol's types (`InputSpec`, `OutputSpec`, from `stream.models.spec`; `TextBuffer`, the
+string input of ``text_buffer=True``, from `stream.models.text_buffer`) and the built-in
 handlers (`demo`: the fraud MLP; `exported`: a `torch.export` archive; `minilm`: all-MiniLM-L6-v2 text embeddings,
 with `bert` and `shapes`).
 
@@ -7,5 +8,6 @@ package imports no model (and not torch): only the types.
 """
 
 from stream.models.spec import INPUT_DTYPES, NUMERIC_DTYPES, OUTPUT_TYPES, InputSpec, OutputSpec
+from stream.models.text_buffer import TextBuffer
 
-__all__ = ["INPUT_DTYPES", "NUMERIC_DTYPES", "OUTPUT_TYPES", "InputSpec", "OutputSpec"]
+__all__ = ["INPUT_DTYPES", "NUMERIC_DTYPES", "OUTPUT_TYPES", "InputSpec", "OutputSpec", "TextBuffer"]

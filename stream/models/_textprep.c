@@ -1,5 +1,7 @@
 /* The text model's host path in C, for `stream.models.minilm`: BERT's WordPiece tokenizing of ASCII texts
- * (`WordPiece`, most of this file) and the pass planner's dynamic programme (`plan_groups`, at the end).
+ * (`WordPiece`, most of this file; `encode` takes str, `encode_spans` a batch's UTF-8 bytes and each text's span),
+ * the blank-text check of `stream.models.text_buffer` (`unsure_blank`) and the pass planner's dynamic programme
+ * (`plan_groups`, at the end).
  *
  * WordPiece gives exactly the ids the Rust `tokenizers` library gives for a tokenizer.json of BertNormalizer
  * (clean_text, lowercase; its Chinese-character and accent handling touch no ASCII character), BertPreTokenizer
@@ -262,6 +264,18 @@ static int accepted(PyObject *text, Py_ssize_t max_chars) {
     return memchr(PyUnicode_1BYTE_DATA(text), '[', (size_t)n) == NULL;
 }
 
+/* A contiguous read-only buffer of int64 of at least `count` items (its own count: view->len / 8). */
+static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL || (strcmp(view->format, "q") && strcmp(view->format, "l")) ||
+        view->len < 8 * count) {
+        PyErr_Format(PyExc_ValueError, "%s: need %zd int64 items", name, count);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 /* encode(texts, max_tokens, max_chars) -> (ids: bytes of int32, lengths: bytes of int32, others: list[int],
  * cut: int). Each accepted text's ids, [CLS] ... [SEP] cut to max_tokens, one after another in `ids`, its count in
  * `lengths`; a text not accepted (see the top of this file) gets length 0 and its index in `others`. `cut`: the
@@ -337,16 +351,141 @@ done:
     return result;
 }
 
-/* A contiguous read-only buffer of int64 of at least `count` items (its own count: view->len / 8). */
-static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || view->format == NULL || (strcmp(view->format, "q") && strcmp(view->format, "l")) ||
-        view->len < 8 * count) {
-        PyErr_Format(PyExc_ValueError, "%s: need %zd int64 items", name, count);
-        PyBuffer_Release(view);
+/* The spans [starts[i], ends[i]) of `data` as texts: checked, and each one's bytes found (a view into data). */
+typedef struct {
+    Py_buffer data, starts, ends;
+    Py_ssize_t n;
+} Spans;
+
+static void spans_release(Spans *sp) {
+    PyBuffer_Release(&sp->data);
+    PyBuffer_Release(&sp->starts);
+    PyBuffer_Release(&sp->ends);
+}
+
+static int spans_get(PyObject *data, PyObject *starts, PyObject *ends, Spans *sp) {
+    memset(sp, 0, sizeof *sp);
+    if (PyObject_GetBuffer(data, &sp->data, PyBUF_SIMPLE) < 0) return -1;
+    if (int64_buf(starts, &sp->starts, 0, "starts") < 0) {
+        PyBuffer_Release(&sp->data);
         return -1;
     }
+    sp->n = sp->starts.len / 8;
+    if (int64_buf(ends, &sp->ends, sp->n, "ends") < 0) {
+        PyBuffer_Release(&sp->data);
+        PyBuffer_Release(&sp->starts);
+        return -1;
+    }
+    const int64_t *a = sp->starts.buf, *b = sp->ends.buf;
+    for (Py_ssize_t i = 0; i < sp->n; i++)
+        if (a[i] < 0 || b[i] < a[i] || b[i] > sp->data.len) {
+            PyErr_Format(PyExc_ValueError, "span %zd [%lld, %lld) is not within the data's %zd bytes", i,
+                         (long long)a[i], (long long)b[i], sp->data.len);
+            spans_release(sp);
+            return -1;
+        }
     return 0;
+}
+
+/* encode_spans(data, starts, ends, max_tokens, max_chars) -> `encode`'s result for the UTF-8 texts
+ * data[starts[i]:ends[i]] (starts and ends int64 buffers of one count), without a str per text: a text is
+ * accepted when all its bytes are ASCII and none of its first max_chars is '[', as `encode` accepts a str. The
+ * whole batch is read and tokenized without the GIL. */
+static PyObject *wp_encode_spans(WordPiece *self, PyObject *args) {
+    PyObject *data, *starts, *ends;
+    Py_ssize_t max_tokens, max_chars;
+    if (!PyArg_ParseTuple(args, "OOOnn", &data, &starts, &ends, &max_tokens, &max_chars)) return NULL;
+    if (!self->ready) {
+        PyErr_SetString(PyExc_TypeError, "this WordPiece was not initialised");
+        return NULL;
+    }
+    if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
+        return NULL;
+    }
+    Spans sp;
+    if (spans_get(data, starts, ends, &sp) < 0) return NULL;
+    const Py_ssize_t n = sp.n;
+    int32_t *ids = PyMem_Malloc((size_t)(n ? n : 1) * (size_t)max_tokens * sizeof(int32_t));
+    int32_t *lengths = PyMem_Calloc((size_t)(n ? n : 1), sizeof(int32_t));
+    char *take = PyMem_Calloc((size_t)(n ? n : 1), 1);
+    PyObject *others = NULL, *result = NULL;
+    Py_ssize_t total = 0, cut = 0, n_others = 0;
+    if (ids == NULL || lengths == NULL || take == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char *base = sp.data.buf;
+    const int64_t *a = sp.starts.buf, *b = sp.ends.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *t = (const unsigned char *)base + a[i];
+        const Py_ssize_t len = (Py_ssize_t)(b[i] - a[i]);
+        int ascii = 1;
+        for (Py_ssize_t c = 0; c < len && ascii; c++) ascii = t[c] < 0x80;
+        take[i] = (char)(ascii && memchr(t, '[', (size_t)(len > max_chars ? max_chars : len)) == NULL);
+        if (!take[i]) {
+            n_others++;
+            continue;
+        }
+        int was_cut = 0;
+        Py_ssize_t count = encode_one(self, (const char *)t, len > max_chars ? max_chars : len, max_tokens,
+                                      ids + total, &was_cut);
+        lengths[i] = (int32_t)count;
+        total += count;
+        cut += was_cut || len > max_chars;
+    }
+    Py_END_ALLOW_THREADS
+    others = PyList_New(n_others);
+    if (others == NULL) goto done;
+    for (Py_ssize_t i = 0, o = 0; i < n; i++) {
+        if (take[i]) continue;
+        PyObject *index = PyLong_FromSsize_t(i);
+        if (index == NULL) goto done;
+        PyList_SET_ITEM(others, o++, index);
+    }
+    result = Py_BuildValue("(y#y#On)", (const char *)ids, total * (Py_ssize_t)sizeof(int32_t), (const char *)lengths,
+                           n * (Py_ssize_t)sizeof(int32_t), others, cut);
+done:
+    spans_release(&sp);
+    PyMem_Free(ids);
+    PyMem_Free(lengths);
+    PyMem_Free(take);
+    Py_XDECREF(others);
+    return result;
+}
+
+static inline int ascii_space(unsigned char c) { /* str.isspace() of an ASCII character */
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1C && c <= 0x1F);
+}
+
+/* unsure_blank(data, starts, ends) -> bytes of int64: the spans with no ASCII character but whitespace (the
+ * empty ones, those of ASCII whitespace only, and those whose other bytes are all beyond ASCII, which only
+ * decoding and str.strip() can tell); every other span is surely not blank. Without the GIL. */
+static PyObject *unsure_blank(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *data, *starts, *ends;
+    if (!PyArg_ParseTuple(args, "OOO", &data, &starts, &ends)) return NULL;
+    Spans sp;
+    if (spans_get(data, starts, ends, &sp) < 0) return NULL;
+    int64_t *rows = PyMem_Malloc((size_t)(sp.n ? sp.n : 1) * sizeof(int64_t));
+    if (rows == NULL) {
+        spans_release(&sp);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t found = 0;
+    const unsigned char *base = sp.data.buf;
+    const int64_t *a = sp.starts.buf, *b = sp.ends.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < sp.n; i++) {
+        int word = 0;
+        for (int64_t c = a[i]; c < b[i] && !word; c++) word = base[c] < 0x80 && !ascii_space(base[c]);
+        if (!word) rows[found++] = i;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = PyBytes_FromStringAndSize((const char *)rows, found * (Py_ssize_t)sizeof(int64_t));
+    PyMem_Free(rows);
+    spans_release(&sp);
+    return result;
 }
 
 /* plan_groups(values, ends, per_pass, overhead, padded_rows) -> bytes of int64, G + 1 of them.
@@ -426,12 +565,16 @@ fail_v:
 static PyMethodDef module_methods[] = {
     {"plan_groups", plan_groups, METH_VARARGS,
      "plan_groups(values, ends, per_pass, overhead, padded_rows) -> bytes: see stream/models/_textprep.c"},
+    {"unsure_blank", unsure_blank, METH_VARARGS,
+     "unsure_blank(data, starts, ends) -> bytes of int64: see stream/models/_textprep.c"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMethodDef wp_methods[] = {
     {"encode", (PyCFunction)wp_encode, METH_VARARGS,
      "encode(texts, max_tokens, max_chars) -> (ids, lengths, others, cut): see stream/models/_textprep.c"},
+    {"encode_spans", (PyCFunction)wp_encode_spans, METH_VARARGS,
+     "encode_spans(data, starts, ends, max_tokens, max_chars) -> encode's result: see stream/models/_textprep.c"},
     {NULL, NULL, 0, NULL},
 };
 

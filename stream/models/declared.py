@@ -30,7 +30,8 @@ class Declared:
 BUILT_IN = {
     "demo": Declared(EVENT_SCHEMA, "demo-fraud-mlp", None, PREDICTION_SCHEMA,
                      (InputSpec("features", "float32", (32,)),)),
-    "minilm": Declared(None, "all-MiniLM-L6-v2", 384, inputs=(InputSpec("text", "string", nonempty=True),),
+    "minilm": Declared(None, "all-MiniLM-L6-v2", 384,
+                       inputs=(InputSpec("text", "string", nonempty=True, text_buffer=True),),
                        pooling="mean", max_tokens=256),
 }
 

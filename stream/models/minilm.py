@@ -55,6 +55,7 @@ from stream.models.passes import (
 )
 from stream.models.shapes import CudaGraphs, ShapeSet
 from stream.models.spec import InputSpec, OutputSpec
+from stream.models.text_buffer import TextBuffer
 from stream.models.wordpiece import native_wordpiece
 
 try:
@@ -80,7 +81,8 @@ CHARS_PER_TOKEN = 32  # texts are cut to max_tokens x this many characters befor
 class MiniLMHandler:
     """all-MiniLM-L6-v2: input ``text`` (a non-empty string), output ``embedding`` (array<float>, 384)."""
 
-    inputs: tuple[InputSpec, ...] = (InputSpec("text", "string", nonempty=True),)
+    # the texts as the decoder left them: the C WordPiece reads their bytes (stream.models.text_buffer)
+    inputs: tuple[InputSpec, ...] = (InputSpec("text", "string", nonempty=True, text_buffer=True),)
     copy_fields: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, model_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -213,11 +215,15 @@ class MiniLMHandler:
         """`tokenize`'s ids as (every text's ids one after another, int32; each text's count, int64; how many of
         the texts were cut), what `prepare` lays out."""
         if self._wordpiece is None:
-            ids, cut = self._library_ids(texts)
+            ids, cut = self._library_ids(list(texts))
             tokens, lengths = flatten(ids)
         else:
             m = self.max_tokens
-            raw, raw_lengths, others, cut = self._wordpiece.encode(texts, m, m * CHARS_PER_TOKEN)
+            if isinstance(texts, TextBuffer):  # the batch's bytes as they are: no str per text
+                raw, raw_lengths, others, cut = self._wordpiece.encode_spans(texts.data, texts.starts, texts.ends, m,
+                                                                             m * CHARS_PER_TOKEN)
+            else:
+                raw, raw_lengths, others, cut = self._wordpiece.encode(texts, m, m * CHARS_PER_TOKEN)
             tokens = np.frombuffer(raw, dtype=np.int32)
             lengths = np.frombuffer(raw_lengths, dtype=np.int32).astype(np.int64)
             if others:  # not ASCII, or a '[' that may open a special token: the library's ids

@@ -25,6 +25,9 @@ class InputSpec:
     dtype: str = "float32"
     shape: tuple[int, ...] = ()
     nonempty: bool = False  # strings and bytes: an empty value (a string of whitespace only, too) is refused
+    # strings: the handler gets a `stream.models.text_buffer.TextBuffer` (the batch's UTF-8 bytes in one buffer, a
+    # sequence of str decoded when read) instead of a list of str
+    text_buffer: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in INPUT_DTYPES:
@@ -35,6 +38,8 @@ class InputSpec:
             raise ConfigError(f"input {self.name}: a vector of {self.dtype} is not supported")
         if self.nonempty and self.dtype not in ("string", "bytes"):
             raise ConfigError(f"input {self.name}: nonempty applies to string and bytes inputs")
+        if self.text_buffer and self.dtype != "string":
+            raise ConfigError(f"input {self.name}: text_buffer applies to string inputs")
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.shape[0]}]" if self.shape else self.dtype

@@ -25,6 +25,7 @@ from stream.codec.decoder import ColumnDecoder
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import ConfigError, DecodeError
 from stream.models.spec import InputSpec
+from stream.models.text_buffer import TextBuffer
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ def input_side(inputs: Sequence[InputSpec], source: SchemaSource, reader: Writer
 
 
 def _take(value: Any, rows: np.ndarray) -> Any:
-    if isinstance(value, np.ndarray):
-        return value[rows]
+    if isinstance(value, np.ndarray | TextBuffer):
+        return value[rows] if isinstance(value, np.ndarray) else value.take(rows)
     return [value[i] for i in rows.tolist()]
 
 
@@ -170,9 +171,16 @@ def _as_input(spec: InputSpec, column: Column, n: int) -> tuple[Any, list[tuple[
     if column.valid is not None and not column.valid.all():
         rejected.append(("null-input", np.flatnonzero(~column.valid), "null where the model needs a value"))
     if spec.dtype in ("string", "bytes"):
-        raw = column.values.tobytes()
         offsets = column.offsets
         assert offsets is not None
+        if spec.text_buffer:  # no str per text (the decoder sent a string that is not UTF-8 to the dead letters)
+            texts = TextBuffer.from_offsets(column.values, offsets)
+            if spec.nonempty:
+                empty_rows = texts.blank()
+                if len(empty_rows):
+                    rejected.append(("empty-input", empty_rows, "an empty value where the model needs one"))
+            return texts, rejected
+        raw = column.values.tobytes()
         values: list[Any] = [raw[a:b] for a, b in itertools.pairwise(offsets.tolist())]
         if spec.dtype == "string":  # the decoder sent a string that is not UTF-8 to the dead letters already
             values = [v.decode("utf-8") for v in values]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from producers.texts import generate_texts
 from stream.models.minilm import CHARS_PER_TOKEN, MiniLMHandler, read_model_files
+from stream.models.text_buffer import TextBuffer
 from stream.models.wordpiece import native_wordpiece
 
 try:
@@ -120,6 +121,20 @@ def test_any_text_is_taken_with_the_librarys_ids_or_left_to_it(native: MiniLMHan
         assert cut == 2 * (full > max_tokens or len(text) > max_tokens * CHARS_PER_TOKEN)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from([*ASCII, "\u00e9", "\u4e2d", "["]), max_size=120), max_size=6),
+       st.integers(2, 40))
+def test_a_batchs_bytes_get_the_ids_its_strs_get(native: MiniLMHandler, texts: list[str], max_tokens: int) -> None:
+    """encode_spans (a TextBuffer's bytes, no str per text) takes, leaves and cuts what encode does, in any order
+    of the spans in the buffer."""
+    enc, limit = encoder(native), max_tokens * CHARS_PER_TOKEN
+    buf = TextBuffer.of(texts)
+    assert enc.encode_spans(buf.data, buf.starts, buf.ends, max_tokens, limit) == enc.encode(texts, max_tokens, limit)
+    back = buf.take(np.arange(len(texts))[::-1])
+    assert (enc.encode_spans(back.data, back.starts, back.ends, max_tokens, limit)
+            == enc.encode(texts[::-1], max_tokens, limit))
+
+
 def test_the_handler_batches_equal_the_librarys_with_texts_left_to_it_spliced_in(native: MiniLMHandler,
                                                                                  library: MiniLMHandler) -> None:
     rng = random.Random(7)
@@ -129,9 +144,11 @@ def test_the_handler_batches_equal_the_librarys_with_texts_left_to_it_spliced_in
     for start in range(0, len(texts), 128):
         batch = texts[start:start + 128]
         a, b = native.prepare({"text": batch}), library.prepare({"text": batch})
+        c, d = (h.prepare({"text": TextBuffer.of(batch)}) for h in (native, library))  # as the worker binds them
         for key in ("ids", "lengths", "inverse"):
-            assert np.array_equal(a[key], b[key]), key
-        assert a["passes"] == b["passes"] and a["truncated"] == b["truncated"]
+            assert np.array_equal(a[key], b[key]) and np.array_equal(a[key], c[key]), key
+            assert np.array_equal(a[key], d[key]), key
+        assert a["passes"] == b["passes"] == c["passes"] and a["truncated"] == b["truncated"] == c["truncated"]
         assert native.tokenize(batch) == library.tokenize(batch)
     assert np.array_equal(native.embed(texts[:48]), library.embed(texts[:48]))
     for batch in (["café", "[SEP] x", "naïve"], ["ü"], ["plain"], []):  # all, one or none left to the library
@@ -165,6 +182,10 @@ def test_bad_arguments_are_clear_errors(native: MiniLMHandler) -> None:
     for bad in (1, 65537):
         with pytest.raises(ValueError, match="max_tokens"):
             encoder(native).encode(["ok"], bad, 100)
+    with pytest.raises(ValueError, match="not within"):
+        encoder(native).encode_spans(b"ok", np.array([0], dtype=np.int64), np.array([3], dtype=np.int64), 16, 100)
+    with pytest.raises(ValueError, match="max_tokens"):
+        encoder(native).encode_spans(b"ok", np.array([0], dtype=np.int64), np.array([2], dtype=np.int64), 1, 100)
     with pytest.raises(ValueError, match="max_word_chars"):
         WordPiece({"a": 1}, 0, 1, 2, 513)
 
