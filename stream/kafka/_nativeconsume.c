@@ -15,6 +15,7 @@
 #include <time.h>
 
 #define MAX_REPLY_HEADERS 16
+#define COPY_WITH_GIL (64 * 1024) /* bytes: a take smaller than this copies with the GIL held */
 
 typedef struct {
     PyObject_HEAD
@@ -221,13 +222,16 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     const int wait_ms = timeout_ms(timeout_s, 0);
     if (PyErr_Occurred())
         return NULL;
-    /* Only what makes Python objects holds the GIL: the copies into the result's buffers, the reply headers'
-     * search and the records' release run without it (as the wait does), so that a thread launching device work
-     * between them gets it back at once. The buffers are this call's alone until it returns; consume() and
-     * close() are called from one thread (the poll loop), as before. */
+    /* Only what makes Python objects holds the GIL. Without it: the wait, the count and the reply headers' search
+     * (one pass), then, once the result's buffers exist, the copies into them and the records' release (a
+     * second). Each release is a chance for another thread to take the GIL, which this one may then wait for:
+     * a take of less than COPY_WITH_GIL bytes does its copies with the GIL held. The buffers are this call's
+     * alone until it returns; consume() and close() are called from one thread (the poll loop), as before. */
     ssize_t n;
     Py_ssize_t good = 0, nerr = 0;
     size_t total = 0;
+    char *watched = NULL; /* rows (among the good ones) with a watched header; NULL: none has one */
+    int no_memory = 0;
     Py_BEGIN_ALLOW_THREADS
     if (first) { /* the wait is for the first record; then what is already fetched, without waiting */
         n = rdk.consume_batch_queue(self->q, wait_ms, msgs, 1);
@@ -238,116 +242,110 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     } else
         n = rdk.consume_batch_queue(self->q, wait_ms, msgs, (size_t)max);
     for (ssize_t i = 0; i < n; i++) {
-        if (msgs[i]->err)
+        const rd_kafka_message_t *m = msgs[i];
+        if (m->err) {
             nerr++;
-        else {
-            good++;
-            total += msgs[i]->payload ? msgs[i]->len : 0;
+            continue;
         }
+        if (self->n_reply_headers) {
+            rd_kafka_headers_t *hdrs;
+            const void *value;
+            size_t size;
+            int found = 0;
+            if (rdk.message_headers(m, &hdrs) == 0)
+                for (Py_ssize_t h = 0; h < self->n_reply_headers && !found; h++)
+                    found = rdk.header_get_last(hdrs, self->reply_headers[h], &value, &size) == 0 && value;
+            if (found && !watched && !(watched = calloc((size_t)n, 1)))
+                no_memory = 1;
+            if (found && watched)
+                watched[good] = 1;
+        }
+        good++;
+        total += m->payload ? m->len : 0;
     }
     Py_END_ALLOW_THREADS
     if (n < 0)
         return PyErr_Format(PyExc_RuntimeError, "consume: %s", rdk.err2str(rdk.last_error()));
     PyObject *result = NULL;
-    PyObject *values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    PyObject *starts = PyBytes_FromStringAndSize(NULL, good * 8);
-    PyObject *lens = PyBytes_FromStringAndSize(NULL, good * 8);
-    PyObject *parts = PyBytes_FromStringAndSize(NULL, good * 4);
-    PyObject *offs = PyBytes_FromStringAndSize(NULL, good * 8);
-    PyObject *keys = PyList_New(good);
-    PyObject *errors = PyList_New(nerr);
+    PyObject *values = NULL, *starts = NULL, *lens = NULL, *parts = NULL, *offs = NULL, *keys = NULL, *errors = NULL;
     PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
     PyObject *taken_ns = NULL; /* the wall clock, read at the first record with headers */
-    /* rows with a watched header, found without the GIL (n_reply_headers > 0 only) */
-    char *watched = self->n_reply_headers && good ? calloc((size_t)good, 1) : NULL;
-    if (values && starts && lens && parts && offs && keys && errors && (watched || !self->n_reply_headers || !good)) {
-        char *vb = PyBytes_AS_STRING(values);
-        int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *ln = (int64_t *)PyBytes_AS_STRING(lens);
-        int32_t *pt = (int32_t *)PyBytes_AS_STRING(parts);
-        int64_t *of = (int64_t *)PyBytes_AS_STRING(offs);
-        Py_ssize_t g = 0, at = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (ssize_t i = 0; i < n; i++) {
-            const rd_kafka_message_t *m = msgs[i];
-            if (m->err)
-                continue;
+    Py_ssize_t failed = no_memory;
+    if (no_memory)
+        PyErr_NoMemory();
+    else {
+        values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+        starts = PyBytes_FromStringAndSize(NULL, good * 8);
+        lens = PyBytes_FromStringAndSize(NULL, good * 8);
+        parts = PyBytes_FromStringAndSize(NULL, good * 4);
+        offs = PyBytes_FromStringAndSize(NULL, good * 8);
+        keys = PyList_New(good);
+        errors = PyList_New(nerr);
+        failed = !(values && starts && lens && parts && offs && keys && errors);
+    }
+    for (ssize_t i = 0, g = 0, e = 0; i < n && !failed; i++) { /* the objects: keys, errors, replies */
+        const rd_kafka_message_t *m = msgs[i];
+        PyObject *item;
+        if (m->err) {
+            item = m->payload && m->len
+                       ? Py_BuildValue("(iLiN)", m->partition, (long long)m->offset, m->err,
+                                       PyUnicode_DecodeUTF8(m->payload, (Py_ssize_t)m->len, "replace"))
+                       : Py_BuildValue("(iLis)", m->partition, (long long)m->offset, m->err, rdk.err2str(m->err));
+            if (!item)
+                failed = 1;
+            else
+                PyList_SET_ITEM(errors, e++, item);
+            continue;
+        }
+        item = m->key ? PyBytes_FromStringAndSize(m->key, (Py_ssize_t)m->key_len) : Py_NewRef(Py_None);
+        if (!item) {
+            failed = 1;
+            break;
+        }
+        PyList_SET_ITEM(keys, g, item);
+        if (watched && watched[g]) {
+            rd_kafka_headers_t *hdrs;
+            if (rdk.message_headers(m, &hdrs) == 0) { /* parsed above: librdkafka keeps them */
+                if (!taken_ns && !(taken_ns = wall_ns()))
+                    failed = 1;
+                else if (add_reply(self, m, hdrs, g, taken_ns, &replies) < 0)
+                    failed = 1;
+            }
+        }
+        g++;
+    }
+    free(watched);
+    /* The copies (if the buffers were made), then the records' release, whatever happened: a failure here fails
+     * the caller, whose offsets then stay where their acknowledged predictions put them. */
+    char *vb = values ? PyBytes_AS_STRING(values) : NULL;
+    int64_t *st = starts ? (int64_t *)PyBytes_AS_STRING(starts) : NULL;
+    int64_t *ln = lens ? (int64_t *)PyBytes_AS_STRING(lens) : NULL;
+    int32_t *pt = parts ? (int32_t *)PyBytes_AS_STRING(parts) : NULL;
+    int64_t *of = offs ? (int64_t *)PyBytes_AS_STRING(offs) : NULL;
+    const int copy = !failed;
+    const int release_gil = total >= COPY_WITH_GIL;
+    PyThreadState *saved = release_gil ? PyEval_SaveThread() : NULL;
+    for (ssize_t i = 0, g = 0, at = 0; i < n; i++) {
+        const rd_kafka_message_t *m = msgs[i];
+        if (copy && !m->err) {
             st[g] = at;
             if (m->payload) {
                 memcpy(vb + at, m->payload, m->len);
                 ln[g] = (int64_t)m->len;
-                at += (Py_ssize_t)m->len;
+                at += (ssize_t)m->len;
             } else
                 ln[g] = -1;
             pt[g] = m->partition;
             of[g] = m->offset;
-            if (watched) {
-                rd_kafka_headers_t *hdrs;
-                const void *value;
-                size_t size;
-                if (rdk.message_headers(m, &hdrs) == 0)
-                    for (Py_ssize_t h = 0; h < self->n_reply_headers && !watched[g]; h++)
-                        watched[g] = rdk.header_get_last(hdrs, self->reply_headers[h], &value, &size) == 0 && value;
-            }
             g++;
         }
-        Py_END_ALLOW_THREADS
-        Py_ssize_t e = 0, failed = 0;
-        g = 0;
-        for (ssize_t i = 0; i < n; i++) {
-            const rd_kafka_message_t *m = msgs[i];
-            PyObject *item;
-            if (m->err) {
-                item = m->payload && m->len
-                           ? Py_BuildValue("(iLiN)", m->partition, (long long)m->offset, m->err,
-                                           PyUnicode_DecodeUTF8(m->payload, (Py_ssize_t)m->len, "replace"))
-                           : Py_BuildValue("(iLis)", m->partition, (long long)m->offset, m->err,
-                                           rdk.err2str(m->err));
-                if (!item) {
-                    failed = 1;
-                    break;
-                }
-                PyList_SET_ITEM(errors, e++, item);
-                continue;
-            }
-            if (m->key) {
-                item = PyBytes_FromStringAndSize(m->key, (Py_ssize_t)m->key_len);
-                if (!item) {
-                    failed = 1;
-                    break;
-                }
-            } else {
-                item = Py_None;
-                Py_INCREF(item);
-            }
-            PyList_SET_ITEM(keys, g, item);
-            if (watched && watched[g]) {
-                rd_kafka_headers_t *hdrs;
-                if (rdk.message_headers(m, &hdrs) == 0) { /* parsed above: librdkafka keeps them */
-                    if (!taken_ns && !(taken_ns = wall_ns())) {
-                        failed = 1;
-                        break;
-                    }
-                    if (add_reply(self, m, hdrs, g, taken_ns, &replies) < 0) {
-                        failed = 1;
-                        break;
-                    }
-                }
-            }
-            g++;
-        }
-        if (!failed)
-            result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
-                                   rdk.queue_length(self->cq) > 0 ? Py_True : Py_False,
-                                   replies ? replies : Py_None);
-    } else if (!PyErr_Occurred())
-        PyErr_NoMemory();
-    free(watched);
-    /* Records taken from librdkafka are released whatever happened; a failure here fails the caller, whose
-     * offsets then stay where their acknowledged predictions put them. */
-    Py_BEGIN_ALLOW_THREADS
-    for (ssize_t i = 0; i < n; i++)
         rdk.message_destroy(msgs[i]);
-    Py_END_ALLOW_THREADS
+    }
+    if (saved)
+        PyEval_RestoreThread(saved);
+    if (!failed)
+        result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
+                               rdk.queue_length(self->cq) > 0 ? Py_True : Py_False, replies ? replies : Py_None);
     Py_XDECREF(values);
     Py_XDECREF(starts);
     Py_XDECREF(lens);
