@@ -13,8 +13,9 @@ known steps (`STEPS`), else the loop's own line. Each figure is µs of GIL-held 
 texts. With ``--baseline``, a git worktree of that revision drains the same texts in interleaved rounds (as
 `stream.bench.ab`), and the ratio of the totals' medians is printed.
 
-py-spy is in the ``bench`` extra (``pip install py-spy``; ``--py-spy PATH`` for another); attaching needs ptrace
-(root, or ``kernel.yama.ptrace_scope`` 0).
+py-spy is not among the project's dependencies (a change to pyproject.toml rebuilds the image's dependency layers):
+``pip install py-spy==0.4.3`` first, or ``--py-spy PATH``. Attaching needs ptrace (root, or
+``kernel.yama.ptrace_scope`` 0).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def gil_us_per_text(samples: dict[str, dict[str, int]], texts: int) -> dict[str,
 def _py_spy(path: str | None) -> str:
     found = path or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(found).exists():
-        raise SystemExit("py-spy not found: pip install py-spy (the bench extra), or --py-spy PATH")
+        raise SystemExit("py-spy not found: pip install py-spy==0.4.3, or --py-spy PATH")
     return found
 
 
