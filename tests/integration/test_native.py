@@ -142,11 +142,11 @@ def _subscribe(bootstrap: str, topic: str, group: str, log: list[str]) -> tuple[
 
 
 def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: float,
-          eof: set[int] | None = None, replies: dict[tuple[int, int], tuple[bytes | int | None, ...]] | None = None
-          ) -> list[tuple[int, int, bytes | None, bytes | None]]:
+          eof: set[int] | None = None, replies: dict[tuple[int, int], tuple[bytes | int | None, ...]] | None = None,
+          first: bool = False) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """One round as the worker does it: serve the consumer's queue (it must hold no record), then take records."""
     assert [m for m in consumer.consume(100, 0) if m.error() is None] == []
-    records, errors, _pending = source.consume(n, timeout_s)
+    records, errors, _pending = source.consume(n, timeout_s, first)
     for partition, _offset, code, _text in errors:
         assert code == KafkaError._PARTITION_EOF
         if eof is not None:
@@ -197,9 +197,14 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
     eof: set[int] = set()
     before = time.time_ns()
     replies: dict[tuple[int, int], tuple[bytes | int | None, ...]] = {}
+    first_takes: list[int] = []  # the sizes of the takes that waited for one record only
     try:
-        for _ in range(600):
-            got += _take(consumer, source, 1000, 0.1, eof, replies)
+        for r in range(600):
+            # every other take as an empty batch's (first): one record waited for, then what is already fetched
+            taken = _take(consumer, source, 1000, 0.1, eof, replies, first=r % 2 == 1)
+            got += taken
+            if r % 2:
+                first_takes.append(len(taken))
             if len(got) >= n and len(eof) == PARTITIONS:
                 break
     finally:
@@ -207,6 +212,7 @@ def test_native_input_takes_every_record_once_in_order_with_keys_and_null_values
         consumer.close()
     assert log[0] == f"assign {list(range(PARTITIONS))}"
     assert len(got) == n  # each once
+    assert max(first_takes) > 1, first_takes  # a backlog's records in one take, not one record
     for p in range(PARTITIONS):
         offsets = [o for q, o, _, _ in got if q == p]
         assert offsets == list(range(len(offsets)))  # in order, none skipped

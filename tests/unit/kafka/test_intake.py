@@ -59,6 +59,30 @@ def test_error_events_are_left_out_of_the_records() -> None:
     assert len(Intake(Consumer([]), None, lambda: 0.0).take(1, 0.0)) == 0  # type: ignore[arg-type]
 
 
+class Backlog:
+    """A consumer with a backlog: consume(n, timeout) gives up to n of the records it still has."""
+
+    def __init__(self, count: int) -> None:
+        self.left = [Msg(0, i) for i in range(count)]
+        self.asked: list[tuple[int, float]] = []
+
+    def consume(self, n: int, timeout: float) -> list[Msg]:
+        self.asked.append((n, timeout))
+        taken, self.left = self.left[:n], self.left[n:]
+        return taken
+
+
+def test_a_first_take_waits_for_one_record_then_takes_what_is_there_in_one_piece() -> None:
+    consumer = Backlog(10)
+    intake = Intake(consumer, None, lambda: 0.0)  # type: ignore[arg-type]
+    records = intake.take(4, 0.5, first=True)
+    assert records.offsets.tolist() == [0, 1, 2, 3] and consumer.asked == [(1, 0.5), (3, 0)]
+    assert intake.take(1, 0.5, first=True).offsets.tolist() == [4] and consumer.asked[2:] == [(1, 0.5)]
+    empty = Backlog(0)
+    assert len(Intake(empty, None, lambda: 0.0).take(4, 0.2, first=True)) == 0  # type: ignore[arg-type]
+    assert empty.asked == [(1, 0.2)]  # nothing came within the wait: no second call
+
+
 def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split_and_concat() -> None:
     consumer = Consumer([Msg(0, 5, headers=[("other", b"x")]), Msg(0, -1, KafkaError(KafkaError._PARTITION_EOF)),
                          Msg(1, 7, headers=[("stream.reply", b"old"), ("stream.reply", b"t:3:abc")]), Msg(1, 8)])
