@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,24 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events if args.events is not None else DEFAULT_EVENTS[args.model]
     if events < 1 or args.batch < 1:
         parser.error("--events and --batch must be at least 1")
-    from stream.local.broker import start_kafka
     from stream.models.train_demo import ensure_trained
 
-    work = Path(tempfile.mkdtemp(prefix="stream-ab-"))
-    current_rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                                 text=True, check=True).stdout.strip()
-    broker = None
-    tree = None
-    try:
-        tree = checkout_revision(args.baseline, work / "baseline")
-        if tree is None:
-            parser.error(f"this clone has no revision {args.baseline}")
+    current_rev = current_revision()
+    with baseline_and_broker(parser, args.baseline, args.bootstrap_servers, "stream-ab-") as (
+            work, tree, bootstrap, broker_pid):
+        assert tree is not None
         base_rev = short_rev(args.baseline)
         model_dir = ensure_trained(work / "model") if args.model == "demo" else work / "unused"
-        broker = None if args.bootstrap_servers else start_kafka()
-        bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
-        bench = Bench(bootstrap, BenchConfig(events=events), model_dir,
-                      broker.pid if broker is not None else None)
+        bench = Bench(bootstrap, BenchConfig(events=events), model_dir, broker_pid)
         topic: str | None = None
         model_flags: list[str] = []
         if args.model == "demo":
@@ -121,6 +114,33 @@ def main(argv: list[str] | None = None) -> int:
                 "pair_ratios": compared["pair_ratios"], "drains": drains,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
         return 0
+
+
+def current_revision() -> str:
+    """This checkout's revision as ``git describe --always --dirty`` names it."""
+    return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@contextmanager
+def baseline_and_broker(parser: argparse.ArgumentParser, baseline: str | None, bootstrap_servers: str | None,
+                        prefix: str) -> Iterator[tuple[Path, Path | None, str, int | None]]:
+    """(a scratch folder, ``baseline``'s worktree in it with its extensions built or None without one, the
+    bootstrap servers, the broker's PID): a local Apache Kafka is started unless ``bootstrap_servers`` is given.
+    All of it is stopped or removed on the way out."""
+    from stream.local.broker import start_kafka
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    broker = None
+    tree = None
+    try:
+        if baseline is not None:
+            tree = checkout_revision(baseline, work / "baseline")
+            if tree is None:
+                parser.error(f"this clone has no revision {baseline}")
+        broker = None if bootstrap_servers else start_kafka()
+        yield (work, tree, bootstrap_servers or broker.bootstrap,  # type: ignore[union-attr]
+               broker.pid if broker is not None else None)
     finally:
         if broker is not None:
             broker.stop()

@@ -28,12 +28,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from stream.bench.revisions import ROOT, checkout_revision, remove_checkout, short_rev
+from stream.bench.revisions import short_rev
 
 RATE_HZ = 250  # py-spy's samples a second
 LOOPS = {"_poll_loop": "poll", "_prepare_loop": "prepare", "_device_loop": "device", "_finish_loop": "finish"}
@@ -100,27 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.texts < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--texts, --batch and --rounds must be at least 1")
     spy = _py_spy(args.py_spy)
-    from stream.bench.ab import _texts
+    from stream.bench.ab import _texts, baseline_and_broker, current_revision
     from stream.bench.bench_config import BenchConfig
     from stream.bench.runner import Bench
-    from stream.local.broker import start_kafka
 
-    work = Path(tempfile.mkdtemp(prefix="stream-gil-"))
     if args.profiles is not None:
         args.profiles.mkdir(parents=True, exist_ok=True)
-    current_rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                                 text=True, check=True).stdout.strip()
-    broker = None
-    tree = None
-    try:
-        if args.baseline is not None:
-            tree = checkout_revision(args.baseline, work / "baseline")
-            if tree is None:
-                parser.error(f"this clone has no revision {args.baseline}")
-        broker = None if args.bootstrap_servers else start_kafka()
-        bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
-        bench = Bench(bootstrap, BenchConfig(events=args.texts), work / "unused",
-                      broker.pid if broker is not None else None)
+    current_rev = current_revision()
+    with baseline_and_broker(parser, args.baseline, args.bootstrap_servers, "stream-gil-") as (
+            work, tree, bootstrap, broker_pid):
+        bench = Bench(bootstrap, BenchConfig(events=args.texts), work / "unused", broker_pid)
         topic, flags = _texts(bench, "free-text", args.texts, args.batch)
         sides: list[tuple[str, str, Path | None]] = [("current", current_rev, None)]
         if tree is not None:
@@ -138,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = {code: statistics.median(d["gil"]["total"] for d in drains if d["code"] == code)
                    for code, _, _ in sides}
         print("median GIL-held µs a text: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items())
-              + (f"; current/baseline {summary['current'] / summary['baseline']:.3f}" if tree is not None else ""))
+              + (f"; current/baseline {summary['current'] / summary['baseline']:.3f}"
+                 if tree is not None and summary["baseline"] > 0 else ""))
+        if not all(d["gil"]["total"] for d in drains):
+            print(f"a drain had no sample under the worker's loops: at {RATE_HZ} Hz a drain of a few seconds is "
+                  f"needed; drain more --texts")
         if args.results is not None:
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps({
@@ -148,12 +140,6 @@ def main(argv: list[str] | None = None) -> int:
                 "texts": args.texts, "batch": args.batch, "worker_args": flags, "medians": summary,
                 "drains": drains, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
         return 0
-    finally:
-        if broker is not None:
-            broker.stop()
-        if tree is not None:
-            remove_checkout(tree)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _profiled_drain(bench: Any, spy: str, out: Path, flags: list[str], topic: str, cwd: Path | None,

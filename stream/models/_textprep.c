@@ -276,6 +276,19 @@ static int int64_buf(PyObject *obj, Py_buffer *view, Py_ssize_t count, const cha
     return 0;
 }
 
+/* Whether `encode`'s or `encode_spans`' arguments are refused (the error set). */
+static int encode_refused(const WordPiece *self, Py_ssize_t max_tokens, Py_ssize_t max_chars) {
+    if (!self->ready) {
+        PyErr_SetString(PyExc_TypeError, "this WordPiece was not initialised");
+        return 1;
+    }
+    if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
+        return 1;
+    }
+    return 0;
+}
+
 /* encode(texts, max_tokens, max_chars) -> (ids: bytes of int32, lengths: bytes of int32, others: list[int],
  * cut: int). Each accepted text's ids, [CLS] ... [SEP] cut to max_tokens, one after another in `ids`, its count in
  * `lengths`; a text not accepted (see the top of this file) gets length 0 and its index in `others`. `cut`: the
@@ -284,14 +297,7 @@ static PyObject *wp_encode(WordPiece *self, PyObject *args) {
     PyObject *seq;
     Py_ssize_t max_tokens, max_chars;
     if (!PyArg_ParseTuple(args, "Onn", &seq, &max_tokens, &max_chars)) return NULL;
-    if (!self->ready) {
-        PyErr_SetString(PyExc_TypeError, "this WordPiece was not initialised");
-        return NULL;
-    }
-    if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
-        return NULL;
-    }
+    if (encode_refused(self, max_tokens, max_chars)) return NULL;
     PyObject *fast = PySequence_Fast(seq, "texts must be a sequence of str");
     if (fast == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -395,14 +401,7 @@ static PyObject *wp_encode_spans(WordPiece *self, PyObject *args) {
     PyObject *data, *starts, *ends;
     Py_ssize_t max_tokens, max_chars;
     if (!PyArg_ParseTuple(args, "OOOnn", &data, &starts, &ends, &max_tokens, &max_chars)) return NULL;
-    if (!self->ready) {
-        PyErr_SetString(PyExc_TypeError, "this WordPiece was not initialised");
-        return NULL;
-    }
-    if (max_tokens < 2 || max_tokens > 65536 || max_chars < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_tokens must be between 2 and 65536 and max_chars not negative");
-        return NULL;
-    }
+    if (encode_refused(self, max_tokens, max_chars)) return NULL;
     Spans sp;
     if (spans_get(data, starts, ends, &sp) < 0) return NULL;
     const Py_ssize_t n = sp.n;

@@ -139,8 +139,10 @@ def input_side(inputs: Sequence[InputSpec], source: SchemaSource, reader: Writer
 
 
 def _take(value: Any, rows: np.ndarray) -> Any:
-    if isinstance(value, np.ndarray | TextBuffer):
-        return value[rows] if isinstance(value, np.ndarray) else value.take(rows)
+    if isinstance(value, np.ndarray):
+        return value[rows]
+    if isinstance(value, TextBuffer):
+        return value.take(rows)
     return [value[i] for i in rows.tolist()]
 
 
