@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -36,13 +35,12 @@ from stream.bench.revisions import short_rev
 
 RATE_HZ = 250  # py-spy's samples a second
 LOOPS = {"_poll_loop": "poll", "_prepare_loop": "prepare", "_device_loop": "device", "_finish_loop": "finish"}
-# The host path's steps, by the function that names them in a stack (the first one found from the loop down).
+# The host path's steps, by the function that names them in a stack (the innermost one below the loop).
 STEPS = ("Intake.take", "Spans.accept", "Spans.close_batch", "Records.concat", "ProcessingStages.offer",
-         "Committer.commit",
-         "ColumnDecoder.decode_batch", "_as_input", "tokenize_flat", "layout_flat", "layout_packed", "plan_passes",
-         "InferenceEngine.submit", "InferenceEngine.result", "OutputEncoder.encode_joined", "produce_joined",
-         "Publisher.send_now", "Publisher.serve", "BatchProcessor.complete")
-_FRAME = re.compile(r"^(?P<name>[^ ]+)(?: \((?P<where>[^)]*)\))?$")
+         "Committer.commit", "ColumnDecoder.decode_batch", "_as_input", "tokenize_flat", "layout_flat",
+         "layout_packed", "plan_passes", "InferenceEngine.submit", "InferenceEngine.result",
+         "OutputEncoder.encode_joined", "produce_joined", "Publisher.send_now", "Publisher.serve",
+         "BatchProcessor.complete")
 
 
 def parse_raw(text: str) -> dict[str, dict[str, int]]:
@@ -53,8 +51,7 @@ def parse_raw(text: str) -> dict[str, dict[str, int]]:
         stack, _, count = line.rstrip().rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [_FRAME.match(f) for f in stack.split(";")[1:]]
-        names = [m.group("name") if m else "" for m in frames]
+        names = [f.partition(" (")[0] for f in stack.split(";")[1:]]  # "name (where)": the name
         at = next((i for i, n in enumerate(names) if n.rpartition(".")[2] in LOOPS), None)
         if at is None:
             out["other"]["-"] += int(count)
