@@ -79,12 +79,17 @@ def main(argv: list[str] | None = None) -> int:
 
         def record(r: int, which: str, drain: Drain) -> None:
             code = "baseline" if which == "before" else "current"
+            cpu_us = stage_us_per_record(drain.stage_cpu_s, drain.events)
             drains.append({"code": code, "rev": base_rev if code == "baseline" else current_rev, "round": r,
                            "events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
-                           "steady_rate": drain.steady_rate, "peak_rss_mib": drain.peak_rss_mib})
+                           "steady_rate": drain.steady_rate, "peak_rss_mib": drain.peak_rss_mib,
+                           "stage_busy_s": drain.stage_busy_s, "stage_cpu_s": drain.stage_cpu_s,
+                           "stage_cpu_us_per_record": cpu_us})
             steady = f", steady {drain.steady_rate:,.0f}" if drain.steady_rate is not None else ""
+            cpu = ("; stage CPU µs a record: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_us.items())
+                   if cpu_us else "")
             print(f"round {r} {code} ({drains[-1]['rev']}): {drain.events:,} records in {drain.seconds:.2f} s, "
-                  f"{drain.rate:,.0f}/s{steady}", flush=True)
+                  f"{drain.rate:,.0f}/s{steady}{cpu}", flush=True)
 
         current, before = bench.interleaved_drains(tree, args.rounds, [*model_flags, *args.worker_args],
                                                    on_drain=record, input_topic=topic,
@@ -103,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"{steady['current']:,.0f}: "
                                                  f"{steady['current'] / steady['baseline']:.3f}"
                                                  if steady["baseline"] and steady["current"] else ""), flush=True)
+        cpu_medians = {code: _median_stage_cpu(drains, code) for code in ("baseline", "current")}
+        for code, per in cpu_medians.items():
+            if per:
+                print(f"median stage CPU µs a record, {code}: " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()),
+                      flush=True)
         if args.results is not None:
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps({
@@ -110,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{METHOD[args.model]} (plus the extra flags), a fresh group each",
                 "model": args.model, "events": events, "baseline": base_rev, "current": current_rev,
                 "worker_args": [*model_flags, *args.worker_args],
-                "medians": medians, "ratio": ratio, "steady_medians": steady,
+                "medians": medians, "ratio": ratio, "steady_medians": steady, "stage_cpu_us_medians": cpu_medians,
                 "pair_ratios": compared["pair_ratios"], "drains": drains,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
         return 0
@@ -147,6 +157,22 @@ def baseline_and_broker(parser: argparse.ArgumentParser, baseline: str | None, b
         if tree is not None:
             remove_checkout(tree)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stage_us_per_record(cpu_s: dict[str, float] | None, events: int) -> dict[str, float] | None:
+    """Each stage's CPU µs a record (None for a revision whose worker did not report its stages' CPU time)."""
+    if not cpu_s or events < 1:
+        return None
+    return {stage: seconds * 1e6 / events for stage, seconds in cpu_s.items()}
+
+
+def _median_stage_cpu(drains: list[dict[str, Any]], code: str) -> dict[str, float] | None:
+    """Per stage, the median over one side's drains of its CPU µs a record (None where a drain has none)."""
+    per = [d["stage_cpu_us_per_record"] for d in drains if d["code"] == code]
+    if not per or None in per:
+        return None
+    return {stage: statistics.median(p[stage] for p in per) for stage in per[0]}
+
 
 def _median_steady(drains: list[dict[str, Any]], code: str) -> float | None:
     """The median of one side's steady rates (None where a drain was too short to have one)."""

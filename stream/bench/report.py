@@ -29,6 +29,7 @@ class Drain:
     ready_s: float | None = None  # replica 0's cold start: process start to /readyz 200 (model loaded, warmed, joined)
     device_busy_s: float | None = None  # CUDA: the workers' device time on batches (CUDA events)
     batches: int | None = None
+    stage_cpu_s: dict[str, float] | None = None  # the CPU seconds the stages' threads used while they worked
 
     @property
     def steady_rate(self) -> float | None:

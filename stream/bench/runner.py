@@ -185,8 +185,8 @@ class Bench:
         first = min(s["first_consumed_at"] for s in summaries if s["first_consumed_at"])
         last = max(s["last_committed_at"] for s in summaries if s["last_committed_at"])
         batches = sum(s["batches"] for s in summaries)
-        busy = {stage: sum(s.get("stage_busy_s", {}).get(stage, 0.0) for s in summaries)
-                for stage in summaries[0].get("stage_busy_s", {})}
+        busy, cpu_s = ({stage: sum(s.get(key, {}).get(stage, 0.0) for s in summaries)
+                        for stage in summaries[0].get(key, {})} for key in ("stage_busy_s", "stage_cpu_s"))
         # The cores over the drain's own window (first record consumed to last offset committed), interpolated
         # between samples at its ends.
         cores = sampler.cores(first, last)
@@ -196,7 +196,8 @@ class Bench:
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
                      sum(s["batched_records"] for s in summaries) / batches if batches else None,
                      sum(s.get("transactions", 0) for s in summaries) or None, busy or None, cpu,
-                     progress if replicas == 1 else [], ready_s, sum(device) if device else None, batches)
+                     progress if replicas == 1 else [], ready_s, sum(device) if device else None, batches,
+                     cpu_s or None)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None, input_topic: str | None = None,

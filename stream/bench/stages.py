@@ -183,6 +183,7 @@ def text_worker_args(model: list[str], batch: int) -> list[str]:
 def _figures(drain: Any) -> dict[str, Any]:
     return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate,
             "mean_batch_size": drain.mean_batch_size, "stage_busy_s": drain.stage_busy_s,
+            "stage_cpu_s": drain.stage_cpu_s,
             "cpu_cores": drain.cpu_cores}
 
 

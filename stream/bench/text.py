@@ -311,7 +311,7 @@ def _drain_figures(drain: Any) -> dict[str, Any]:
     device = drain.device_busy_s
     return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate, "steady_rate": drain.steady_rate,
             "ready_s": drain.ready_s, "peak_rss_mib": drain.peak_rss_mib, "mean_batch_size": drain.mean_batch_size,
-            "stage_busy_s": drain.stage_busy_s, "device_busy_s": device,
+            "stage_busy_s": drain.stage_busy_s, "stage_cpu_s": drain.stage_cpu_s, "device_busy_s": device,
             "device_ms_per_batch": device * 1000.0 / drain.batches if device is not None and drain.batches else None}
 
 

@@ -19,6 +19,7 @@ class WorkerSummary:
     first_consumed_at: float | None = None  # wall-clock seconds
     last_committed_at: float | None = None  # wall-clock seconds, last commit that advanced a position
     stage_busy_s: dict[str, float] = field(default_factory=dict)  # seconds each stage's threads worked
+    stage_cpu_s: dict[str, float] = field(default_factory=dict)  # the CPU seconds they used meanwhile
     device_busy_s: float | None = None  # CUDA: the device's time on batches, from CUDA events (None elsewhere)
 
     @property

@@ -17,8 +17,9 @@ batch abandoned while stopping nothing after it is published; batches of a rewou
 stage. ``finish`` lets every stage finish what it holds, in order, then ends the threads.
 
 Each stage adds its working time to ``stream_stage_busy_seconds_total{stage}`` (the finish thread's wait for the
-device is not work), and each queue's depth is a gauge: the stage whose busy time per second nears its thread
-count binds the worker.
+device is not work) and the CPU time its thread used meanwhile to ``stream_stage_cpu_seconds_total{stage}`` (the
+difference is time spent waiting for the GIL or for a core), and each queue's depth is a gauge: the stage whose busy
+time per second nears its thread count binds the worker.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ class ProcessingStages:
         self._lock = threading.Lock()
         self._active = 0  # batches offered and not yet settled (published, dropped or abandoned)
         self._prepared_waiting = 0  # prepared batches the device thread has not taken yet
-        busy = self._metrics.stage_busy_seconds
+        busy, cpu = self._metrics.stage_busy_seconds, self._metrics.stage_cpu_seconds
         self._busy = {stage: busy.labels(stage) for stage in STAGES}
+        self._cpu = {stage: cpu.labels(stage) for stage in STAGES}
         threads = self._metrics.stage_threads
         for stage, count in zip(STAGES, (prepare_threads, 1, 1), strict=True):
             threads.labels(stage).set(count)
@@ -110,10 +112,11 @@ class ProcessingStages:
         self._to_prepare.put(job)
         return True
 
-    def busy_seconds(self) -> dict[str, float]:
-        """Seconds each stage's threads have worked so far."""
+    def busy_seconds(self, metric: str = "stream_stage_busy_seconds_total") -> dict[str, float]:
+        """Seconds each stage's threads have worked so far (``metric``: or the CPU seconds they used meanwhile,
+        ``stream_stage_cpu_seconds_total``)."""
         sample = self._metrics.registry.get_sample_value
-        return {stage: sample("stream_stage_busy_seconds_total", {"stage": stage}) or 0.0 for stage in STAGES}
+        return {stage: sample(metric, {"stage": stage}) or 0.0 for stage in STAGES}
 
     def queued(self) -> int:
         """Closed batches waiting for a prepare thread."""
@@ -148,17 +151,18 @@ class ProcessingStages:
 
     # -- prepare threads ------------------------------------------------------------------------------------
     def _prepare_loop(self) -> None:
-        busy = self._busy["prepare"]
+        busy, cpu = self._busy["prepare"], self._cpu["prepare"]
         queue_wait = self._metrics.queue_wait_seconds
         while (job := self._to_prepare.get()) is not None:
             queue_wait.observe(time.monotonic() - job.batch.queued_at)
             if not self._dropped(job.batch):
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.thread_time()
                 try:
                     job.begun = self._processor.prepare(job.batch)
                 except BaseException as exc:  # handled in order, by the finish thread
                     job.error = exc
                 busy.inc(time.perf_counter() - started)
+                cpu.inc(time.thread_time() - cpu_started)
             with self._lock:
                 self._prepared_waiting += 1
             job.prepared.set()
@@ -166,7 +170,7 @@ class ProcessingStages:
     # -- the device thread ----------------------------------------------------------------------------------
     def _device_loop(self) -> None:
         set_torch_threads(self._torch_threads)
-        busy = self._busy["device"]
+        busy, cpu = self._busy["device"], self._cpu["device"]
         engine = self._processor.engine
         while (job := self._in_order.get()) is not None:
             job.prepared.wait()
@@ -180,7 +184,7 @@ class ProcessingStages:
                     continue
                 self._hand_on(job)  # its error, in order
                 continue
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             try:
                 self._processor.submit(begun)
                 if not self._overlap and begun.flight is not None:
@@ -188,6 +192,7 @@ class ProcessingStages:
             except BaseException as exc:
                 self._fail(exc)
             busy.inc(time.perf_counter() - started)
+            cpu.inc(time.thread_time() - cpu_started)
             self._hand_on(begun)
         self._hand_on(None)
 
@@ -198,7 +203,7 @@ class ProcessingStages:
     def _finish_loop(self) -> None:
         set_torch_threads(self._torch_threads)  # the retries and halves of a failed batch run the model here
         publisher, txns = self._publisher, self._transactions
-        busy = self._busy["finish"]
+        busy, cpu = self._busy["finish"], self._cpu["finish"]
         done = 0  # batches finished and not settled yet: settled once the next arrives or they are sent
         abandoned = False  # a batch was left undone while stopping (processing.Abandoned)
         while True:
@@ -232,7 +237,7 @@ class ProcessingStages:
                 continue  # drain without work
             if abandoned or txns.stale(item.batch.epoch):
                 continue  # stopping after an abandoned batch, or consumed before a rewind: consumed again later
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             flight = item.flight if isinstance(item, Begun) else None
             waited = flight.waited if flight is not None else 0.0
             try:
@@ -253,6 +258,7 @@ class ProcessingStages:
                 self._fail(exc)
             waited = (flight.waited if flight is not None else 0.0) - waited  # the device's time, not this thread's
             busy.inc(max(0.0, time.perf_counter() - started - waited))
+            cpu.inc(time.thread_time() - cpu_started)  # a wait for the device uses none
 
     def _run(self, call: Callable[[], None]) -> None:
         """Run ``call``; an exception from it fails the worker instead of the thread."""

@@ -264,6 +264,7 @@ class Worker:
             self._summary.exit_code = EXIT_STOPPED_ON_PURPOSE
         self._summary.transactions = self._transactions.committed
         self._summary.stage_busy_s = parts.stage.busy_seconds()
+        self._summary.stage_cpu_s = parts.stage.busy_seconds("stream_stage_cpu_seconds_total")
         if self._engine.device.type == "cuda":
             self._summary.device_busy_s = self._engine.device_busy_s
         log.info("shutdown summary: %s", self._summary.line())

@@ -98,7 +98,7 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
     assert row["plain_padding"]["padding_ratio"] > row["bucketed_same_texts_as_plain"]["padding_ratio"] >= 1.0
     assert row["sentence_transformers"]["texts"] == 160 and row["sentence_transformers"]["rate"] > 0
     assert row["model_over_sentence_transformers"] == row["model_alone"]["rate"] / row["sentence_transformers"]["rate"]
-    assert set(row["worker"]["stage_busy_s"]) == {"prepare", "device", "finish"}
+    assert set(row["worker"]["stage_busy_s"]) == set(row["worker"]["stage_cpu_s"]) == {"prepare", "device", "finish"}
     assert len(format_text_table(text)) == 1 + len(text["devices"])
     # The stages against a simulated device: the host ceiling, then devices at about H/2 and H, per round.
     stages = text["stages"]

@@ -5,6 +5,7 @@ others, nothing published after a failure, delivery reports served while idle, p
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,37 @@ def test_each_stage_reports_its_busy_time_threads_and_queue_and_each_batch_its_w
     sample = metrics.registry.get_sample_value
     assert [sample("stream_stage_threads", {"stage": s}) for s in ("prepare", "device", "finish")] == [3, 1, 1]
     assert all(sample("stream_stage_busy_seconds_total", {"stage": s}) > 0 for s in ("prepare", "device", "finish"))
+    assert all(sample("stream_stage_cpu_seconds_total", {"stage": s}) > 0 for s in ("prepare", "device", "finish"))
     assert all(sample("stream_stage_queue_batches", {"stage": s}) == 0 for s in ("prepare", "device", "finish"))
     counts, total = metrics.queue_wait_seconds.snapshot()
     assert counts.sum() == 2 and 0.1 <= total < 60.0
+
+
+class Timed(Spy):
+    """Each prepare uses ``PREPARE_CPU_S`` of its thread's CPU; each submit waits ``SUBMIT_WAIT_S`` using none
+    (as a thread waiting for the GIL, or for a core, would)."""
+
+    PREPARE_CPU_S, SUBMIT_WAIT_S = 0.05, 0.2
+
+    def _step(self, name: str, n: int) -> None:
+        if name == "prepare":
+            until = time.thread_time() + self.PREPARE_CPU_S
+            while time.thread_time() < until:
+                pass
+        elif name == "submit":
+            threading.Event().wait(self.SUBMIT_WAIT_S)
+
+
+def test_a_stage_s_cpu_seconds_count_its_thread_s_work_and_not_its_waits(model_dir: Path) -> None:
+    """Busy minus CPU is how long a working stage waited: the prepares' CPU is counted in full, the submits'
+    waits are busy time but no CPU."""
+    processor, pub = make(model_dir)
+    metrics = StreamMetrics()
+    stages = stages_of(Timed(processor), pub, Failures(), prepare_threads=2, metrics=metrics)
+    stages.start()
+    offer_all(stages, pub, [2, 3])
+    stages.finish(Deadline(30.0))
+    busy, cpu = stages.busy_seconds(), stages.busy_seconds("stream_stage_cpu_seconds_total")
+    assert cpu["prepare"] >= 2 * Timed.PREPARE_CPU_S and busy["prepare"] >= cpu["prepare"]
+    assert busy["device"] >= 2 * Timed.SUBMIT_WAIT_S and cpu["device"] < Timed.SUBMIT_WAIT_S, (busy, cpu)
+    assert 0 < cpu["finish"] <= busy["finish"] + 0.01
