@@ -278,6 +278,8 @@ class BatchProcessor:
             parts.append(result)
         if not parts:
             return np.zeros(0, dtype=np.int64), {o.name: np.zeros(0) for o in self._engine.handler.outputs}, poison
+        if len(parts) == 1:  # the batch in one run, as nearly always: its outputs as they are, not a copy of them
+            return ok[0], parts[0], poison
         outputs = {f: np.concatenate([p[f] for p in parts]) for f in parts[0]}
         return np.concatenate(ok), outputs, poison
 
