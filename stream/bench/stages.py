@@ -37,6 +37,7 @@ import torch
 
 from stream.bench.simulated import SimulatedDevice, write_spec
 from stream.models.demo import TEXT_COPY_FIELDS, TEXT_EMBEDDING_SCHEMA, TEXT_EVENT_SCHEMA
+from stream.pipeline.malloc import MODEL_BOUND_MMAP_THRESHOLD
 
 TARGETS: dict[str, float | None] = {"half": 0.9, "full": 0.75, "host": 0.8, "library_host": 0.8, "gain": None,
                                     "broker": None}
@@ -163,8 +164,12 @@ def simulated_drain(bench: Any, name: str, ns_per_token: float, topic: str, batc
 
 
 def free_model(spec: Path) -> list[str]:
-    """The ``--model`` flags of a simulated device whose ``--model-dir`` file is ``spec`` (`write_spec`)."""
-    return ["--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec)]
+    """The ``--model`` flags of a simulated device whose ``--model-dir`` file is ``spec`` (`write_spec`), with
+    ``--model minilm``'s allocator setting (`stream.pipeline.malloc.mmap_threshold` keys it on the model's name):
+    with the 128 KiB default every batch's megabytes of tokens, outputs and encoded predictions were mapped and
+    faulted in afresh, which MiniLM's host path does not pay."""
+    return ["--model", "stream.bench.simulated:SimulatedDevice", "--model-dir", str(spec),
+            "--malloc-mmap-threshold-kib", str(MODEL_BOUND_MMAP_THRESHOLD // 1024)]
 
 
 def text_model_args(model: list[str]) -> list[str]:

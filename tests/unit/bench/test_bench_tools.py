@@ -206,6 +206,7 @@ def test_the_ab_benchs_text_workers_take_the_workers_own_flags_and_bad_counts_ar
     from stream.bench.simulated import write_spec
     from stream.bench.stages import free_model, text_worker_args
     from stream.cli import build_parser
+    from stream.pipeline.malloc import MODEL_BOUND_MMAP_THRESHOLD, mmap_threshold
 
     spec = write_spec(tmp_path / "free.json", 0.0)
     for model, name in ((free_model(spec), "stream.bench.simulated:SimulatedDevice"),
@@ -213,6 +214,8 @@ def test_the_ab_benchs_text_workers_take_the_workers_own_flags_and_bad_counts_ar
         args = build_parser().parse_args(["worker", "--bootstrap-servers", "127.0.0.1:1", "--input-topic", "in",
                                           "--output-topic", "out", *text_worker_args(model, 64)])
         assert (args.model, args.max_batch_size, args.torch_threads, args.device) == (name, 64, 1, "cpu")
+        # the free model runs MiniLM's host path with MiniLM's allocator setting
+        assert mmap_threshold(args.model, args.malloc_mmap_threshold_kib) == MODEL_BOUND_MMAP_THRESHOLD
     for bad in (["--events", "0"], ["--model", "free-text", "--batch", "0"]):
         with pytest.raises(SystemExit) as exc:
             ab.main(["--baseline", "HEAD", *bad])
