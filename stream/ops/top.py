@@ -213,19 +213,25 @@ def version_rows(rows: list[Row], befores: list[Scrape | None], nows: list[Scrap
 
 def binding_stage(before: Scrape, now: Scrape, dt: float) -> str:
     """The stage whose threads spent the largest share of ``dt`` working (stream_stage_busy_seconds_total over
-    stream_stage_threads), as "prepare 93%"; "" when the replica exports no stages or nothing was busy."""
+    stream_stage_threads), as "prepare 93%", and the share of it they ran on a CPU (stream_stage_cpu_seconds_total,
+    when exported), as "prepare 93% (CPU 41%)": the rest they waited for the GIL or for a core, which more threads
+    do not cure; "" when the replica exports no stages or nothing was busy."""
+    def share(metric: str, stage: str, threads: float) -> float | None:
+        a, b = before.total(metric, stage=stage), now.total(metric, stage=stage)
+        return None if a is None or b is None else max(0.0, b - a) / dt / threads
+
     shares = []
     for labels, _ in now.samples.get("stream_stage_threads", []):
         stage = labels.get("stage", "")
         threads = now.total("stream_stage_threads", stage=stage)
-        a = before.total("stream_stage_busy_seconds_total", stage=stage)
-        b = now.total("stream_stage_busy_seconds_total", stage=stage)
-        if threads and a is not None and b is not None:
-            shares.append((max(0.0, b - a) / dt / threads, stage))
+        busy = share("stream_stage_busy_seconds_total", stage, threads) if threads else None
+        if threads and busy is not None:
+            shares.append((busy, stage, threads))
     if not shares or max(shares)[0] <= 0:
         return ""
-    share, stage = max(shares)
-    return f"{stage} {min(share, 1.0):.0%}"
+    busy, stage, threads = max(shares)
+    cpu = share("stream_stage_cpu_seconds_total", stage, threads)
+    return f"{stage} {min(busy, 1.0):.0%}" + (f" (CPU {min(cpu / busy, 1.0):.0%})" if cpu is not None else "")
 
 
 def _first_line(text: str, width: int = 48) -> str:

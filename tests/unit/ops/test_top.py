@@ -71,17 +71,25 @@ def test_the_binding_stage_is_the_one_whose_threads_were_busiest() -> None:
     for stage, threads in (("prepare", 2), ("device", 1), ("finish", 1)):
         m.stage_threads.labels(stage).set(threads)
         m.stage_busy_seconds.labels(stage).inc(1.0)
+        m.stage_cpu_seconds.labels(stage).inc(0.5)
     before = scrape_of(m, 10.0)
     m.stage_busy_seconds.labels("prepare").inc(3.0)  # 3 s of 2 threads' 4 s: 75 %
     m.stage_busy_seconds.labels("device").inc(1.6)  # 80 % of its one thread: it binds
     m.stage_busy_seconds.labels("finish").inc(0.4)
+    m.stage_cpu_seconds.labels("device").inc(0.4)  # a quarter of its busy time on a CPU, the rest waiting
     r = row("w", before, scrape_of(m, 12.0))
-    assert r.binds == "device 80%"
+    assert r.binds == "device 80% (CPU 25%)"
     assert row("w", before, before).binds == "", "no time passed: no rates"
+    older = StreamMetrics()  # a replica of a version that exports no CPU seconds
+    older.stage_threads.labels("device").set(1)
+    older.stage_busy_seconds.labels("device").inc(1.0)
+    was = scrape_of(older, 10.0)
+    older.stage_busy_seconds.labels("device").inc(1.0)
+    assert row("w", was, scrape_of(older, 12.0)).binds == "device 50%"
     assert row("w", scrape_of(StreamMetrics(), 1.0), scrape_of(StreamMetrics(), 2.0)).binds == "", "no stages"
     text = io.StringIO()
     Console(file=text, width=200).print(table([r]))
-    assert "device 80%" in text.getvalue()
+    assert "device 80% (CPU 25%)" in text.getvalue()
 
 
 def test_states_from_the_probes_and_a_replica_that_does_not_answer() -> None:
