@@ -27,9 +27,10 @@ class Drain:
     # (seconds since the drain began, records consumed by replica 0) every 0.2 s, for the steady-state rate
     progress: list[tuple[float, float]] = field(default_factory=list)
     ready_s: float | None = None  # replica 0's cold start: process start to /readyz 200 (model loaded, warmed, joined)
-    device_busy_s: float | None = None  # CUDA: the workers' device time on batches (CUDA events)
+    device_busy_s: float | None = None  # CUDA: the workers' device time on records' batches (CUDA events)
     batches: int | None = None
     stage_cpu_s: dict[str, float] | None = None  # the CPU seconds the stages' threads used while they worked
+    device_warm_s: float | None = None  # CUDA: the workers' device time on their warm-up batches (since 2026-12-07)
 
     @property
     def steady_rate(self) -> float | None:

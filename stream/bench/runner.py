@@ -193,11 +193,12 @@ class Bench:
         cpu = {"workers": sum(v for k, v in cores.items() if k.startswith("worker-")),
                **({"broker": cores["broker"]} if "broker" in cores else {})} if cores else None
         device = [s["device_busy_s"] for s in summaries if s.get("device_busy_s") is not None]
+        warm = [s["device_warm_s"] for s in summaries if s.get("device_warm_s") is not None]
         return Drain(name, sum(s["consumed"] for s in summaries), last - first, peak, samples,
                      sum(s["batched_records"] for s in summaries) / batches if batches else None,
                      sum(s.get("transactions", 0) for s in summaries) or None, busy or None, cpu,
                      progress if replicas == 1 else [], ready_s, sum(device) if device else None, batches,
-                     cpu_s or None)
+                     cpu_s or None, sum(warm) if warm else None)
 
     def interleaved_drains(self, before: Path, rounds: int, extra: list[str] | None = None,
                            on_drain: Any = None, input_topic: str | None = None,

@@ -307,11 +307,14 @@ def _alone(row: dict[str, Any]) -> float:
 def _drain_figures(drain: Any) -> dict[str, Any]:
     """A drain's figures: ``rate`` over its whole window (first record consumed to last commit), ``steady_rate``
     between 20 % and 95 % of it (None when too short to say), ``ready_s`` the worker's cold start (process start
-    to /readyz 200: model loaded and warmed, group joined), ``device_ms_per_batch`` from CUDA events."""
+    to /readyz 200: model loaded and warmed, group joined), ``device_ms_per_batch`` from CUDA events over the
+    records' batches (since 2026-12-07; before, the warm-up's batches were counted in too), ``device_warm_s`` the
+    warm-up's."""
     device = drain.device_busy_s
     return {"events": drain.events, "seconds": drain.seconds, "rate": drain.rate, "steady_rate": drain.steady_rate,
             "ready_s": drain.ready_s, "peak_rss_mib": drain.peak_rss_mib, "mean_batch_size": drain.mean_batch_size,
             "stage_busy_s": drain.stage_busy_s, "stage_cpu_s": drain.stage_cpu_s, "device_busy_s": device,
+            "device_warm_s": drain.device_warm_s,
             "device_ms_per_batch": device * 1000.0 / drain.batches if device is not None and drain.batches else None}
 
 

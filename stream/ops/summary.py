@@ -21,6 +21,7 @@ class WorkerSummary:
     stage_busy_s: dict[str, float] = field(default_factory=dict)  # seconds each stage's threads worked
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # the CPU seconds they used meanwhile
     device_busy_s: float | None = None  # CUDA: the device's time on batches, from CUDA events (None elsewhere)
+    device_warm_s: float | None = None  # CUDA: its time on the warm-up's batches (not in device_busy_s)
 
     @property
     def mean_batch_size(self) -> float:

@@ -232,8 +232,10 @@ class InferenceEngine:
         self._submitting = threading.Lock()
         self.asynchronous = device.type == "cuda"
         # CUDA: the compute stream's time on batches (an event before each batch's work, its done event after),
-        # summed as each batch is waited for; written by the thread that waits (one at a time).
+        # summed as each batch is waited for; written by the thread that waits (one at a time). The warm-up's
+        # batches are left out of it (their time: warm_device_s).
         self.device_busy_s = 0.0
+        self.warm_device_s = 0.0
         if self.asynchronous:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             self._compute_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -251,19 +253,26 @@ class InferenceEngine:
         make = getattr(self.handler, "warm_inputs", None)
         batches = list(make()) if make is not None else []
         started = time.perf_counter()
+        busy_before = self.device_busy_s
         done = 0
-        for inputs in batches:
-            if stop():
-                break
-            if time.perf_counter() - started > limit_s:
-                log.warning("warm-up stopped after %.0f s, %d of %d batches run: the shapes left will be met "
-                            "by the first batches of records", limit_s, done, len(batches))
-                break
-            self.run(inputs)
-            done += 1
-            progress(done, len(batches))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        try:
+            for inputs in batches:
+                if stop():
+                    break
+                if time.perf_counter() - started > limit_s:
+                    log.warning("warm-up stopped after %.0f s, %d of %d batches run: the shapes left will be met "
+                                "by the first batches of records", limit_s, done, len(batches))
+                    break
+                self.run(inputs)
+                done += 1
+                progress(done, len(batches))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            # Not records' batches: their first passes (kernels loaded, handles made, the allocator grown, graphs
+            # captured) counted in would overstate the device's time a batch of records.
+            self.warm_device_s += self.device_busy_s - busy_before
+            self.device_busy_s = busy_before
         seconds = time.perf_counter() - started
         warmed = getattr(self.handler, "warmed", None)
         if warmed is not None and done == len(batches):

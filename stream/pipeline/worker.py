@@ -267,6 +267,7 @@ class Worker:
         self._summary.stage_cpu_s = parts.stage.busy_seconds("stream_stage_cpu_seconds_total")
         if self._engine.device.type == "cuda":
             self._summary.device_busy_s = self._engine.device_busy_s
+            self._summary.device_warm_s = self._engine.warm_device_s
         log.info("shutdown summary: %s", self._summary.line())
         return self._summary
 

@@ -3,6 +3,7 @@ is tested in test_stage.py), and (on a machine with CUDA only) the engine's asyn
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from stream.codec import decode
 from stream.errors import ModelError
 from stream.kafka.publish import HEADER_OFFSET
 from stream.models.demo import WEIGHTS_FILE, DemoFraudHandler, FraudMLP
-from stream.pipeline.inference import InferenceEngine
+from stream.pipeline.inference import InferenceEngine, InFlight
 from tests.handlers import POISON_MARK, PoisonHandler
 from tests.unit.pipeline.test_processing import REGISTRY, FakePublisher, batch_of, events, make
 
@@ -40,6 +41,38 @@ def test_batches_begun_ahead_complete_in_order_with_poison_isolated(model_dir: P
     assert predicted_offsets(pub) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
     assert [int(h[HEADER_OFFSET]) for t, _, _, h in pub.sent if t == "dlq"] == [3]
     assert t1.committable() == {("in", 0): 10} and t2.committable() == {("in", 0): 6}
+
+
+class _Timed:
+    """A recorded CUDA timing event's stand-in: complete at once, ``ms`` into the device's timeline."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Timed) -> float:
+        return end.ms - self.ms
+
+
+def test_the_device_time_of_records_batches_leaves_the_warm_up_out(model_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's device_busy_s (and the benchmarks' device time a batch, over the records' batches) counted
+    the warm-up's first passes too; they are kept apart, in warm_device_s."""
+    engine = InferenceEngine(DemoFraudHandler(model_dir), torch.device("cpu"))
+
+    def timed_run(_inputs: object) -> None:  # a batch that kept the device 40 ms, as its CUDA events say
+        flight = InFlight(1, time.perf_counter())
+        flight.begun, flight.done = _Timed(0.0), _Timed(40.0)
+        engine.wait(flight)
+
+    monkeypatch.setattr(engine.handler, "warm_inputs", lambda: [{}, {}, {}], raising=False)
+    monkeypatch.setattr(engine, "run", timed_run)
+    assert engine.warm(60.0)[:2] == (3, 3)
+    assert engine.device_busy_s == 0.0 and engine.warm_device_s == pytest.approx(0.12)
+    timed_run({})  # a batch of records
+    assert engine.device_busy_s == pytest.approx(0.04) and engine.warm_device_s == pytest.approx(0.12)
 
 
 # ---------------------------------------------------------------------------- CUDA only
