@@ -57,7 +57,9 @@ class ModelHandler(Protocol):
 
     def postprocess(self, raw: Any) -> dict[str, np.ndarray]:
         """Raw model output -> one host array per declared output, each with one row per input. A tensor that
-        ``predict`` returned on a CUDA device arrives here already copied to host memory."""
+        ``predict`` returned on a CUDA device arrives here already copied to host memory. The arrays are encoded
+        and published as they are while the next batches already run: never hand out memory that a later batch's
+        ``predict`` or ``postprocess`` writes again (a buffer reused across batches: return a copy of it)."""
 
     # Optional: ``warm_inputs() -> list of batches`` (each the handler's inputs by name): batches that between them
     # make the model meet every shape it will use, run by the worker before it joins its group (`InferenceEngine.
