@@ -138,9 +138,10 @@ class StreamMetrics:
             "stream_stage_threads, the share of the stage's capacity in use: the stage nearest 1 binds.",
             ["stage"], registry=r)
         self.stage_cpu_seconds = Counter(
-            "stream_stage_cpu_seconds", "CPU seconds each stage's threads used over the spans counted in "
+            "stream_stage_cpu_seconds", "CPU seconds each stage's own threads used over the spans counted in "
             "stream_stage_busy_seconds. Busy minus CPU is time a working thread waited: for the GIL, which another "
-            "of the worker's threads held, or for a core.", ["stage"], registry=r)
+            "of the worker's threads held, or for a core, or for threads it handed work to (torch's intra-op threads "
+            "on the CPU: their time is not counted here).", ["stage"], registry=r)
         self.stage_threads = Gauge("stream_stage_threads", "Threads of each stage (prepare: --prepare-threads).",
                                    ["stage"], registry=r)
         self.stage_queue_batches = Gauge(

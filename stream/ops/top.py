@@ -215,7 +215,8 @@ def binding_stage(before: Scrape, now: Scrape, dt: float) -> str:
     """The stage whose threads spent the largest share of ``dt`` working (stream_stage_busy_seconds_total over
     stream_stage_threads), as "prepare 93%", and the share of it they ran on a CPU (stream_stage_cpu_seconds_total,
     when exported), as "prepare 93% (CPU 41%)": the rest they waited for the GIL or for a core, which more threads
-    do not cure; "" when the replica exports no stages or nothing was busy."""
+    do not cure (or, on the CPU, for torch's intra-op threads); "" when the replica exports no stages or nothing
+    was busy."""
     def share(metric: str, stage: str, threads: float) -> float | None:
         a, b = before.total(metric, stage=stage), now.total(metric, stage=stage)
         return None if a is None or b is None else max(0.0, b - a) / dt / threads

@@ -17,9 +17,10 @@ batch abandoned while stopping nothing after it is published; batches of a rewou
 stage. ``finish`` lets every stage finish what it holds, in order, then ends the threads.
 
 Each stage adds its working time to ``stream_stage_busy_seconds_total{stage}`` (the finish thread's wait for the
-device is not work) and the CPU time its thread used meanwhile to ``stream_stage_cpu_seconds_total{stage}`` (the
-difference is time spent waiting for the GIL or for a core), and each queue's depth is a gauge: the stage whose busy
-time per second nears its thread count binds the worker.
+device is not work) and the CPU time its own thread used meanwhile to ``stream_stage_cpu_seconds_total{stage}``
+(the difference is time spent waiting for the GIL, for a core, or for threads it handed work to, such as torch's
+intra-op pool on the CPU), and each queue's depth is a gauge: the stage whose busy time per second nears its
+thread count binds the worker.
 """
 
 from __future__ import annotations
