@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter
+
 from stream.kafka.deadline import Deadline
 from stream.kafka.publish import Publisher
 from stream.ops.metrics import StreamMetrics
@@ -45,6 +47,22 @@ _SERVE_EVERY_S = 0.002  # an idle finish thread serves delivery reports this oft
 _SEND_WINDOW_S = 0.001  # how long a finish thread that runs out of work flushes the batch it just produced
 FINISH_QUEUE = 2  # batches submitted to the device and waiting for the finish thread
 STAGES = ("prepare", "device", "finish")
+
+
+class _StageClock:
+    """A stage's two counters of one span of work: its wall time (busy, less ``waited`` for the device) and the
+    CPU time its thread used meanwhile."""
+
+    def __init__(self, busy: Counter, cpu: Counter) -> None:
+        self._busy, self._cpu = busy, cpu
+
+    @staticmethod
+    def start() -> tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def stop(self, started: tuple[float, float], waited: float = 0.0) -> None:
+        self._busy.inc(max(0.0, time.perf_counter() - started[0] - waited))
+        self._cpu.inc(time.thread_time() - started[1])  # a wait for the device uses none
 
 
 @dataclass(eq=False)
@@ -80,8 +98,7 @@ class ProcessingStages:
         self._active = 0  # batches offered and not yet settled (published, dropped or abandoned)
         self._prepared_waiting = 0  # prepared batches the device thread has not taken yet
         busy, cpu = self._metrics.stage_busy_seconds, self._metrics.stage_cpu_seconds
-        self._busy = {stage: busy.labels(stage) for stage in STAGES}
-        self._cpu = {stage: cpu.labels(stage) for stage in STAGES}
+        self._clocks = {stage: _StageClock(busy.labels(stage), cpu.labels(stage)) for stage in STAGES}
         threads = self._metrics.stage_threads
         for stage, count in zip(STAGES, (prepare_threads, 1, 1), strict=True):
             threads.labels(stage).set(count)
@@ -113,9 +130,15 @@ class ProcessingStages:
         self._to_prepare.put(job)
         return True
 
-    def busy_seconds(self, metric: str = "stream_stage_busy_seconds_total") -> dict[str, float]:
-        """Seconds each stage's threads have worked so far (``metric``: or the CPU seconds they used meanwhile,
-        ``stream_stage_cpu_seconds_total``)."""
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each stage's threads have worked so far."""
+        return self._totals("stream_stage_busy_seconds_total")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each stage's threads have used while they worked."""
+        return self._totals("stream_stage_cpu_seconds_total")
+
+    def _totals(self, metric: str) -> dict[str, float]:
         sample = self._metrics.registry.get_sample_value
         return {stage: sample(metric, {"stage": stage}) or 0.0 for stage in STAGES}
 
@@ -152,18 +175,17 @@ class ProcessingStages:
 
     # -- prepare threads ------------------------------------------------------------------------------------
     def _prepare_loop(self) -> None:
-        busy, cpu = self._busy["prepare"], self._cpu["prepare"]
+        clock = self._clocks["prepare"]
         queue_wait = self._metrics.queue_wait_seconds
         while (job := self._to_prepare.get()) is not None:
             queue_wait.observe(time.monotonic() - job.batch.queued_at)
             if not self._dropped(job.batch):
-                started, cpu_started = time.perf_counter(), time.thread_time()
+                started = clock.start()
                 try:
                     job.begun = self._processor.prepare(job.batch)
                 except BaseException as exc:  # handled in order, by the finish thread
                     job.error = exc
-                busy.inc(time.perf_counter() - started)
-                cpu.inc(time.thread_time() - cpu_started)
+                clock.stop(started)
             with self._lock:
                 self._prepared_waiting += 1
             job.prepared.set()
@@ -171,7 +193,7 @@ class ProcessingStages:
     # -- the device thread ----------------------------------------------------------------------------------
     def _device_loop(self) -> None:
         set_torch_threads(self._torch_threads)
-        busy, cpu = self._busy["device"], self._cpu["device"]
+        clock = self._clocks["device"]
         engine = self._processor.engine
         while (job := self._in_order.get()) is not None:
             job.prepared.wait()
@@ -185,15 +207,14 @@ class ProcessingStages:
                     continue
                 self._hand_on(job)  # its error, in order
                 continue
-            started, cpu_started = time.perf_counter(), time.thread_time()
+            started = clock.start()
             try:
                 self._processor.submit(begun)
                 if not self._overlap and begun.flight is not None:
                     engine.wait(begun.flight)  # the next batch is submitted once this one is done
             except BaseException as exc:
                 self._fail(exc)
-            busy.inc(time.perf_counter() - started)
-            cpu.inc(time.thread_time() - cpu_started)
+            clock.stop(started)
             self._hand_on(begun)
         self._hand_on(None)
 
@@ -204,7 +225,7 @@ class ProcessingStages:
     def _finish_loop(self) -> None:
         set_torch_threads(self._torch_threads)  # the retries and halves of a failed batch run the model here
         publisher, txns = self._publisher, self._transactions
-        busy, cpu = self._busy["finish"], self._cpu["finish"]
+        clock = self._clocks["finish"]
         done = 0  # batches finished and not settled yet: settled once the next arrives or they are sent
         abandoned = False  # a batch was left undone while stopping (processing.Abandoned)
         while True:
@@ -238,7 +259,7 @@ class ProcessingStages:
                 continue  # drain without work
             if abandoned or txns.stale(item.batch.epoch):
                 continue  # stopping after an abandoned batch, or consumed before a rewind: consumed again later
-            started, cpu_started = time.perf_counter(), time.thread_time()
+            started = clock.start()
             flight = item.flight if isinstance(item, Begun) else None
             waited = flight.waited if flight is not None else 0.0
             try:
@@ -258,8 +279,7 @@ class ProcessingStages:
             except BaseException as exc:
                 self._fail(exc)
             waited = (flight.waited if flight is not None else 0.0) - waited  # the device's time, not this thread's
-            busy.inc(max(0.0, time.perf_counter() - started - waited))
-            cpu.inc(time.thread_time() - cpu_started)  # a wait for the device uses none
+            clock.stop(started, waited)
 
     def _run(self, call: Callable[[], None]) -> None:
         """Run ``call``; an exception from it fails the worker instead of the thread."""

@@ -264,7 +264,7 @@ class Worker:
             self._summary.exit_code = EXIT_STOPPED_ON_PURPOSE
         self._summary.transactions = self._transactions.committed
         self._summary.stage_busy_s = parts.stage.busy_seconds()
-        self._summary.stage_cpu_s = parts.stage.busy_seconds("stream_stage_cpu_seconds_total")
+        self._summary.stage_cpu_s = parts.stage.cpu_seconds()
         if self._engine.device.type == "cuda":
             self._summary.device_busy_s = self._engine.device_busy_s
             self._summary.device_warm_s = self._engine.warm_device_s

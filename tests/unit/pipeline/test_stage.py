@@ -275,7 +275,7 @@ def test_a_stage_s_cpu_seconds_count_its_thread_s_work_and_not_its_waits(model_d
     stages.start()
     offer_all(stages, pub, [2, 3])
     stages.finish(Deadline(30.0))
-    busy, cpu = stages.busy_seconds(), stages.busy_seconds("stream_stage_cpu_seconds_total")
+    busy, cpu = stages.busy_seconds(), stages.cpu_seconds()
     assert cpu["prepare"] >= 2 * Timed.PREPARE_CPU_S and busy["prepare"] >= cpu["prepare"]
     assert busy["device"] >= 2 * Timed.SUBMIT_WAIT_S and cpu["device"] < Timed.SUBMIT_WAIT_S, (busy, cpu)
     assert 0 < cpu["finish"] <= busy["finish"] + 0.01
