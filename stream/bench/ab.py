@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                            "stage_busy_s": drain.stage_busy_s, "stage_cpu_s": drain.stage_cpu_s,
                            "stage_cpu_us_per_record": cpu_us})
             steady = f", steady {drain.steady_rate:,.0f}" if drain.steady_rate is not None else ""
-            cpu = ("; stage CPU µs a record: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_us.items())
-                   if cpu_us else "")
+            cpu = f"; stage CPU µs a record: {figures(cpu_us)}" if cpu_us else ""
             print(f"round {r} {code} ({drains[-1]['rev']}): {drain.events:,} records in {drain.seconds:.2f} s, "
                   f"{drain.rate:,.0f}/s{steady}{cpu}", flush=True)
 
@@ -111,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_medians = {code: _median_stage_cpu(drains, code) for code in ("baseline", "current")}
         for code, per in cpu_medians.items():
             if per:
-                print(f"median stage CPU µs a record, {code}: " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()),
-                      flush=True)
+                print(f"median stage CPU µs a record, {code}: {figures(per)}", flush=True)
         if args.results is not None:
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps({
@@ -157,6 +155,11 @@ def baseline_and_broker(parser: argparse.ArgumentParser, baseline: str | None, b
         if tree is not None:
             remove_checkout(tree)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def figures(named: dict[str, float]) -> str:
+    """``{"prepare": 1.234, ...}`` as "prepare 1.23, ..."."""
+    return ", ".join(f"{k} {v:.2f}" for k, v in named.items())
 
 
 def stage_us_per_record(cpu_s: dict[str, float] | None, events: int) -> dict[str, float] | None:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.texts < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--texts, --batch and --rounds must be at least 1")
     spy = _py_spy(args.py_spy)
-    from stream.bench.ab import _texts, baseline_and_broker, current_revision
+    from stream.bench.ab import _texts, baseline_and_broker, current_revision, figures
     from stream.bench.bench_config import BenchConfig
     from stream.bench.runner import Bench
 
@@ -119,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 d = drains[-1]
                 print(f"round {r} {code} ({rev}): {d['events']:,} texts in {d['seconds']:.2f} s, "
                       f"{d['rate']:,.0f}/s; GIL held {d['gil']['total']:.2f} µs a text ("
-                      + ", ".join(f"{k} {v:.2f}" for k, v in d["gil"]["threads"].items()) + ")", flush=True)
+                      + figures(d["gil"]["threads"]) + ")", flush=True)
         summary = {code: statistics.median(d["gil"]["total"] for d in drains if d["code"] == code)
                    for code, _, _ in sides}
-        print("median GIL-held µs a text: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items())
+        print("median GIL-held µs a text: " + figures(summary)
               + (f"; current/baseline {summary['current'] / summary['baseline']:.3f}"
                  if tree is not None and summary["baseline"] > 0 else ""))
         if not all(d["gil"]["total"] for d in drains):

@@ -225,8 +225,7 @@ def binding_stage(before: Scrape, now: Scrape, dt: float) -> str:
     for labels, _ in now.samples.get("stream_stage_threads", []):
         stage = labels.get("stage", "")
         threads = now.total("stream_stage_threads", stage=stage)
-        busy = share("stream_stage_busy_seconds_total", stage, threads) if threads else None
-        if threads and busy is not None:
+        if threads and (busy := share("stream_stage_busy_seconds_total", stage, threads)) is not None:
             shares.append((busy, stage, threads))
     if not shares or max(shares)[0] <= 0:
         return ""
