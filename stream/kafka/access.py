@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AclOperation  # type: ignore[attr-defined]
+from confluent_kafka.admin import AclOperation, AdminClient  # type: ignore[attr-defined]
 
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
@@ -62,11 +62,10 @@ def check_access(settings: WorkerSettings, admin_config: Mapping[str, Any], conn
                  stop: threading.Event) -> None:
     """Raise AccessDenied naming every required operation the brokers do not allow (nothing where the cluster
     has no authorizer: it then reports no operations to check). Retried while the brokers cannot be reached."""
-    _retrying(lambda: _check_access(settings, admin_config), connection, stop)
+    _retrying(lambda client: _check_access(settings, client), admin_config, connection, stop)
 
 
-def _check_access(settings: WorkerSettings, admin_config: Mapping[str, Any]) -> None:
-    client = admin(admin_config["bootstrap.servers"], **admin_config)  # kept: its futures fail once it is gone
+def _check_access(settings: WorkerSettings, client: AdminClient) -> None:
     topics = [name for kind, name, _ in required(settings) if kind == "topic"]
     missing: list[str] = []
     allowed: dict[tuple[str, str], set[str] | None] = {}
@@ -147,8 +146,8 @@ def ensure_dlq_topic(settings: WorkerSettings, admin_config: Mapping[str, Any], 
     assert topic is not None
     bootstrap = admin_config["bootstrap.servers"]
 
-    def ensure() -> None:
-        info = admin(bootstrap, **admin_config).list_topics(topic, timeout=10).topics.get(topic)
+    def ensure(client: AdminClient) -> None:
+        info = client.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
         if info is not None and info.error is None:
             log.info("dead-letter topic %s: exists", topic)
             return
@@ -167,17 +166,21 @@ def ensure_dlq_topic(settings: WorkerSettings, admin_config: Mapping[str, Any], 
             raise
         log.info("dead-letter topic %s: %s", topic, status[topic])
 
-    _retrying(ensure, connection, stop)
+    _retrying(ensure, admin_config, connection, stop)
 
 
-def _retrying(call: Callable[[], None], connection: ConnectionWatch, stop: threading.Event) -> None:
-    """``call()`` until it returns or the worker is stopped; retried, with backoff, while the brokers cannot be
-    reached (reported by the connection watch) or do not answer in time."""
+def _retrying(call: Callable[[AdminClient], None], admin_config: Mapping[str, Any], connection: ConnectionWatch,
+              stop: threading.Event) -> None:
+    """``call(client)`` with a fresh admin client until it returns or the worker is stopped (the caller then sees
+    ``stop`` set); retried, with backoff, while the brokers cannot be reached (reported by the connection watch)
+    or do not answer in time."""
     delay_s = 0.5
     answers = 0  # retriable errors from brokers that answered (a coordinator loading): a few, then an error
     while not stop.is_set():
+        client = admin(admin_config["bootstrap.servers"], **admin_config)  # kept: its futures fail once it is gone
         try:
-            call()
+            if _served(call, client, stop):
+                connection.reachable()
             return
         except (KafkaException, KafkaClientError) as exc:
             err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
@@ -191,3 +194,36 @@ def _retrying(call: Callable[[], None], connection: ConnectionWatch, stop: threa
                     raise
             stop.wait(delay_s)
             delay_s = min(delay_s * 2, 5.0)
+
+
+def _served(call: Callable[[AdminClient], None], client: AdminClient, stop: threading.Event,
+            slice_s: float = 0.1) -> bool:
+    """``call(client)`` on a daemon thread of its own while this thread serves ``client``'s callbacks: True once it
+    returned (its exception is raised here), False as soon as the worker is stopped (it is left to end alone).
+
+    - Served, the admin client's ``error_cb`` tells the connection watch at once that the brokers cannot be
+      reached, and librdkafka's lines saying why (a refused connection, for example) reach the worker's log; an
+      admin client nobody polls keeps both to itself, so a worker waiting at start-up said only "no answer"
+      after each request's 10 s.
+    - A call blocks in librdkafka up to that timeout, all of it while the brokers cannot be reached. Waited
+      out, a worker told to stop at start-up took that long to begin stopping; where the call blocks in C (a
+      metadata request), Python could not even run the signal's handler until it returned."""
+    done = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call(client)
+        except BaseException as exc:  # handed to the waiting thread
+            raised.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="stream-admin-request", daemon=True).start()
+    while not done.is_set():
+        if stop.is_set():
+            return False
+        client.poll(slice_s)
+    if raised:
+        raise raised[0]
+    return True

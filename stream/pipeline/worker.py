@@ -216,14 +216,18 @@ class Worker:
         if s.dlq_topic:
             ensure_dlq_topic(s, self._admin_config, self._connection, self._stop)
         check_access(s, self._admin_config, self._connection, self._stop)
+        if self._stop.is_set():  # told to stop while the brokers were asked (or waited for): no client exists yet
+            log.info("stopped during start-up, before any client was made: nothing consumed, nothing to commit")
+            return self._summarize(None)
         publisher = Publisher(self._producer_config, on_span_done=self._delivered.done,
                               native_topic=native_topic(s, self._encoder.carries_source), connection=self._connection)
         consumer = Consumer({**self._consumer_config, "on_commit": self._ledger.on_commit,
                              "error_cb": self._failure.on_consumer_error, "logger": client_logger("consumer"),
                              **({"stats_cb": self._consumer_stats.on_stats} if self._consumer_stats else {})})
         parts = self._connect(consumer, publisher)
-        self._previous = PreviousStops(s.input_topic, read_notes(consumer, s.input_topic))
-        self._previous.log_found()
+        if not self._stop.is_set():  # the notes are a courtesy, not worth a stopping worker's wait for the brokers
+            self._previous = PreviousStops(s.input_topic, read_notes(consumer, s.input_topic))
+            self._previous.log_found()
         counts = self._previous.breaker_counts()
         if counts is not None:
             parts.processor.breaker.prime(*counts)
@@ -232,12 +236,15 @@ class Worker:
         self._warm()
         parts.stage.start()
         try:
-            if s.exactly_once:
+            # A worker stopped during start-up never joins the group, nor asks the brokers what only that needs
+            if s.exactly_once and not self._stop.is_set():
                 publisher.init_transactions(self._transactions.timeout_s)
-            end = StopAtEnd.from_broker(consumer, self._admin_config, s.input_topic, parts.committer,
-                                        lambda: bool(self._tracker.in_flight() or len(self._batcher)),
-                                        self._tracker.taken_to, self._clock) if s.stop_at_end else None
-            if not self._stop.is_set():  # else stopped during start-up: never join the group
+            end = None
+            if s.stop_at_end and not self._stop.is_set():
+                end = StopAtEnd.from_broker(consumer, self._admin_config, s.input_topic, parts.committer,
+                                            lambda: bool(self._tracker.in_flight() or len(self._batcher)),
+                                            self._tracker.taken_to, self._clock)
+            if not self._stop.is_set():
                 r = parts.rebalancer
 
                 def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
@@ -251,6 +258,11 @@ class Worker:
         except BaseException as exc:  # keep going to the orderly shutdown below, then report
             self._fail(exc)
         self._shutdown(parts)
+        return self._summarize(parts)
+
+    def _summarize(self, parts: Connected | None) -> WorkerSummary:
+        """The summary's exit code and the stages' times (``parts`` None: stopped before the clients existed)."""
+        s = self.settings
         error = self._failure.error
         if error is not None:
             self._summary.error = f"{type(error).__name__}: {error}"
@@ -263,8 +275,9 @@ class Worker:
                       "What to do: %s", error.reason, where, GUIDE)
             self._summary.exit_code = EXIT_STOPPED_ON_PURPOSE
         self._summary.transactions = self._transactions.committed
-        self._summary.stage_busy_s = parts.stage.busy_seconds()
-        self._summary.stage_cpu_s = parts.stage.cpu_seconds()
+        if parts is not None:
+            self._summary.stage_busy_s = parts.stage.busy_seconds()
+            self._summary.stage_cpu_s = parts.stage.cpu_seconds()
         if self._engine.device.type == "cuda":
             self._summary.device_busy_s = self._engine.device_busy_s
             self._summary.device_warm_s = self._engine.warm_device_s

@@ -1,12 +1,19 @@
-"""Authorization errors in the worker's words: which ACL to grant (`stream.kafka.access.denied`)."""
+"""Authorization errors in the worker's words: which ACL to grant (`stream.kafka.access.denied`); the start-up's
+admin requests against brokers that cannot be reached."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 from confluent_kafka import KafkaError
 
 from stream.config import WorkerSettings
-from stream.kafka.access import denied, required
+from stream.kafka.access import AccessDenied, _served, check_access, denied, ensure_dlq_topic, required
+from stream.kafka.client_logs import ConnectionWatch
+from stream.kafka.topics import admin
+from stream.local.broker import free_port
 
 SETTINGS = WorkerSettings(bootstrap_servers="b:9092", input_topic="in", output_topic="out", group_id="g",
                           dlq_topic="dlq", guarantee="exactly-once", transactional_id="tid")
@@ -33,3 +40,34 @@ def test_exactly_once_adds_the_transactional_id_and_no_dlq_drops_its_topic() -> 
     assert ("transactional id", "tid", "WRITE") in required(SETTINGS)
     plain = WorkerSettings(bootstrap_servers="b:9092", input_topic="in", output_topic="out", group_id="g")
     assert required(plain) == [("topic", "in", "READ"), ("group", "g", "READ"), ("topic", "out", "WRITE")]
+
+
+def _refused() -> dict[str, object]:
+    """An admin config whose only broker refuses connections (a free port nothing listens on)."""
+    return {"bootstrap.servers": f"127.0.0.1:{free_port()}"}
+
+
+@pytest.mark.parametrize("ask", ["check_access", "ensure_dlq_topic"])
+def test_a_stopped_worker_leaves_the_admin_request_under_way_and_heard_at_once_the_brokers_refuse(ask: str) -> None:
+    """Against brokers that refuse connections each request blocks its full 10 s timeout (describe_topics'
+    futures; ensure's list_topics in C). The connection watch hears of the refusal from the served client at once,
+    and a stop returns at once instead of after the request."""
+    connection, stop = ConnectionWatch(), threading.Event()
+    config = {**_refused(), "error_cb": lambda err: connection.error("admin", err)}
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    (check_access if ask == "check_access" else ensure_dlq_topic)(SETTINGS, config, connection, stop)
+    returned = time.monotonic()
+    assert connection.unreachable, "the admin client's error_cb was never served"
+    assert returned - started < 3.0, returned - started  # the stop at 1 s, against the request's 10 s
+
+
+def test_the_request_s_own_error_is_raised_where_it_was_asked_for() -> None:
+    client = admin(f"127.0.0.1:{free_port()}")
+
+    def refuse(_client: object) -> None:
+        raise AccessDenied("grant it")
+
+    with pytest.raises(AccessDenied, match="grant it"):
+        _served(refuse, client, threading.Event())
+    assert _served(lambda _client: None, client, threading.Event()) is True
