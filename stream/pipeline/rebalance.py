@@ -3,8 +3,8 @@
 - assigned: the C consumer routes them (before confluent-kafka assigns them), the tracker and the stall detector
   start them afresh, they take the input's pause state;
 - revoked: records of them not yet in a batch are dropped for the next owner; their in-flight records are
-  finished (or abandoned after the revoke's budget, or at once when a transaction was aborted), committed
-  synchronously, and forgotten;
+  finished (or abandoned after the revoke's budget, or at once when a transaction was aborted or when nothing
+  more can be acknowledged: the worker's publisher closed as it stops), committed synchronously, and forgotten;
 - lost (ownership already gone): nothing committed, their state dropped (in-flight records may be repeated).
 """
 
@@ -47,6 +47,13 @@ class Rebalancer:
         self._rewinding = rewinding
         self._clock = clock
         self._start_from_ms = start_from_ms  # --start-from a time: for partitions the group never committed
+        self._publishing_ended = False
+
+    def publishing_ended(self) -> None:
+        """The worker's publisher is closed (it is stopping): every acknowledgement there will be has come, so a
+        revoke from now on (the consumer's close) waits for none. Records still in flight then were left undone
+        (a batch abandoned while the schema registry could not be reached, for example)."""
+        self._publishing_ended = True
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
@@ -88,7 +95,7 @@ class Rebalancer:
         deadline = Deadline(self._revoke_budget_s, self._clock)
         live = [tp for tp in tps if self._tracker.is_assigned(tp)]
         while (any(self._tracker.in_flight(tp) for tp in live) and not deadline.passed()
-               and not self._failed() and not self._rewinding()):
+               and not self._failed() and not self._rewinding() and not self._publishing_ended):
             time.sleep(0.002)
         try:
             self._committer.commit(asynchronous=False, tps=live)
@@ -96,7 +103,9 @@ class Rebalancer:
             log.error("commit on revoke failed (the next owner re-processes from the last commit): %s", exc)
         unfinished = sum(self._tracker.in_flight(tp) for tp in live)
         if unfinished:
-            why = "a transaction was aborted" if self._rewinding() else "the revoke's time was up"
+            why = ("a transaction was aborted" if self._rewinding() else "the worker failed" if self._failed()
+                   else "the worker is stopping and they were left undone" if self._publishing_ended
+                   else "the revoke's time was up")
             log.warning("revoke: %d records still unacknowledged after %.1fs (%s); not committed",
                         unfinished, self._clock() - started, why)
         self._forget(partitions)

@@ -416,6 +416,7 @@ class Worker:
         parts.processor.rejected.flush()
         # 3. Wait for every delivery report, then commit the acknowledged watermark.
         undelivered = publisher.close(deadline.left(0.01))
+        parts.rebalancer.publishing_ended()  # the consumer's close below revokes: no acknowledgement is left to come
         if undelivered:
             log.error("%d predictions undelivered at shutdown; their offsets stay uncommitted", undelivered)
         failure = publisher.failure()

@@ -4,6 +4,7 @@ revoke finishes and commits, what a lost assignment drops."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -99,12 +100,30 @@ def test_a_revoke_finishes_in_flight_records_commits_them_and_drops_unstarted_on
     assert tracker.assigned() == [(T, 1)] and len(batcher) == 1, "partition 1's record stays in the open batch"
 
 
-def test_a_revoke_gives_up_on_records_not_acknowledged_within_its_budget() -> None:
+def test_a_revoke_gives_up_on_records_not_acknowledged_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
     r, consumer, tracker, _, _, _ = setup(budget_s=1.0, clock=StepClock(0.1))
     r.on_assign(consumer, tps(0))  # type: ignore[arg-type]
     tracker.dispatch((T, 0), 0, 4, 5)  # never acknowledged
     r.on_revoke(consumer, tps(0))  # type: ignore[arg-type]
     assert consumer.commits == [] and tracker.assigned() == []
+    assert "5 records still unacknowledged after 1.2s (the revoke's time was up)" in caplog.text
+
+
+def test_once_publishing_ended_a_revoke_waits_for_no_acknowledgement(caplog: pytest.LogCaptureFixture) -> None:
+    """The consumer's close revokes after the worker's publisher closed: records still in flight then were left
+    undone (a batch abandoned while stopping), and waiting for them took the revoke's whole budget (30 s), past
+    the close's own, so the group waited out the session timeout too."""
+    r, consumer, tracker, _, committer, _ = setup(budget_s=30.0, clock=time.monotonic)
+    r.on_assign(consumer, tps(0))  # type: ignore[arg-type]
+    committer.ledger.start_at((T, 0), 0)
+    tracker.dispatch((T, 0), 0, 4, 5).ack(5)
+    tracker.dispatch((T, 0), 5, 9, 5)  # abandoned: never acknowledged
+    r.publishing_ended()
+    started = time.monotonic()
+    r.on_revoke(consumer, tps(0))  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0
+    assert consumer.commits == [{(T, 0): 5}], "what was acknowledged is committed, nothing past it"
+    assert "5 records still unacknowledged" in caplog.text and "left undone" in caplog.text
 
 
 def test_a_lost_assignment_commits_nothing_and_drops_its_state() -> None:
