@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
     consumer_env, producer_env = kafka_env_config(os.environ)
     admin_env = kafka_admin_env_config(os.environ)
+    _wait_for_brokers(settings.bootstrap_servers, admin_env)
     create_topics(settings.bootstrap_servers, [reply_topic], settings.reply_partitions, client_config=admin_env)
     partitions = partitions_of(settings.bootstrap_servers, reply_topic, admin_env)
     if settings.reply_partition not in partitions:
@@ -203,6 +204,26 @@ def _check_tls(settings: GatewaySettings) -> None:
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"--ssl-certfile {settings.ssl_certfile} / --ssl-keyfile {settings.ssl_keyfile}: "
                               f"{exc}") from None
+
+
+def _wait_for_brokers(bootstrap: str, admin_env: dict[str, str]) -> None:
+    """Until the brokers answer a metadata request, before the gateway asks them anything else: one WARNING with
+    librdkafka's reason when they cannot be reached, a reminder every 30 s, an INFO when they answer (a gateway
+    started beside its brokers, or before them, waits for them; SIGTERM ends the wait). It used to say nothing
+    for 30 s, then exit 1 with a TimeoutError's traceback."""
+    import threading
+
+    from stream.kafka.client_logs import ConnectionWatch
+    from stream.kafka.topics import ask_until_answered
+
+    connection = ConnectionWatch()
+
+    def on_error(err: Any) -> None:
+        if not connection.error("admin", err):
+            log.warning("admin: %s", err)
+
+    ask_until_answered(lambda client: client.list_topics(timeout=10), {
+        **admin_env, "bootstrap.servers": bootstrap, "error_cb": on_error}, connection, threading.Event())
 
 
 def _max_input_bytes(settings: GatewaySettings, producer_env: dict[str, str], admin_env: dict[str, str]) -> int:

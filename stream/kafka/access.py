@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -29,11 +29,10 @@ from confluent_kafka.admin import AclOperation, AdminClient  # type: ignore[attr
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
 from stream.kafka.client_logs import ConnectionWatch
-from stream.kafka.topics import admin, create_topics, partitions_of
+from stream.kafka.topics import admin, ask_until_answered, create_topics, partitions_of
 
 log = logging.getLogger(__name__)
 _TIMEOUT_S = 10.0
-_RETRIABLE_ANSWERS = 10
 AUTHORIZATION_ERRORS = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
                                   KafkaError.CLUSTER_AUTHORIZATION_FAILED,
                                   KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
@@ -62,7 +61,7 @@ def check_access(settings: WorkerSettings, admin_config: Mapping[str, Any], conn
                  stop: threading.Event) -> None:
     """Raise AccessDenied naming every required operation the brokers do not allow (nothing where the cluster
     has no authorizer: it then reports no operations to check). Retried while the brokers cannot be reached."""
-    _retrying(lambda client: _check_access(settings, client), admin_config, connection, stop)
+    ask_until_answered(lambda client: _check_access(settings, client), admin_config, connection, stop)
 
 
 def _check_access(settings: WorkerSettings, client: AdminClient) -> None:
@@ -166,64 +165,4 @@ def ensure_dlq_topic(settings: WorkerSettings, admin_config: Mapping[str, Any], 
             raise
         log.info("dead-letter topic %s: %s", topic, status[topic])
 
-    _retrying(ensure, admin_config, connection, stop)
-
-
-def _retrying(call: Callable[[AdminClient], None], admin_config: Mapping[str, Any], connection: ConnectionWatch,
-              stop: threading.Event) -> None:
-    """``call(client)`` with a fresh admin client until it returns or the worker is stopped (the caller then sees
-    ``stop`` set); retried, with backoff, while the brokers cannot be reached (reported by the connection watch)
-    or do not answer in time."""
-    delay_s = 0.5
-    answers = 0  # retriable errors from brokers that answered (a coordinator loading): a few, then an error
-    while not stop.is_set():
-        client = admin(admin_config["bootstrap.servers"], **admin_config)  # kept: its futures fail once it is gone
-        try:
-            if _served(call, client, stop):
-                connection.reachable()
-            return
-        except (KafkaException, KafkaClientError) as exc:
-            err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
-            if not isinstance(err, KafkaError):
-                raise
-            if err.code() == KafkaError._TIMED_OUT:  # no broker answered: what the watch calls unreachable
-                err = KafkaError(KafkaError._TRANSPORT, f"no answer to an admin request ({err.str()})")
-            if not connection.error("admin", err):
-                answers += 1
-                if not err.retriable() or answers > _RETRIABLE_ANSWERS:
-                    raise
-            stop.wait(delay_s)
-            delay_s = min(delay_s * 2, 5.0)
-
-
-def _served(call: Callable[[AdminClient], None], client: AdminClient, stop: threading.Event,
-            slice_s: float = 0.1) -> bool:
-    """``call(client)`` on a daemon thread of its own while this thread serves ``client``'s callbacks: True once it
-    returned (its exception is raised here), False as soon as the worker is stopped (it is left to end alone).
-
-    - Served, the admin client's ``error_cb`` tells the connection watch at once that the brokers cannot be
-      reached, and librdkafka's lines saying why (a refused connection, for example) reach the worker's log; an
-      admin client nobody polls keeps both to itself, so a worker waiting at start-up said only "no answer"
-      after each request's 10 s.
-    - A call blocks in librdkafka up to that timeout, all of it while the brokers cannot be reached. Waited
-      out, a worker told to stop at start-up took that long to begin stopping; where the call blocks in C (a
-      metadata request), Python could not even run the signal's handler until it returned."""
-    done = threading.Event()
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            call(client)
-        except BaseException as exc:  # handed to the waiting thread
-            raised.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="stream-admin-request", daemon=True).start()
-    while not done.is_set():
-        if stop.is_set():
-            return False
-        client.poll(slice_s)
-    if raised:
-        raise raised[0]
-    return True
+    ask_until_answered(ensure, admin_config, connection, stop)

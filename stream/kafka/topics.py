@@ -1,18 +1,23 @@
-"""Admin helpers: create topics idempotently, read end offsets and a group's committed offsets. ``client_config``:
+"""Admin helpers: create topics idempotently, read end offsets and a group's committed offsets, ask the brokers
+until they answer (`ask_until_answered`). ``client_config``:
 librdkafka settings every client they make gets besides the bootstrap servers (security: ``security.protocol``,
 ``sasl.*``, ``ssl.*``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from stream.errors import KafkaClientError, StreamError
-from stream.kafka.client_logs import client_logger
+from stream.kafka.client_logs import ConnectionWatch, client_logger
+
+RETRIABLE_ANSWERS = 10  # `ask_until_answered`: retriable errors from brokers that answered, before one is raised
 
 
 def admin(bootstrap: str, **extra: Any) -> AdminClient:
@@ -56,6 +61,10 @@ def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, rep
         try:
             future.result(timeout=timeout_s)
             status[name] = "created"
+        except concurrent.futures.TimeoutError:  # what the callers meet: no broker answered (retried, or said)
+            raise KafkaClientError(f"create topic {name}", KafkaError(
+                KafkaError._TIMED_OUT, f"no answer from the Kafka brokers at {bootstrap} within {timeout_s:.0f}s")
+            ) from None
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
@@ -63,7 +72,10 @@ def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, *, rep
             status[name] = "exists"
     deadline = time.monotonic() + timeout_s
     while True:
-        md = client.list_topics(timeout=5)
+        try:
+            md = client.list_topics(timeout=5)
+        except KafkaException as exc:
+            raise KafkaClientError(f"wait for the leaders of {', '.join(names)}", exc.args[0]) from exc
         ready = all(
             t in md.topics and md.topics[t].error is None and md.topics[t].partitions
             and all(p.leader >= 0 for p in md.topics[t].partitions.values())
@@ -137,3 +149,65 @@ def watermarks(bootstrap: str, topic: str, partitions: Iterable[int],
                     highs[p]) for p in partitions}
     finally:
         consumer.close()
+
+
+def ask_until_answered(call: Callable[[AdminClient], object], admin_config: Mapping[str, Any],
+                       connection: ConnectionWatch, stop: threading.Event) -> None:
+    """``call(client)`` with a fresh admin client until it returns or ``stop`` is set (the caller then sees it
+    set); retried, with backoff, while the brokers cannot be reached (said once by ``connection``, with
+    librdkafka's reason, and again when they answer) or do not answer in time; a few retriable errors from
+    brokers that answered (a coordinator loading), then raised. ``admin_config``: the client's settings, its
+    bootstrap servers among them."""
+    delay_s = 0.5
+    answers = 0  # retriable errors from brokers that answered (a coordinator loading): a few, then an error
+    while not stop.is_set():
+        client = admin(admin_config["bootstrap.servers"], **admin_config)  # kept: its futures fail once it is gone
+        try:
+            if _served(call, client, stop):
+                connection.reachable()
+            return
+        except (KafkaException, KafkaClientError) as exc:
+            err = exc.kafka_error if isinstance(exc, KafkaClientError) else exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError):
+                raise
+            if err.code() == KafkaError._TIMED_OUT:  # no broker answered: what the watch calls unreachable
+                err = KafkaError(KafkaError._TRANSPORT, f"no answer to an admin request ({err.str()})")
+            if not connection.error("admin", err):
+                answers += 1
+                if not err.retriable() or answers > RETRIABLE_ANSWERS:
+                    raise
+            stop.wait(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+
+
+def _served(call: Callable[[AdminClient], object], client: AdminClient, stop: threading.Event,
+            slice_s: float = 0.1) -> bool:
+    """``call(client)`` on a daemon thread of its own while this thread serves ``client``'s callbacks: True once it
+    returned (its exception is raised here), False as soon as ``stop`` is set (it is left to end alone).
+
+    - Served, the admin client's ``error_cb`` tells the connection watch at once that the brokers cannot be
+      reached, and librdkafka's lines saying why (a refused connection, for example) reach the worker's log; an
+      admin client nobody polls keeps both to itself, so a worker waiting at start-up said only "no answer"
+      after each request's 10 s.
+    - A call blocks in librdkafka up to that timeout, all of it while the brokers cannot be reached. Waited
+      out, a worker told to stop at start-up took that long to begin stopping; where the call blocks in C (a
+      metadata request), Python could not even run the signal's handler until it returned."""
+    done = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call(client)
+        except BaseException as exc:  # handed to the waiting thread
+            raised.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="stream-admin-request", daemon=True).start()
+    while not done.is_set():
+        if stop.is_set():
+            return False
+        client.poll(slice_s)
+    if raised:
+        raise raised[0]
+    return True

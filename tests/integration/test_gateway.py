@@ -317,6 +317,36 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
         broker.stop()
 
 
+def test_a_gateway_started_before_its_brokers_says_why_it_waits_and_serves_once_they_answer(tmp_path: Path) -> None:
+    """Its brokers not up yet (a broker of its own, started later on the port it was given): one WARNING at once
+    with librdkafka's reason, no exit; ready once they answer. It used to say nothing for 30 s, then exit 1 with
+    a TimeoutError's traceback."""
+    from stream.local.broker import free_port, start_tansu
+
+    port = free_port()
+    gateway = Gateway(f"127.0.0.1:{port}", "early-in", tmp_path / "gw.log")
+    broker = None
+    try:
+        deadline = time.monotonic() + 30
+        while "cannot reach the Kafka brokers" not in gateway.process.output() and time.monotonic() < deadline:
+            assert gateway.process.proc.poll() is None, gateway.process.output()[-3000:]
+            time.sleep(0.2)
+        [warning] = [line for line in gateway.process.output().splitlines() if "cannot reach the Kafka" in line]
+        assert "Connection refused" in warning, warning
+        time.sleep(3)  # retrying meanwhile, and saying so once
+        assert gateway.process.proc.poll() is None, gateway.process.output()[-3000:]
+        broker = start_tansu(port)
+        create_topics(broker.bootstrap, ["early-in"], 1)
+        gateway.wait_ready(60)
+        out = gateway.process.output()
+        assert "the Kafka brokers answer again" in out and out.count("cannot reach the Kafka brokers") == 1, out
+        assert gateway.stop() == 0, gateway.process.output()[-3000:]
+    finally:
+        gateway.process.kill()
+        if broker is not None:
+            broker.stop()
+
+
 def self_signed(folder: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key, made with the openssl command."""
     cert, key = folder / "cert.pem", folder / "key.pem"

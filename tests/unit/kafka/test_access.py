@@ -10,9 +10,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from stream.config import WorkerSettings
-from stream.kafka.access import AccessDenied, _served, check_access, denied, ensure_dlq_topic, required
+from stream.errors import KafkaClientError
+from stream.kafka.access import AccessDenied, check_access, denied, ensure_dlq_topic, required
 from stream.kafka.client_logs import ConnectionWatch
-from stream.kafka.topics import admin
+from stream.kafka.topics import _served, admin, create_topics
 from stream.local.broker import free_port
 
 SETTINGS = WorkerSettings(bootstrap_servers="b:9092", input_topic="in", output_topic="out", group_id="g",
@@ -71,3 +72,12 @@ def test_the_request_s_own_error_is_raised_where_it_was_asked_for() -> None:
     with pytest.raises(AccessDenied, match="grant it"):
         _served(refuse, client, threading.Event())
     assert _served(lambda _client: None, client, threading.Event()) is True
+
+
+def test_a_topic_no_broker_answers_for_is_a_kafka_error_that_says_so() -> None:
+    """Not a bare TimeoutError (a traceback from `stream topics create`, the gateway's exit 1): an error the
+    commands print in one line and `ask_until_answered` retries as brokers that cannot be reached."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KafkaClientError, match=f"no answer from the Kafka brokers at {bootstrap} within 1s") as info:
+        create_topics(bootstrap, ["t"], 1, timeout_s=1.0)
+    assert info.value.code == KafkaError._TIMED_OUT
