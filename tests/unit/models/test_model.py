@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,3 +109,21 @@ def test_device_selection() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA"):
             select_device("cuda")
+
+
+def test_training_runs_on_one_thread_and_gives_the_caller_its_threads_back(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from stream.models import train_demo
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    original = train_demo._train
+
+    def watched(*args: Any) -> dict[str, float]:
+        seen.append(torch.get_num_threads())
+        return original(*args)
+
+    monkeypatch.setattr(train_demo, "_train", watched)
+    result = train_demo.train(tmp_path, n_train=2_000, epochs=1)
+    assert seen == [1] and torch.get_num_threads() == before
+    assert 0.0 < result["positive_rate"] < 1.0 and (tmp_path / "config.json").is_file()
