@@ -47,6 +47,19 @@ class Gateway:
             time.sleep(0.1)
         raise AssertionError(f"gateway not ready within {timeout_s}s:\n{self.process.output()[-3000:]}")
 
+    def wait_alive(self, timeout_s: float = 60.0) -> None:
+        """Until it answers its liveness probe (it does from its start, before it is ready)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.proc.poll() is None, self.process.output()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"gateway not alive within {timeout_s}s:\n{self.process.output()[-3000:]}")
+
     def metric(self, name: str, labels: str = "") -> float:
         """A sample of its /metrics (0 when absent)."""
         text = httpx.get(f"{self.url}/metrics", timeout=5, verify=self.verify, headers=self.headers).text

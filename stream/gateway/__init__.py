@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 from stream.errors import ConfigError
 
 if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+
     from stream.codec.registry import SchemaSource, WriterSchema
     from stream.gateway.app import GatewayMetrics
     from stream.gateway.auth import KeySource
@@ -67,41 +70,15 @@ def run(args: argparse.Namespace) -> int:
 
     keys = load_keys([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
 
+    import threading
+
     import uvicorn
     from uvicorn._compat import asyncio_run
 
-    from stream.codec.registry import open_source
-    from stream.config import default_reply_topic
-    from stream.gateway.client import PredictionClient
     from stream.gateway.server import protocol_class, shrink_tls_buffers, with_tls_handshake_timeout
-    from stream.kafka.topics import create_topics, partitions_of
-    from stream.kafka_env import kafka_admin_env_config, kafka_env_config
-    from stream.ops.tracing import RequestSpans, tracing_from_env
 
-    reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
-    consumer_env, producer_env = kafka_env_config(os.environ)
-    admin_env = kafka_admin_env_config(os.environ)
-    _wait_for_brokers(settings.bootstrap_servers, admin_env)
-    create_topics(settings.bootstrap_servers, [reply_topic], settings.reply_partitions, client_config=admin_env)
-    partitions = partitions_of(settings.bootstrap_servers, reply_topic, admin_env)
-    if settings.reply_partition not in partitions:
-        raise ConfigError(f"--reply-partition {settings.reply_partition}: {reply_topic} has {len(partitions)} "
-                          "partition(s) (it existed already; add partitions with kafka-topics --alter)")
-    max_input_bytes = _max_input_bytes(settings, producer_env, admin_env)
-    source = open_source(settings.schema_registry_url, settings.schemas_dir)
-    client = PredictionClient(
-        bootstrap_servers=settings.bootstrap_servers, input_topic=settings.input_topic, reply_topic=reply_topic,
-        reply_partition=settings.reply_partition, source=source, timeout_s=settings.timeout_ms / 1000.0,
-        max_pending=settings.max_pending, worker_group=settings.worker_group, producer_config=producer_env,
-        consumer_config=consumer_env, admin_config=admin_env)
-    try:
-        served, limits = make_app(settings, source, client, max_input_bytes, keys)
-        tracing = tracing_from_env("stream-gateway")  # OTEL_EXPORTER_OTLP_ENDPOINT: a span per request
-    except BaseException:
-        client.close(0)
-        raise
-    if tracing is not None:
-        served = RequestSpans(served, tracing)
+    limits = limits_of(settings)
+    starting = Starting()
     loop = settings.loop
     if settings.ssl_certfile:
         # uvloop's TLS holds 256 KiB per connection from its accept; asyncio's is made smaller (`shrink_tls_buffers`)
@@ -111,39 +88,41 @@ def run(args: argparse.Namespace) -> int:
         else:
             loop = "asyncio"
             shrink_tls_buffers()
-    config = uvicorn.Config(served, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+    config = uvicorn.Config(starting, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             lifespan="off", loop=loop, http=protocol_class(limits),
                             timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
                             ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile,
                             timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)))
     server = uvicorn.Server(config)
-    scheme = "https" if settings.ssl_certfile else "http"
-    log.info("gateway on %s://%s:%d: events to %s, checked against --model %s, up to %d bytes; replies from "
-             "%s[%d]", scheme, settings.host, settings.port, settings.input_topic, settings.model, max_input_bytes,
-             reply_topic, settings.reply_partition)
-    if keys:
-        log.info("callers need one of %d API key(s) (Authorization: Bearer)", len(keys))
-    else:
-        log.warning("no --api-key: anyone who can reach %s:%d may call this gateway", settings.host, settings.port)
+
+    def failed() -> None:
+        server.should_exit = True  # uvicorn's loop looks every 0.1 s
+
+    startup = Startup(settings, keys, starting, failed)
     # uvicorn serves SIGTERM/SIGINT itself (stops listening, waits for the requests in flight up to the bound),
     # then raises the signal again under the handler it found: one that does nothing lets the client close next.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     # What is loaded now lives as long as the process: out of the collector's reach, so that a full collection
-    # walks only what requests allocate (it walked the imports too, every request waiting behind it).
+    # walks only what requests allocate (it walked the imports too, every request waiting behind it). The start-up
+    # freezes again what it made.
     gc.collect()
     gc.freeze()
+    thread = threading.Thread(target=startup.run, name="gateway-startup", daemon=True)
+    thread.start()
     loop_factory = config.get_loop_factory()
     try:
         asyncio_run(server.serve(), loop_factory=with_tls_handshake_timeout(
             loop_factory or _default_loop, settings.tls_handshake_timeout_s))
     finally:
-        left = client.close(wait_s=settings.shutdown_timeout_s)
-        if left:
-            log.warning("stopped with %d request(s) unanswered (their events are in the input topic)", left)
-        source.close()
-        if tracing is not None:
-            tracing.shutdown()
+        startup.stop.set()
+        thread.join(timeout=max(1.0, settings.shutdown_timeout_s))
+        if thread.is_alive():
+            log.warning("stopped while the start-up was still %s; leaving it", starting.phase)
+        else:
+            startup.close(settings.shutdown_timeout_s)
+    if startup.error is not None:
+        raise startup.error
     log.info("gateway stopped")
     return 0
 
@@ -156,17 +135,14 @@ def make_app(settings: GatewaySettings, source: SchemaSource, client: Any, max_i
     from stream.gateway.auth import ApiKeys
     from stream.gateway.door import Door
     from stream.gateway.events import EventEncoder, json_schema
-    from stream.gateway.server import BodyBudget, Limits
+    from stream.gateway.server import BodyBudget
 
     schema = _input_schema(source, settings)
     encoder = EventEncoder(schema, max_input_bytes, settings.key_field)
     stage = _decode_stage(settings, source, schema, max_input_bytes)
     output = _output_schema(settings, source)
     door = Door(encoder, stage, client)
-    limits = Limits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
-                    body_timeout_s=settings.body_timeout_s, tls_handshake_timeout_s=settings.tls_handshake_timeout_s,
-                    keep_alive_s=settings.keep_alive_s, max_body_bytes=settings.max_body_bytes,
-                    max_buffered_bytes=settings.max_buffered_bytes, max_connections=settings.max_connections)
+    limits = limits_of(settings)
     budget = BodyBudget(limits)
     metrics = GatewayMetrics(client)
     components: dict[str, Any] = {}
@@ -177,6 +153,146 @@ def make_app(settings: GatewaySettings, source: SchemaSource, client: Any, max_i
     app = build_app(operations, budget, components, version=_version(), secured=keys is not None)
     log.info("events as %s (id %d)", schema.name, schema.schema_id)
     return (ApiKeys(app, keys, {op.path for op in operations if op.open}) if keys else app), limits
+
+
+def limits_of(settings: GatewaySettings) -> Limits:
+    """What the server bounds for every caller, from the settings alone (it applies them from the start-up on)."""
+    from stream.gateway.server import Limits
+
+    return Limits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
+                  body_timeout_s=settings.body_timeout_s, tls_handshake_timeout_s=settings.tls_handshake_timeout_s,
+                  keep_alive_s=settings.keep_alive_s, max_body_bytes=settings.max_body_bytes,
+                  max_buffered_bytes=settings.max_buffered_bytes, max_connections=settings.max_connections)
+
+
+STARTING_RETRY_AFTER = {"Retry-After": "5"}
+
+
+class Starting:
+    """The ASGI app the server answers with from its start: the gateway's own (``app``) once the start-up has made
+    it; until then the probes (``/healthz`` and ``/v2/health/live`` 200: the process is alive; ``/readyz`` and
+    ``/v2/health/ready`` 503, with the phase it is in) and a 503 with ``Retry-After`` for every other route, in the
+    shape of its protocol. A gateway started before its brokers used to listen only once they answered: a
+    supervisor's liveness probe failed meanwhile and restarted it, each time with a longer back-off."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+        self.phase = "waiting for the Kafka brokers"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = self.app
+        if app is not None:
+            await app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # no route takes one: refused (403), as the app's router does
+            await send({"type": "websocket.close", "code": 1013})
+            return
+        if scope["type"] != "http":
+            return
+        from stream.gateway.http import error_for_path, json_response
+
+        path, probe = scope["path"], scope["method"] in ("GET", "HEAD")
+        if probe and path == "/healthz":
+            response = json_response({"alive": True})
+        elif probe and path == "/v2/health/live":
+            response = json_response({"live": True})
+        elif probe and path == "/readyz":
+            response = json_response({"ready": False, "why": [f"the gateway is starting: {self.phase}"]}, 503,
+                                     STARTING_RETRY_AFTER)
+        elif probe and path == "/v2/health/ready":
+            response = json_response({"ready": False}, 503, STARTING_RETRY_AFTER)
+        else:
+            response = json_response(error_for_path(path, f"the gateway is starting ({self.phase}): try again "
+                                                          "shortly", "unavailable"), 503, STARTING_RETRY_AFTER)
+        await response(scope, receive, send)
+
+
+class Startup:
+    """What the gateway needs of its brokers and its schema source before it takes a request, on a thread of its
+    own while the server answers with `Starting`: the brokers waited for, the reply topic made, the limits the
+    broker sets read, the schemas loaded, the client started and the app made, then handed to ``starting``. An
+    error is kept (``error``, raised by the command once the server has stopped) and ``failed`` called; ``stop``
+    ends the wait for the brokers."""
+
+    def __init__(self, settings: GatewaySettings, keys: KeySource | None, starting: Starting,
+                 failed: Callable[[], None]) -> None:
+        import threading
+
+        self.settings = settings
+        self.keys = keys
+        self.starting = starting
+        self.failed = failed
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.client: Any = None
+        self.source: SchemaSource | None = None
+        self.tracing: Any = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # raised again by the command, on its own thread
+            self.error = exc
+            self.failed()
+
+    def _run(self) -> None:
+        from stream.codec.registry import open_source
+        from stream.config import default_reply_topic
+        from stream.gateway.client import PredictionClient
+        from stream.kafka.topics import create_topics, partitions_of
+        from stream.kafka_env import kafka_admin_env_config, kafka_env_config
+        from stream.ops.tracing import RequestSpans, tracing_from_env
+
+        settings = self.settings
+        reply_topic = settings.reply_topic or default_reply_topic(settings.input_topic)
+        consumer_env, producer_env = kafka_env_config(os.environ)
+        admin_env = kafka_admin_env_config(os.environ)
+        _wait_for_brokers(settings.bootstrap_servers, admin_env, self.stop)
+        if self.stop.is_set():
+            return
+        self.starting.phase = "creating its reply topic and reading its schemas"
+        create_topics(settings.bootstrap_servers, [reply_topic], settings.reply_partitions, client_config=admin_env)
+        partitions = partitions_of(settings.bootstrap_servers, reply_topic, admin_env)
+        if settings.reply_partition not in partitions:
+            raise ConfigError(f"--reply-partition {settings.reply_partition}: {reply_topic} has {len(partitions)} "
+                              "partition(s) (it existed already; add partitions with kafka-topics --alter)")
+        max_input_bytes = _max_input_bytes(settings, producer_env, admin_env)
+        self.source = open_source(settings.schema_registry_url, settings.schemas_dir)
+        if self.stop.is_set():
+            return
+        self.client = PredictionClient(
+            bootstrap_servers=settings.bootstrap_servers, input_topic=settings.input_topic, reply_topic=reply_topic,
+            reply_partition=settings.reply_partition, source=self.source, timeout_s=settings.timeout_ms / 1000.0,
+            max_pending=settings.max_pending, worker_group=settings.worker_group, producer_config=producer_env,
+            consumer_config=consumer_env, admin_config=admin_env)
+        served, _ = make_app(settings, self.source, self.client, max_input_bytes, self.keys)
+        self.tracing = tracing_from_env("stream-gateway")  # OTEL_EXPORTER_OTLP_ENDPOINT: a span per request
+        if self.tracing is not None:
+            served = RequestSpans(served, self.tracing)
+        self.starting.app = served
+        scheme = "https" if settings.ssl_certfile else "http"
+        log.info("gateway on %s://%s:%d: events to %s, checked against --model %s, up to %d bytes; replies from "
+                 "%s[%d]", scheme, settings.host, settings.port, settings.input_topic, settings.model,
+                 max_input_bytes, reply_topic, settings.reply_partition)
+        if self.keys:
+            log.info("callers need one of %d API key(s) (Authorization: Bearer)", len(self.keys))
+        else:
+            log.warning("no --api-key: anyone who can reach %s:%d may call this gateway", settings.host,
+                        settings.port)
+        gc.collect()
+        gc.freeze()
+
+    def close(self, wait_s: float) -> None:
+        """What the start-up made, once the server has stopped: the client (waiting up to ``wait_s`` for the
+        requests still pending), the schema source, the tracer."""
+        if self.client is not None:
+            left = self.client.close(wait_s=wait_s)
+            if left:
+                log.warning("stopped with %d request(s) unanswered (their events are in the input topic)", left)
+        if self.source is not None:
+            self.source.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
 
 def _default_loop() -> Any:
@@ -206,13 +322,11 @@ def _check_tls(settings: GatewaySettings) -> None:
                               f"{exc}") from None
 
 
-def _wait_for_brokers(bootstrap: str, admin_env: dict[str, str]) -> None:
+def _wait_for_brokers(bootstrap: str, admin_env: dict[str, str], stop: threading.Event) -> None:
     """Until the brokers answer a metadata request, before the gateway asks them anything else: one WARNING with
     librdkafka's reason when they cannot be reached, a reminder every 30 s, an INFO when they answer (a gateway
     started beside its brokers, or before them, waits for them; SIGTERM ends the wait). It used to say nothing
     for 30 s, then exit 1 with a TimeoutError's traceback."""
-    import threading
-
     from stream.kafka.client_logs import ConnectionWatch
     from stream.kafka.topics import ask_until_answered
 
@@ -223,7 +337,7 @@ def _wait_for_brokers(bootstrap: str, admin_env: dict[str, str]) -> None:
             log.warning("admin: %s", err)
 
     ask_until_answered(lambda client: client.list_topics(timeout=10), {
-        **admin_env, "bootstrap.servers": bootstrap, "error_cb": on_error}, connection, threading.Event())
+        **admin_env, "bootstrap.servers": bootstrap, "error_cb": on_error}, connection, stop)
 
 
 def _max_input_bytes(settings: GatewaySettings, producer_env: dict[str, str], admin_env: dict[str, str]) -> int:

@@ -154,14 +154,16 @@ def test_no_worker_is_503_at_once_and_a_stuck_one_504_naming_where_the_event_wai
                       "--max-pending", "40", "--worker-group", pipeline.group)
     worker = None
     try:
-        # No worker in the group: not ready, and every caller told at once to come back, nothing sent.
+        # No worker in the group: not ready, and every caller told at once to come back, nothing sent. (Its
+        # /readyz is 503 from its start, "starting" until it has made its app.)
         deadline = time.monotonic() + 60
         while gateway.process.proc.poll() is None and time.monotonic() < deadline:
             try:
-                if httpx.get(f"{gateway.url}/readyz", timeout=1).status_code == 503:
+                if "gateway is starting" not in httpx.get(f"{gateway.url}/readyz", timeout=1).text:
                     break
             except httpx.HTTPError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         readyz = httpx.get(f"{gateway.url}/readyz", timeout=5)
         assert readyz.status_code == 503 and any("no worker serves" in w for w in readyz.json()["why"])
         refused = asyncio.run(call_at_rate("127.0.0.1", gateway.port, events(20, seed=42), rate=200.0))
@@ -319,8 +321,10 @@ def test_readyz_follows_the_brokers_and_sigterm_answers_the_callers_in_flight(tm
 
 def test_a_gateway_started_before_its_brokers_says_why_it_waits_and_serves_once_they_answer(tmp_path: Path) -> None:
     """Its brokers not up yet (a broker of its own, started later on the port it was given): one WARNING at once
-    with librdkafka's reason, no exit; ready once they answer. It used to say nothing for 30 s, then exit 1 with
-    a TimeoutError's traceback."""
+    with librdkafka's reason, no exit; meanwhile it answers its probes (alive, not ready, saying why) and every
+    other route with a 503 and Retry-After in its protocol's shape; ready once they answer. It used to say nothing
+    for 30 s, then exit 1 with a TimeoutError's traceback; then it waited without listening, so that a
+    supervisor's liveness probe failed."""
     from stream.local.broker import free_port, start_tansu
 
     port = free_port()
@@ -333,6 +337,17 @@ def test_a_gateway_started_before_its_brokers_says_why_it_waits_and_serves_once_
             time.sleep(0.2)
         [warning] = [line for line in gateway.process.output().splitlines() if "cannot reach the Kafka" in line]
         assert "Connection refused" in warning, warning
+        with httpx.Client(base_url=gateway.url, timeout=5) as http:
+            assert http.get("/healthz").json() == {"alive": True} and http.get("/v2/health/live").status_code == 200
+            ready = http.get("/readyz")
+            assert ready.status_code == 503 and ready.headers["retry-after"] == "5", ready.text
+            assert ready.json() == {"ready": False, "why": ["the gateway is starting: waiting for the Kafka brokers"]}
+            assert http.get("/v2/health/ready").status_code == 503
+            own = http.post("/v1/predict", json=events(1, seed=3)[0])
+            assert own.status_code == 503 and own.headers["retry-after"] == "5", own.text
+            assert "waiting for the Kafka brokers" in own.json()["error"]
+            openai = http.post("/v1/embeddings", json={"model": "m", "input": "a text"})
+            assert openai.status_code == 503 and "starting" in openai.json()["error"]["message"], openai.text
         time.sleep(3)  # retrying meanwhile, and saying so once
         assert gateway.process.proc.poll() is None, gateway.process.output()[-3000:]
         broker = start_tansu(port)
@@ -345,6 +360,35 @@ def test_a_gateway_started_before_its_brokers_says_why_it_waits_and_serves_once_
         gateway.process.kill()
         if broker is not None:
             broker.stop()
+
+
+def test_a_gateway_waiting_for_its_brokers_stops_at_once_and_a_start_up_error_still_exits_2(tmp_path: Path) -> None:
+    """SIGTERM while it waits for brokers that never come: exit 0 within a bound. An error found once they
+    answer (here a --reply-partition the reply topic lacks) stops the server it had started and exits 2 naming
+    it, as when it was found before listening."""
+    from stream.local.broker import free_port, start_tansu
+
+    waiting = Gateway(f"127.0.0.1:{free_port()}", "never-in", tmp_path / "waiting.log")
+    try:
+        waiting.wait_alive()
+        started = time.monotonic()
+        assert waiting.stop() == 0, waiting.process.output()[-3000:]
+        assert time.monotonic() - started < 5, waiting.process.output()[-3000:]
+        assert "gateway stopped" in waiting.process.output()
+    finally:
+        waiting.process.kill()
+    broker = start_tansu()
+    try:
+        create_topics(broker.bootstrap, ["wrong-in", "wrong-in-replies"], 1)
+        wrong = Gateway(broker.bootstrap, "wrong-in", tmp_path / "wrong.log", "--reply-topic", "wrong-in-replies",
+                        "--reply-partition", "3")
+        try:
+            assert wrong.process.wait(60) == 2, wrong.process.output()[-3000:]
+            assert "--reply-partition 3: wrong-in-replies has 1 partition(s)" in wrong.process.output()
+        finally:
+            wrong.process.kill()
+    finally:
+        broker.stop()
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:

@@ -244,3 +244,31 @@ def test_a_tracestate_over_512_characters_is_dropped_and_the_traceparent_kept() 
 
     assert trace_context({"traceparent": TRACEPARENT, "tracestate": "a=" + "b" * 600}) == [
         ("traceparent", TRACEPARENT.encode())]
+
+
+def test_while_it_starts_the_gateway_answers_its_probes_and_asks_every_caller_to_come_back() -> None:
+    """`stream.gateway.Starting`, what the server answers with before the start-up has made the app: alive, not
+    ready (and why), 503 with Retry-After in each protocol's error shape; then every request goes to the app."""
+    from starlette.testclient import TestClient
+
+    from stream.gateway import Starting
+
+    starting = Starting()
+    http = TestClient(starting, raise_server_exceptions=False)
+    assert http.get("/healthz").json() == {"alive": True} and http.get("/v2/health/live").json() == {"live": True}
+    ready = http.get("/readyz")
+    assert ready.status_code == 503 and ready.headers["retry-after"] == "5"
+    assert ready.json() == {"ready": False, "why": ["the gateway is starting: waiting for the Kafka brokers"]}
+    assert http.get("/v2/health/ready").status_code == 503
+    starting.phase = "creating its reply topic and reading its schemas"
+    own = http.post("/v1/predict", json=event())
+    assert own.status_code == 503 and own.headers["retry-after"] == "5"
+    assert own.json() == {"error": "the gateway is starting (creating its reply topic and reading its schemas): "
+                                   "try again shortly"}
+    openai = http.post("/v1/embeddings", json={"model": "m", "input": "x"}).json()["error"]
+    assert openai["code"] == "unavailable" and "starting" in openai["message"]
+    assert "starting" in http.post("/embed", json={"inputs": "x"}).json()["error"]
+    assert http.put("/healthz").status_code == 503  # a probe is a GET
+    app, _queue = gateway()
+    starting.app = app.app
+    assert http.get("/healthz").json() == {"alive": True} and http.post("/v1/predict", json=event()).status_code == 200
