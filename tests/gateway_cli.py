@@ -36,29 +36,23 @@ class Gateway:
              *extra], log, env, command="gateway")
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.proc.poll() is None, self.process.output()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1, verify=self.verify).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"gateway not ready within {timeout_s}s:\n{self.process.output()[-3000:]}")
+        self._wait_for_200("/readyz", "ready", timeout_s)
 
     def wait_alive(self, timeout_s: float = 60.0) -> None:
         """Until it answers its liveness probe (it does from its start, before it is ready)."""
+        self._wait_for_200("/healthz", "alive", timeout_s)
+
+    def _wait_for_200(self, path: str, what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.process.proc.poll() is None, self.process.output()[-3000:]
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200:
+                if httpx.get(f"{self.url}{path}", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise AssertionError(f"gateway not alive within {timeout_s}s:\n{self.process.output()[-3000:]}")
+        raise AssertionError(f"gateway not {what} within {timeout_s}s:\n{self.process.output()[-3000:]}")
 
     def metric(self, name: str, labels: str = "") -> float:
         """A sample of its /metrics (0 when absent)."""
