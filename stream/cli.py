@@ -72,9 +72,15 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
 
     threshold = mmap_threshold(settings.model, settings.malloc_mmap_threshold_kib)
     log.debug("glibc malloc tuned (mmap threshold %d bytes): %s", threshold, tune_malloc(threshold=threshold))
+    from stream.errors import StoppedAtStartUp
     from stream.pipeline.worker import Worker
 
-    worker = Worker(settings)
+    try:
+        worker = Worker(settings, stopping=lambda: bool(early_stop))
+    except StoppedAtStartUp as exc:
+        log.info("signal %s during start-up, while %s: stopping without consuming",
+                 signal.Signals(early_stop[0]).name, exc)
+        return 0
     worker.install_signal_handlers()
     if early_stop:
         log.info("signal %s during start-up: stopping before consuming", signal.Signals(early_stop[0]).name)

@@ -100,6 +100,11 @@ class TransactionError(KafkaClientError):
         self.requires_abort = bool(requires_abort()) if callable(requires_abort) else False
 
 
+class StoppedAtStartUp(StreamError):
+    """A SIGTERM or SIGINT came while the worker's start-up waited on something that may never answer (the schema
+    registry): the worker exits 0 without consuming, leaving the wait to end alone."""
+
+
 class StoppedOnPurpose(StreamError):
     """The worker stops itself rather than go on (the dead-letter breaker tripped; a bad record and no dead-letter
     topic): nothing at or after ``partition``/``offset`` of the input topic is committed, and the worker leaves a

@@ -50,7 +50,7 @@ from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
 from stream.pipeline.processing import BatchProcessor, ProcessingPolicy
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
 from stream.pipeline.runtime import freeze_loaded, set_torch_threads, tuned
-from stream.pipeline.schemas import build_codecs
+from stream.pipeline.schemas import build_codecs, unless_stopped
 from stream.pipeline.spans import Delivered, Spans
 from stream.pipeline.stage import ProcessingStages
 from stream.pipeline.stall_check import StallCheck
@@ -104,7 +104,10 @@ def _token_bound(max_batch_tokens: int | None, handler: ModelHandler) -> Callabl
 
 class Worker:
     def __init__(self, settings: WorkerSettings, *, handler: ModelHandler | None = None,
-                 metrics: StreamMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: StreamMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        """``stopping``: whether a stop came during this start-up (before `install_signal_handlers`); the
+        schemas' reading then ends in `StoppedAtStartUp` at once instead of waiting for the registry."""
         self.settings = s = settings
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
@@ -114,7 +117,8 @@ class Worker:
         handler = handler if handler is not None else create_handler(
             s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs, s.packing))
         self._engine = InferenceEngine(handler, select_device(s.device))
-        self._decoder, self._binder, self._encoder, self._event_time_field = build_codecs(s, handler)
+        self._decoder, self._binder, self._encoder, self._event_time_field = unless_stopped(
+            lambda: build_codecs(s, handler), stopping, "reading the schemas")
         self.metrics.model_info.info({
             "name": handler.name, "version": handler.version, "device": str(self._engine.device),
             "input_schema": f"{self._decoder.reader.name}:{self._decoder.reader.schema_id}",

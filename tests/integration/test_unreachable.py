@@ -124,3 +124,33 @@ def _produce(bootstrap: str, count: int, start: int) -> set[str]:
     summary = produce_events(bootstrap, "in", count, seed=3, start=start)
     assert summary.failed == 0 and summary.delivered == count, summary.line()
     return set(generate_events(count, seed=3, start=start).event_ids)
+
+
+def test_a_worker_stopped_while_its_schema_registry_does_not_answer_exits_at_once(model_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """A registry address that takes connections and never answers (a blackhole): the start-up's schema reading
+    waits each request's 10 s, with retries; a SIGTERM meanwhile ends it at once, exit 0, nothing consumed. It
+    took 43 s, past Kubernetes' 30 s grace, and then exited 2."""
+    import socket
+
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)  # the kernel completes each connection; nobody reads the request
+        worker = WorkerProcess(["--bootstrap-servers", f"127.0.0.1:{free_port()}", "--input-topic", "in",
+                                "--output-topic", "out", "--group-id", "g", "--model-dir", str(model_dir),
+                                "--schema-registry-url", f"http://127.0.0.1:{hole.getsockname()[1]}"],
+                               tmp_path / "worker.log")
+        try:
+            deadline = time.monotonic() + 60
+            while "loaded on" not in worker.output() and time.monotonic() < deadline:
+                assert worker.proc.poll() is None, worker.output()[-3000:]
+                time.sleep(0.1)
+            time.sleep(1.0)  # in the registry's first request
+            assert worker.proc.poll() is None, worker.output()[-3000:]
+        finally:
+            asked = time.monotonic()
+            code = worker.terminate(60)
+            took = time.monotonic() - asked
+    out = worker.output()
+    assert code == 0 and took < STOP_BOUND_S, (code, took, out[-3000:])
+    assert "signal SIGTERM during start-up, while reading the schemas: stopping without consuming" in out, out

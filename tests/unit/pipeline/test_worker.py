@@ -160,3 +160,27 @@ def test_the_warm_up_is_logged_as_done_only_when_it_ran_every_batch(
     expected = ("warm-up left after 1 of 2 batches (0.3 s): the worker is stopping" if stopping
                 else "model warmed in 0.3 s: 2 of 2 batches of the shapes it will use")
     assert [r.getMessage() for r in caplog.records] == [expected]
+
+
+def test_a_start_up_step_gives_its_result_or_its_error_and_ends_at_once_when_stopped() -> None:
+    import threading
+    import time
+
+    from stream.errors import ConfigError, StoppedAtStartUp
+    from stream.pipeline.schemas import unless_stopped
+
+    assert unless_stopped(lambda: 7, lambda: False, "adding") == 7
+
+    def refuse() -> int:
+        raise ConfigError("no such subject")
+
+    with pytest.raises(ConfigError, match="no such subject"):
+        unless_stopped(refuse, lambda: False, "refusing")
+    never = threading.Event()
+    stop = threading.Timer(0.3, lambda: None)
+    stop.start()
+    started = time.monotonic()
+    with pytest.raises(StoppedAtStartUp, match="waiting for a registry"):
+        unless_stopped(lambda: never.wait(30), lambda: not stop.is_alive(), "waiting for a registry")
+    assert time.monotonic() - started < 2.0
+    never.set()
