@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             loop_factory or _default_loop, settings.tls_handshake_timeout_s))
     finally:
         startup.stop.set()
-        thread.join(timeout=max(1.0, settings.shutdown_timeout_s))
+        thread.join(timeout=1.0)  # done, or blocked on something that may never answer: nothing to finish
         if thread.is_alive():
             log.warning("stopped while the start-up was still %s; leaving it", starting.phase)
         else:
