@@ -78,7 +78,7 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     try:
         worker = Worker(settings, stopping=lambda: bool(early_stop))
     except StoppedAtStartUp as exc:
-        log.info("signal %s during start-up, while %s: stopping without consuming",
+        log.info("signal %s during start-up: stopping before %s was done, without consuming",
                  signal.Signals(early_stop[0]).name, exc)
         return 0
     worker.install_signal_handlers()

@@ -153,4 +153,4 @@ def test_a_worker_stopped_while_its_schema_registry_does_not_answer_exits_at_onc
             took = time.monotonic() - asked
     out = worker.output()
     assert code == 0 and took < STOP_BOUND_S, (code, took, out[-3000:])
-    assert "signal SIGTERM during start-up, while reading the schemas: stopping without consuming" in out, out
+    assert "signal SIGTERM during start-up: stopping before reading the schemas was done, without consuming" in out, out
