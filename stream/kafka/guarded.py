@@ -1,11 +1,17 @@
-"""Calls that may never return (a transactional producer's, against a coordinator that stopped answering) run on a
-thread of their own, so that their caller waits a bounded time and can give up on them."""
+"""Calls that may never return (a transactional producer's, against a coordinator that stopped answering; a
+start-up's request to brokers or a schema registry that do not answer) run on a thread of their own, so that their
+caller waits a bounded time, or until it is told to stop, and can give up on them."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections.abc import Callable
+from typing import TypeVar
+
+from stream.errors import StoppedAtStartUp
+
+T = TypeVar("T")
 
 _Job = tuple[Callable[[], None], threading.Event, list[BaseException]] | None  # None: the thread ends
 
@@ -49,3 +55,35 @@ class GuardedCalls:
             except BaseException as exc:  # handed to the waiting caller
                 raised.append(exc)
             done.set()
+
+
+def unless_stopped(call: Callable[[], T], stopping: Callable[[], bool], what: str,
+                   serve: Callable[[float], object] | None = None, slice_s: float = 0.1) -> T:
+    """``call()`` on a daemon thread of its own while this thread looks at ``stopping`` every ``slice_s``, serving
+    meanwhile (``serve(slice_s)``: an admin client's poll, so that its callbacks run) or waiting: its result (its
+    exception raised here), or `StoppedAtStartUp` (``what``) as soon as ``stopping()``; the call is left to end
+    alone. A schema registry that does not answer holds each request for its timeout, with retries: a worker
+    told to stop meanwhile took 43 s to exit, past Kubernetes' 30 s grace."""
+    done = threading.Event()
+    result: list[T] = []
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # handed to the waiting thread
+            raised.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"start-up: {what}", daemon=True).start()
+    while not done.is_set():
+        if stopping():
+            raise StoppedAtStartUp(what)
+        if serve is None:
+            done.wait(slice_s)
+        else:
+            serve(slice_s)
+    if raised:
+        raise raised[0]
+    return result[0]

@@ -14,8 +14,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from stream.errors import KafkaClientError, StreamError
+from stream.errors import KafkaClientError, StoppedAtStartUp, StreamError
 from stream.kafka.client_logs import ConnectionWatch, client_logger
+from stream.kafka.guarded import unless_stopped
 
 RETRIABLE_ANSWERS = 10  # `ask_until_answered`: retriable errors from brokers that answered, before one is raised
 
@@ -192,22 +193,8 @@ def _served(call: Callable[[AdminClient], object], client: AdminClient, stop: th
     - A call blocks in librdkafka up to that timeout, all of it while the brokers cannot be reached. Waited
       out, a worker told to stop at start-up took that long to begin stopping; where the call blocks in C (a
       metadata request), Python could not even run the signal's handler until it returned."""
-    done = threading.Event()
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            call(client)
-        except BaseException as exc:  # handed to the waiting thread
-            raised.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="stream-admin-request", daemon=True).start()
-    while not done.is_set():
-        if stop.is_set():
-            return False
-        client.poll(slice_s)
-    if raised:
-        raise raised[0]
+    try:
+        unless_stopped(lambda: call(client), stop.is_set, "an admin request", client.poll, slice_s)
+    except StoppedAtStartUp:
+        return False
     return True

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from stream.codec.columns import ColumnSpec
 from stream.codec.decoder import ColumnDecoder
@@ -24,12 +21,11 @@ from stream.codec.registry import (
     subject_name,
 )
 from stream.config import WorkerSettings
-from stream.errors import ConfigError, StoppedAtStartUp
+from stream.errors import ConfigError
 from stream.pipeline.inference import ModelHandler
 from stream.pipeline.inputs import InputBinder, input_side, parse_input_map
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def build_codecs(settings: WorkerSettings, handler: ModelHandler,
@@ -53,31 +49,6 @@ def build_codecs(settings: WorkerSettings, handler: ModelHandler,
     encoder = OutputEncoder(writer, copied, handler.outputs)
     log.info("writing predictions as %s (id %d) to %s", writer.name, writer.schema_id, settings.output_topic)
     return decoder, binder, encoder, dict(copies).get("event_ts_ms")
-
-
-def unless_stopped(call: Callable[[], T], stopping: Callable[[], bool], what: str, slice_s: float = 0.1) -> T:
-    """``call()`` on a daemon thread of its own while this thread looks at ``stopping`` every ``slice_s``: its
-    result (or its exception), or `StoppedAtStartUp` as soon as ``stopping()`` (the call is left to end alone).
-    A schema registry that does not answer (a blackholed address) holds each request for its timeout, with
-    retries: a worker told to stop meanwhile took 43 s to exit, past Kubernetes' 30 s grace."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(call())
-        except BaseException as exc:  # raised again on the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name=f"start-up: {what}", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        if stopping():
-            raise StoppedAtStartUp(what)
-        thread.join(slice_s)
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def _output_schema(settings: WorkerSettings, handler: ModelHandler, source: SchemaSource,

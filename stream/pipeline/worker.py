@@ -30,6 +30,7 @@ from stream.kafka.access import check_access, ensure_dlq_topic, reply_partitions
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.client_stats import ConsumerStats
 from stream.kafka.deadline import Deadline
+from stream.kafka.guarded import unless_stopped
 from stream.kafka.intake import Intake, close_within
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import Publisher, native_topic
@@ -50,7 +51,7 @@ from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
 from stream.pipeline.processing import BatchProcessor, ProcessingPolicy
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
 from stream.pipeline.runtime import freeze_loaded, set_torch_threads, tuned
-from stream.pipeline.schemas import build_codecs, unless_stopped
+from stream.pipeline.schemas import build_codecs
 from stream.pipeline.spans import Delivered, Spans
 from stream.pipeline.stage import ProcessingStages
 from stream.pipeline.stall_check import StallCheck

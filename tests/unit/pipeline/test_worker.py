@@ -167,7 +167,7 @@ def test_a_start_up_step_gives_its_result_or_its_error_and_ends_at_once_when_sto
     import time
 
     from stream.errors import ConfigError, StoppedAtStartUp
-    from stream.pipeline.schemas import unless_stopped
+    from stream.kafka.guarded import unless_stopped
 
     assert unless_stopped(lambda: 7, lambda: False, "adding") == 7
 
