@@ -5,7 +5,9 @@ themselves:
 
 - `end_offsets`: each partition read to its end (the offset its end-of-partition event names) from where the
   broker's ListOffsets answer puts it (which the embedded Tansu broker gets too low), not the project's probe;
-- `committed_offsets`: the group's offsets as the admin API lists them;
+- `committed_offsets`: the group's offsets as a plain consumer of the group reads them (not the admin API's
+  ListConsumerGroupOffsets: librdkafka crashes the process when its broker answers NOT_COORDINATOR, as a
+  coordinator moving on a fresh or faulted cluster does; confluentinc/librdkafka#5040, still in 2.16.0);
 - `OutputReader`: every record of an output topic, `read_committed`, decoded by its writer schema's id.
 """
 
@@ -24,7 +26,6 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     Message,
     TopicPartition,
@@ -117,34 +118,45 @@ def record_times(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[fl
         consumer.close()
 
 
+def group_reader(bootstrap: str, group: str, client_config: Mapping[str, Any] | None = None) -> Consumer:
+    """A consumer of ``group`` that never joins it, only reads its committed offsets (``committed``): the offsets
+    as they are, a transaction's pending ones left out without waiting for it (read_uncommitted)."""
+    return Consumer({**(client_config or {}), "bootstrap.servers": bootstrap, "group.id": group,
+                     "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str,
                       client_config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """The group's committed offset per partition of ``topic`` (-1: none)."""
-    client = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap})
-    asked = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)
-                                                 for p in partitions(bootstrap, topic, client_config)])
-    [future] = client.list_consumer_group_offsets([asked]).values()
-    listed = future.result(timeout=30).topic_partitions
+    asked = [TopicPartition(topic, p) for p in partitions(bootstrap, topic, client_config)]
+    reader = group_reader(bootstrap, group, client_config)
+    try:
+        listed = reader.committed(asked, timeout=30)
+    finally:
+        reader.close()
     return {tp.partition: tp.offset if tp.offset >= 0 else -1 for tp in listed}
 
 
 class CommitWatch:
-    """Groups watched on a thread of their own through the admin API: each topic whose name starts with
-    ``topic_prefix`` (topics listed every 0.2 s) names a group (``group_of(topic)``), whose committed records over
-    every partition are looked at every ``every_s`` until they reach ``until``. Per group, its topic (``topics``)
-    and each look's (wall time the request went out, records committed): a commit seen missing at a look was made
-    after that look's time. The worker's output topic is made before it starts, so its group is watched before it
-    commits."""
+    """Groups watched on a thread of their own: each topic whose name starts with ``topic_prefix`` (topics listed
+    every 0.2 s) names a group (``group_of(topic)``) and the topic it consumes (``input_of(topic)``), whose
+    committed records over every partition are looked at every ``every_s`` until they reach ``until``. Per
+    group, its topic (``topics``) and each look's (wall time the request went out, records committed): a commit
+    seen missing at a look was made after that look's time. The worker's output topic is made before it starts, so
+    its group is watched before it commits."""
 
-    def __init__(self, bootstrap: str, topic_prefix: str, group_of: Callable[[str], str], until: int,
-                 every_s: float = 0.005) -> None:
+    def __init__(self, bootstrap: str, topic_prefix: str, group_of: Callable[[str], str],
+                 input_of: Callable[[str], str], until: int, every_s: float = 0.005) -> None:
         import threading
 
         self.looks: dict[str, list[tuple[float, int]]] = {}
         self.topics: dict[str, str] = {}  # group -> the topic that named it
         self.errors: list[str] = []
+        self._bootstrap = bootstrap
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
-        self._prefix, self._group_of, self._until, self._every_s = topic_prefix, group_of, until, every_s
+        self._readers: dict[str, tuple[Consumer, list[TopicPartition]]] = {}  # group -> its reader, what it asks
+        self._prefix, self._group_of, self._input_of = topic_prefix, group_of, input_of
+        self._until, self._every_s = until, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commit-watch", daemon=True)
 
@@ -155,6 +167,8 @@ class CommitWatch:
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+        for reader, _ in self._readers.values():
+            reader.close()
 
     def _run(self) -> None:
         active: set[str] = set()
@@ -166,12 +180,15 @@ class CommitWatch:
                     for topic in self._admin.list_topics(timeout=10).topics:
                         group = self._group_of(topic) if topic.startswith(self._prefix) else None
                         if group is not None and group not in self.looks:
+                            consumed = self._input_of(topic)
+                            self._readers[group] = (group_reader(self._bootstrap, group), [
+                                TopicPartition(consumed, p) for p in partitions(self._bootstrap, consumed)])
                             self.looks[group], self.topics[group] = [], topic
                             active.add(group)
                 for group in list(active):
+                    reader, asked = self._readers[group]
                     sent = time.time()
-                    [future] = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
-                    committed = sum(max(tp.offset, 0) for tp in future.result(timeout=15).topic_partitions or [])
+                    committed = sum(max(tp.offset, 0) for tp in reader.committed(asked, timeout=15))
                     self.looks[group].append((sent, committed))
                     if committed >= self._until:
                         active.discard(group)

@@ -29,8 +29,9 @@ def test_quick_bench_produces_every_figure_and_plot(broker: BrokerInfo, tmp_path
                       generic_events=2_000, before="HEAD", before_rounds=2, text=quick_text_config(),
                       end_to_end_records=200)
     worktrees = _worktrees()
+    # A worker's output topic bench-worker-current-R-out-RUN: its group bench-worker-current-R-RUN reads bench-in-RUN.
     with CommitWatch(broker.bootstrap, "bench-worker-current-", lambda out: out.replace("-out-", "-"),
-                     until=cfg.events) as watch:
+                     lambda out: "bench-in-" + out.rsplit("-", 1)[1], until=cfg.events) as watch:
         report = run_bench(cfg, bootstrap=broker.bootstrap, console_print=lambda *_: None)
     names = [d["name"] for d in report["drain"]]
     assert names == ["passthrough", "jvm-flush", "jvm-pipelined", "kafka-streams", "naive", "faust", "handtuned",
