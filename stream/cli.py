@@ -9,7 +9,6 @@ import dataclasses
 import faulthandler
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -38,7 +37,8 @@ WORKER_FLAG_GROUPS = {
                 "subject_name_strategy", "provenance_headers"],
     "guarantees and failures": ["guarantee", "transaction_interval_ms", "transactional_id", "max_input_bytes",
                                 "model_retries", "retry_backoff_ms", "dlq_max_fraction", "dlq_window",
-                                "stall_timeout_s", "shutdown_timeout_s", "stop_at_end", "shadow"],
+                                "stall_timeout_s", "model_timeout_s", "shutdown_timeout_s", "stop_at_end",
+                                "shadow"],
     "metrics and health": ["metrics_port", "metrics_host", "metrics_port_file", "log_level", "max_traced_per_s"],
     "tuning": ["prepare_threads", "torch_threads", "gpu_overlap", "gil_switch_interval_ms",
                "malloc_mmap_threshold_kib", "native_producer", "native_consumer"],
@@ -73,7 +73,7 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     threshold = mmap_threshold(settings.model, settings.malloc_mmap_threshold_kib)
     log.debug("glibc malloc tuned (mmap threshold %d bytes): %s", threshold, tune_malloc(threshold=threshold))
     from stream.errors import StoppedAtStartUp
-    from stream.pipeline.worker import Worker
+    from stream.pipeline.worker import Worker, exit_now
 
     try:
         worker = Worker(settings, stopping=lambda: bool(early_stop))
@@ -89,11 +89,10 @@ def run_worker(args: argparse.Namespace, early_stop: list[int]) -> int:
     print(f"worker summary: {summary.line()}", flush=True)
     if args.summary_json is not None:
         args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
-    if worker.close_abandoned:  # the client's destructor would wait for the close that never returned
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(summary.exit_code)
+    if worker.close_abandoned or worker.threads_abandoned:
+        # The client's destructor would wait for the close that never returned; the interpreter's end, for a
+        # model call that never returned (torch's thread pools).
+        exit_now(summary.exit_code)
     return summary.exit_code
 
 

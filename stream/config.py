@@ -180,6 +180,12 @@ class WorkerSettings(BaseSettings):
         default=120.0, ge=1.0, le=86_400.0,
         description="an assigned partition with records waiting and no committed progress for this long is "
                     "reported stalled (a WARNING naming it, stream_stalled_partitions)")
+    model_timeout_s: float = Field(
+        default=600.0, ge=1.0, le=86_400.0,
+        description="a call into the model (its prepare, predict, the wait for the device) that has not returned "
+                    "for this long fails the worker: /healthz 503, the call's stack in an ERROR, the batches "
+                    "behind it left uncommitted and its partitions to the group's other replicas; raise it for a "
+                    "model whose largest batch can take longer on its hardware")
     stop_at_end: bool = Field(default=False,
                               description="drain to the end offsets that existed at start, commit, exit 0")
     dlq_topic: str | None = Field(default=None, min_length=1, max_length=249,

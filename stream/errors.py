@@ -65,6 +65,10 @@ class UnrecoverableModelError(ModelError):
     """The model cannot serve at all (cannot load, device lost): the worker must stop without committing."""
 
 
+class ModelHung(StreamError):
+    """A call into the model has not returned within --model-timeout-s: the worker stops without waiting for it."""
+
+
 class KafkaClientError(StreamError):
     """A Kafka client operation failed; keeps librdkafka's error code and whether it is retriable/fatal."""
 

@@ -41,6 +41,20 @@ class SleepyHandler(DemoFraudHandler):
         return super().predict(inputs)
 
 
+class HangingHandler(DemoFraudHandler):
+    """The demo model, except that with ``STREAM_TEST_HANG`` set its first forward pass never returns (an hour):
+    a hung device, or a deadlock in a model's own code."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        super().__init__(model_dir)
+        self._hang = bool(os.environ.get("STREAM_TEST_HANG"))
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._hang:
+            time.sleep(3600)
+        return super().predict(inputs)
+
+
 class BrokenHandler(SleepyHandler):
     """A broken model: raises on every batch (after sleeping ``STREAM_TEST_SLEEP_S`` seconds on its first)."""
 

@@ -165,9 +165,6 @@ def limits_of(settings: GatewaySettings) -> Limits:
                   max_buffered_bytes=settings.max_buffered_bytes, max_connections=settings.max_connections)
 
 
-STARTING_RETRY_AFTER = {"Retry-After": "5"}
-
-
 class Starting:
     """The ASGI app the server answers with from its start: the gateway's own (``app``) once the start-up has made
     it; until then the probes (``/healthz`` and ``/v2/health/live`` 200: the process is alive; ``/readyz`` and
@@ -189,7 +186,7 @@ class Starting:
             return
         if scope["type"] != "http":
             return
-        from stream.gateway.http import error_for_path, json_response
+        from stream.gateway.http import NOT_READY_RETRY_AFTER, error_for_path, json_response
 
         path, probe = scope["path"], scope["method"] in ("GET", "HEAD")
         if probe and path == "/healthz":
@@ -198,12 +195,12 @@ class Starting:
             response = json_response({"live": True})
         elif probe and path == "/readyz":
             response = json_response({"ready": False, "why": [f"the gateway is starting: {self.phase}"]}, 503,
-                                     STARTING_RETRY_AFTER)
+                                     NOT_READY_RETRY_AFTER)
         elif probe and path == "/v2/health/ready":
-            response = json_response({"ready": False}, 503, STARTING_RETRY_AFTER)
+            response = json_response({"ready": False}, 503, NOT_READY_RETRY_AFTER)
         else:
             response = json_response(error_for_path(path, f"the gateway is starting ({self.phase}): try again "
-                                                          "shortly", "unavailable"), 503, STARTING_RETRY_AFTER)
+                                                          "shortly", "unavailable"), 503, NOT_READY_RETRY_AFTER)
         await response(scope, receive, send)
 
 
@@ -331,13 +328,8 @@ def _wait_for_brokers(bootstrap: str, admin_env: dict[str, str], stop: threading
     from stream.kafka.topics import ask_until_answered
 
     connection = ConnectionWatch()
-
-    def on_error(err: Any) -> None:
-        if not connection.error("admin", err):
-            log.warning("admin: %s", err)
-
     ask_until_answered(lambda client: client.list_topics(timeout=10), {
-        **admin_env, "bootstrap.servers": bootstrap, "error_cb": on_error}, connection, stop)
+        **admin_env, "bootstrap.servers": bootstrap, "error_cb": connection.on_admin_error}, connection, stop)
 
 
 def _max_input_bytes(settings: GatewaySettings, producer_env: dict[str, str], admin_env: dict[str, str]) -> int:

@@ -57,6 +57,7 @@ from stream.gateway.errors import (
 )
 from stream.gateway.http import (
     JSON,
+    NOT_READY_RETRY_AFTER,
     ErrorTable,
     Operation,
     endpoint,
@@ -178,7 +179,7 @@ def own_operations(door: Door, client: PredictionClient, budget: BodyBudget, met
     async def readyz(_request: Request) -> Response:
         why = client.ready()
         return json_response({"ready": not why, **({"why": why} if why else {})}, 503 if why else 200,
-                             {"Retry-After": "5"} if why else None)
+                             NOT_READY_RETRY_AFTER if why else None)
 
     async def prometheus(_request: Request) -> Response:
         metrics.buffered.set(budget.held)

@@ -46,6 +46,9 @@ def error_for_path(path: str, message: str, code: str | None = None) -> dict[str
     return {"error": message}
 
 
+NOT_READY_RETRY_AFTER = {"Retry-After": "5"}  # a gateway not ready (starting, no worker): when to ask again
+
+
 def json_response(content: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(render(content), status_code=status, headers=dict(headers or {}), media_type=JSON)
 

@@ -52,6 +52,11 @@ class ConnectionWatch:
         since = self._down_since
         return 0.0 if since is None else self._clock() - since
 
+    def on_admin_error(self, err: KafkaError) -> None:
+        """An admin client's ``error_cb``: a connection error reported here, at its rate; any other, a WARNING."""
+        if not self.error("admin", err):
+            self._log.warning("admin: %s", err)
+
     def error(self, client: str, err: KafkaError) -> bool:
         """A client's non-fatal error: True when it was a connection error (logged here, at its rate), False when
         the caller should report it itself."""

@@ -1,9 +1,10 @@
 """``/healthz`` and ``/readyz`` beside ``/metrics``, for liveness and readiness probes.
 
-- ``/healthz`` (liveness): the worker has not failed and, once it consumes, its poll loop went round within
-  ``LIVENESS_S``. A worker whose poll loop is stuck is restarted by its orchestrator; one waiting on unreachable
-  brokers is not (its loop keeps turning, and at start-up it waits by design: a restart would not bring the
-  brokers back).
+- ``/healthz`` (liveness): the worker has not failed, once it consumes its poll loop went round within
+  ``LIVENESS_S``, and no call into the model has been under way for ``--model-timeout-s`` (the warm-up's
+  included, before the worker consumes). A worker whose poll loop or model is stuck is restarted by its
+  orchestrator; one waiting on unreachable brokers is not (its loop keeps turning, and at start-up it waits by
+  design: a restart would not bring the brokers back).
 - ``/readyz`` (readiness): the model is loaded, the worker has joined its group (an assignment arrived, even
   an empty one: with more replicas than partitions some hold none), the brokers can be reached, and no
   partition is stalled (records waiting, no committed progress for ``--stall-timeout-s``), and it has got past
@@ -43,6 +44,7 @@ class Health:
         self.unreachable: Callable[[], bool] = lambda: False
         self.stalled: Callable[[], int] = lambda: 0
         self.stopped_before: Callable[[], list[str]] = list  # partitions held where the last run stopped on purpose
+        self.hung: Callable[[], str | None] = lambda: None  # a call into the model past --model-timeout-s
 
     def tick(self) -> None:
         """The poll loop went round."""
@@ -56,6 +58,9 @@ class Health:
         quiet = self._clock() - self._tick
         if self.polling and quiet > LIVENESS_S:
             reasons.append(f"poll loop has not gone round for {quiet:.0f}s")
+        hung = self.hung()
+        if hung is not None:
+            reasons.append(hung)
         return reasons
 
     def ready(self) -> list[str]:

@@ -49,10 +49,6 @@ class Failure:
             return self.error is not None
         return failed
 
-    def on_admin_error(self, err: KafkaError) -> None:
-        if not self._connection.error("admin", err):
-            log.warning("admin: %s", err)
-
     def on_consumer_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() in AUTHORIZATION_ERRORS:
             self.fail(KafkaClientError("consumer", err))

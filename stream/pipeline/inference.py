@@ -6,7 +6,8 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -169,6 +170,48 @@ class InFlight:
     finished: float | None = None  # when the forward pass was over (CPU: at the end of submit; CUDA: in wait)
 
 
+@dataclass(frozen=True)
+class Call:
+    """A call into the model under way: what it is, on a batch of how many inputs, for how long, on which thread."""
+
+    what: str
+    n: int
+    seconds: float
+    thread: int
+
+    def describe(self) -> str:
+        batch = f" on a batch of {self.n}" if self.n else ""
+        return f"the model's {self.what}{batch} has not returned for {self.seconds:.0f} s"
+
+
+class ModelCalls:
+    """The calls into the model under way, one at most per thread: the handler's prepare, its collate and predict,
+    the wait for the device, its postprocess. A call that never returns (a hung device, a deadlock in a model's
+    code) leaves the worker polling, holding its partitions and looking alive; `longest` is how the worker tells
+    (`--model-timeout-s`). Threads write their own entry; a reader copies the dict (one C call under the GIL)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._running: dict[int, tuple[str, int, float]] = {}
+
+    @contextmanager
+    def running(self, what: str, n: int) -> Iterator[None]:
+        thread = threading.get_ident()
+        self._running[thread] = (what, n, self._clock())
+        try:
+            yield
+        finally:
+            del self._running[thread]
+
+    def longest(self) -> Call | None:
+        """The call under way the longest, if any."""
+        running = dict(self._running)
+        if not running:
+            return None
+        thread, (what, n, started) = min(running.items(), key=lambda item: item[1][2])
+        return Call(what, n, self._clock() - started, thread)
+
+
 class _PinnedStaging:
     """A ring of page-locked input buffers (one per numeric input in each slot). A slot is reused only after the
     device has finished copying out of it, so the host can fill the next batch while the copy engine and the
@@ -232,6 +275,7 @@ class InferenceEngine:
             raise UnrecoverableModelError(f"model {handler.name} cannot load on {device}: {exc}") from exc
         self._prepare = getattr(handler, "prepare", None)
         self._submitting = threading.Lock()
+        self.calls = ModelCalls()
         self.asynchronous = device.type == "cuda"
         # CUDA: the compute stream's time on batches (an event before each batch's work, its done event after),
         # summed as each batch is waited for; written by the thread that waits (one at a time). The warm-up's
@@ -269,7 +313,8 @@ class InferenceEngine:
                 done += 1
                 progress(done, len(batches))
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+                with self.calls.running("wait for the device after its warm-up", 0):
+                    torch.cuda.synchronize(self.device)
         finally:
             # Not records' batches: their first passes (kernels loaded, handles made, the allocator grown, graphs
             # captured) counted in would overstate the device's time a batch of records.
@@ -287,7 +332,8 @@ class InferenceEngine:
         if self._prepare is None:
             return Prepared(inputs)
         try:
-            prepared = self._prepare(inputs)
+            with self.calls.running("prepare", input_rows(inputs)):
+                prepared = self._prepare(inputs)
         except Exception as exc:
             return Prepared(inputs, error=self._classify(exc, input_rows(inputs)))
         if not isinstance(prepared, Mapping):
@@ -316,7 +362,7 @@ class InferenceEngine:
             flight.error = prepared.error
             return flight
         try:
-            with self._submitting, torch.inference_mode():
+            with self._submitting, self.calls.running("predict", flight.n), torch.inference_mode():
                 if self.asynchronous:
                     self._submit_cuda(prepared.inputs, flight)
                 else:
@@ -331,7 +377,8 @@ class InferenceEngine:
         if flight.done is not None and flight.error is None:
             waiting = time.perf_counter()
             try:
-                flight.done.synchronize()
+                with self.calls.running("wait for the device", flight.n):
+                    flight.done.synchronize()
                 if flight.begun is not None:  # both recorded and complete: reading them waits for nothing
                     self.device_busy_s += flight.begun.elapsed_time(flight.done) / 1000.0
             except Exception as exc:
@@ -370,7 +417,7 @@ class InferenceEngine:
         if flight.error is not None:
             raise flight.error
         try:
-            with torch.inference_mode():
+            with self.calls.running("postprocess", n), torch.inference_mode():
                 outputs = self.handler.postprocess(flight.raw)
         except Exception as exc:
             error = self._classify(exc, n)

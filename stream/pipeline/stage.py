@@ -150,15 +150,18 @@ class ProcessingStages:
         """No batch anywhere in the stages."""
         return self._active == 0
 
-    def finish(self, deadline: Deadline) -> None:
-        """Let the stages finish what they hold, in order, then end their threads."""
+    def finish(self, deadline: Deadline) -> bool:
+        """Let the stages finish what they hold, in order, then end their threads; whether they all ended."""
         for _ in range(len(self._threads) - 2):
             self._to_prepare.put(None)
         self._in_order.put(None)
         for thread in self._threads:
             thread.join(timeout=deadline.left(0.01))
-        if self._threads[-1].is_alive():
-            log.error("the stages did not finish their batches within the shutdown timeout")
+        left = [thread.name for thread in self._threads if thread.is_alive()]
+        if left:
+            log.error("the stages did not finish their batches in time (threads %s left)",
+                      ", ".join(left))
+        return not left
 
     # -- accounting -----------------------------------------------------------------------------------------
     def _settle(self, n: int) -> None:
@@ -242,6 +245,11 @@ class ProcessingStages:
                 try:
                     item = self._to_finish.get(timeout=_SERVE_EVERY_S)
                 except queue.Empty:  # idle: acknowledge what was delivered meanwhile
+                    if self._failed():
+                        # At once, not when the next batch comes (a hung device may never hand one on): a failing
+                        # worker holds no transaction open. The shutdown serves what is still to be delivered.
+                        self._run(lambda: txns.abort(publisher))
+                        continue
                     self._run(publisher.serve)
                     continue
             if done:

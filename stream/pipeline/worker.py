@@ -14,18 +14,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import NoReturn
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from stream.config import WorkerSettings
-from stream.errors import ConfigError, KafkaClientError, StoppedOnPurpose, StreamError
+from stream.errors import ConfigError, KafkaClientError, ModelHung, StoppedOnPurpose, StreamError
 from stream.kafka.access import check_access, ensure_dlq_topic, reply_partitions
 from stream.kafka.client_logs import ConnectionWatch, client_logger
 from stream.kafka.client_stats import ConsumerStats
@@ -46,7 +50,14 @@ from stream.pipeline import faults
 from stream.pipeline.batching import MicroBatcher, token_bounds
 from stream.pipeline.committer import CommitLedger, Committer
 from stream.pipeline.failure import Failure
-from stream.pipeline.inference import InferenceEngine, ModelHandler, TextOptions, create_handler, select_device
+from stream.pipeline.inference import (
+    Call,
+    InferenceEngine,
+    ModelHandler,
+    TextOptions,
+    create_handler,
+    select_device,
+)
 from stream.pipeline.pausing import PAUSE_AFTER_S, InputPause
 from stream.pipeline.processing import BatchProcessor, ProcessingPolicy
 from stream.pipeline.rebalance import IdleReplica, Rebalancer
@@ -67,6 +78,8 @@ _IDLE_POLL_S = 0.1
 _CLOSE_FLOOR_S = 10.0  # the consumer's close gets at least this long, whatever the shutdown deadline left
 _STALL_STEP_S = 0.05
 _GAUGE_EVERY_S = 0.1
+_HUNG_WAIT_S = 1.0  # how long the stages get to end after the model hung (the hung call's thread never does)
+_WARM_WATCH_S = 0.5  # how often the warm-up's calls into the model are looked at
 EXIT_STOPPED_ON_PURPOSE = 3  # the worker's exit status when it stopped itself (`stream.errors.StoppedOnPurpose`)
 _IDLE_CHECK_S = 0.001  # adaptive batching, confluent-kafka's consumer: how often a waiting poll thread checks
 # whether the model went idle (the C consumer's take is woken instead)
@@ -103,6 +116,16 @@ def _token_bound(max_batch_tokens: int | None, handler: ModelHandler) -> Callabl
                           "text may take that many")
     return lambda records: token_bounds(records.lengths, cap)
 
+
+def exit_now(code: int) -> NoReturn:
+    """End the process at once, the log and output flushed first: for a thread that will never return (a model
+    call, a client's close), which the interpreter's end or a destructor would wait for."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings, *, handler: ModelHandler | None = None,
                  metrics: StreamMetrics | None = None, clock: Callable[[], float] = time.monotonic,
@@ -118,6 +141,7 @@ class Worker:
         handler = handler if handler is not None else create_handler(
             s.model, s.model_dir, TextOptions(s.max_tokens, s.dtype, s.fixed_shapes, s.cuda_graphs, s.packing))
         self._engine = InferenceEngine(handler, select_device(s.device))
+        self.health.hung = self._hung
         self._decoder, self._binder, self._encoder, self._event_time_field = unless_stopped(
             lambda: build_codecs(s, handler), stopping, "reading the schemas")
         self.metrics.model_info.info({
@@ -137,7 +161,7 @@ class Worker:
         self._stop = threading.Event()
         self._failure = Failure(s, self.health, self._connection, self._stop)
         self._fail = self._failure.fail
-        self._admin_config = {**s.admin_config(), "error_cb": self._failure.on_admin_error}
+        self._admin_config = {**s.admin_config(), "error_cb": self._connection.on_admin_error}
         self._summary = WorkerSummary()
         tokens = _token_bound(s.max_batch_tokens, handler)
         self._batcher: MicroBatcher[Records] = MicroBatcher(
@@ -159,6 +183,8 @@ class Worker:
         self._ledger = CommitLedger(self._tracker, self._stalls, self._summary, self.metrics, clock)
         self._delivered = Delivered(self._summary, self.metrics, self._traces)
         self.close_abandoned = False  # the consumer's close did not return in time (`close_within`)
+        self.threads_abandoned = False  # a stage's thread did not end (a model call that never returned)
+        self._exit: Callable[[int], object] = exit_now  # a warm-up whose model hung
         self._previous = PreviousStops(s.input_topic, {})  # where the group's last run stopped on purpose
         freeze_loaded()
 
@@ -182,14 +208,55 @@ class Worker:
             self.health.warming = f"{done} of {total} batches"
 
         self.health.warming = "starting"
+        warmed = threading.Event()
+        threading.Thread(target=self._watch_warm_up, args=(warmed,), name="warm-up-watch", daemon=True).start()
         try:
             done, total, seconds = self._engine.warm(WARM_LIMIT_S, self._stop.is_set, progress)
         finally:
+            warmed.set()
             self.health.warming = None
         if total and done < total and self._stop.is_set():
             log.info("warm-up left after %d of %d batches (%.1f s): the worker is stopping", done, total, seconds)
         elif total:
             log.info("model warmed in %.1f s: %d of %d batches of the shapes it will use", seconds, done, total)
+
+    def _hung_call(self) -> tuple[Call, str] | None:
+        """A call into the model under way for --model-timeout-s or more, and why the model is taken to be hung."""
+        call = self._engine.calls.longest()
+        limit = self.settings.model_timeout_s
+        if call is None or call.seconds < limit:
+            return None
+        return call, f"{call.describe()} (--model-timeout-s {limit:g})"
+
+    def _hung(self) -> str | None:
+        hung = self._hung_call()
+        return None if hung is None else hung[1]
+
+    def _check_model(self, consuming: bool = True) -> None:
+        """Fail the worker once a call into the model has not returned for --model-timeout-s: it keeps polling, so
+        the group would leave it its partitions, their records waiting behind that call for ever. The call's stack
+        goes to the log (where it hangs is what the operator needs); its thread is left, never waited for. In the
+        warm-up (``consuming`` False: the call is the main thread's own, and no partition is held) it exits 1."""
+        hung = self._hung_call()
+        if hung is None:
+            return
+        call, why = hung
+        frame = sys._current_frames().get(call.thread)
+        stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(it has returned since)"
+        name = next((t.name for t in threading.enumerate() if t.ident == call.thread), "?")
+        if consuming:
+            log.error("%s: stopping without it; what this replica has not committed goes to the group's other "
+                      "replicas. Thread %s is at:\n%s", why, name, stack)
+            self._fail(ModelHung(why))
+        else:
+            log.error("%s in the warm-up: exiting (1) without it, before joining the group. Thread %s is at:\n%s",
+                      why, name, stack)
+            self._exit(1)
+
+    def _watch_warm_up(self, warmed: threading.Event) -> None:
+        """The poll loop's look at the model's calls (`_check_model`), while the main thread runs the warm-up."""
+        while not warmed.wait(_WARM_WATCH_S):
+            self._check_model(consuming=False)
 
     def run(self) -> WorkerSummary:
         with tuned(self.settings.gil_switch_interval_ms):
@@ -393,6 +460,7 @@ class Worker:
             if end is not None and end.reached():
                 break
             if now >= next_gauge:
+                self._check_model()
                 self.metrics.in_flight.set(self._tracker.in_flight())
                 idle.check(len(self._tracker.assigned()), health.joined)
                 next_gauge = now + _GAUGE_EVERY_S
@@ -416,8 +484,10 @@ class Worker:
             if not stage.offer(parts.spans.close_batch, deadline.left(0.01)):
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
-        # 2. Let the stages finish their queues.
-        stage.finish(deadline)
+        # 2. Let the stages finish their queues (not for a call into the model that never returned).
+        hung = isinstance(self._failure.error, ModelHung)
+        self.threads_abandoned = not stage.finish(Deadline(min(_HUNG_WAIT_S, deadline.left()), self._clock)
+                                                  if hung else deadline)
         parts.processor.rejected.flush()
         # 3. Wait for every delivery report, then commit the acknowledged watermark.
         undelivered = publisher.close(deadline.left(0.01))

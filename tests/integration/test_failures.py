@@ -191,6 +191,38 @@ def test_a_batch_slower_than_max_poll_interval_does_not_cost_membership(pipeline
 
 
 
+def test_a_replica_whose_model_hangs_exits_and_the_others_take_its_partitions_within_the_timeout(
+        pipeline: Pipeline) -> None:
+    """One replica's first forward pass never returns (a hung device; HangingHandler). It kept polling, holding its
+    partitions and answering /healthz, and their records waited for ever. Past --model-timeout-s (3 s here) it
+    logs the call and where its thread is, exits 1 without waiting for it, and the other replica predicts every
+    event, its partitions' included, within a bound."""
+    hung = pipeline.worker("--model", "tests.handlers:HangingHandler", "--model-timeout-s", "3", "--max-wait-ms",
+                           "5", env={"STREAM_TEST_HANG": "1"})
+    wait_for_assignment(hung)
+    other = pipeline.worker("--model", "tests.handlers:HangingHandler", "--max-wait-ms", "5")
+    # Both hold partitions once the newcomer is given some (cooperative: the first gave them up before).
+    _wait_for(lambda: re.search(rf" assigned {re.escape(pipeline.input)}\[", other.output()) is not None, 60.0,
+              other)
+    expected = pipeline.produce(2_000, seed=85)
+    produced_at = time.monotonic()
+    code = hung.wait(60)
+    exited_s = time.monotonic() - produced_at
+    out = hung.output()
+    assert code == 1, out[-3000:]
+    assert re.search(r"the model's predict on a batch of \d+ has not returned for 3 s \(--model-timeout-s 3\): "
+                     r"stopping without it", out), out[-3000:]
+    assert 'handlers.py", line' in out and "in predict" in out and "time.sleep(3600)" in out, out[-3000:]
+    assert exited_s < 30.0, f"the hung replica exited {exited_s:.1f}s after the records arrived"
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=60), f"missing {reader.missing(expected)}"
+    done_s = time.monotonic() - produced_at
+    assert other.terminate() == 0, other.output()[-3000:]
+    assert pipeline.committed_problems() == []
+    print(f"the hung replica exited {exited_s:.1f}s after the records arrived; every event predicted after "
+          f"{done_s:.1f}s")
+
+
 def _gauge(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(f"{name} "))

@@ -279,3 +279,35 @@ def test_a_stage_s_cpu_seconds_count_its_thread_s_work_and_not_its_waits(model_d
     assert cpu["prepare"] >= 2 * Timed.PREPARE_CPU_S and busy["prepare"] >= cpu["prepare"]
     assert busy["device"] >= 2 * Timed.SUBMIT_WAIT_S and cpu["device"] < Timed.SUBMIT_WAIT_S, (busy, cpu)
     assert 0 < cpu["finish"] <= busy["finish"] + 0.01
+
+
+def test_after_a_failure_an_idle_finish_thread_aborts_its_transaction_at_once_and_a_hung_device_is_left(
+        model_dir: Path) -> None:
+    """A device thread inside a call that never returns hands nothing on: the finish thread must not wait for a
+    next batch to abort the open transaction, and `finish` reports the thread it could not end."""
+    processor, pub = make(model_dir)
+    spy = Spy(processor)
+    never = spy.hold[("submit", 4)] = threading.Event()
+    failures = Failures()
+    stages = stages_of(spy, pub, failures)
+    aborts: list[float] = []
+    stages._transactions.abort = lambda _publisher: aborts.append(time.monotonic())  # type: ignore[method-assign]
+    offer_all(stages, pub, [3, 4])
+    stages.start()
+    try:
+        wait_for(lambda: predicted_offsets(pub) == [0, 1, 2] and ("submit", 4) in spy.calls,
+                 "the first batch was not published, or the second not submitted")
+        assert aborts == []
+        failed_at = time.monotonic()
+        failures.fail(StreamError("the model hung"))
+        wait_for(lambda: aborts, "the idle finish thread did not abort the transaction")
+        assert aborts[0] - failed_at < 1.0
+        started = time.monotonic()
+        assert stages.finish(Deadline(0.3)) is False
+        assert time.monotonic() - started < 2.0
+        assert [t.name for t in stages._threads if t.is_alive()] == ["device", "finish"]
+    finally:
+        never.set()
+        stages.finish(Deadline(5.0))
+    assert not any(t.is_alive() for t in stages._threads)
+    assert predicted_offsets(pub) == [0, 1, 2], "nothing is published after the failure"

@@ -184,3 +184,133 @@ def test_a_start_up_step_gives_its_result_or_its_error_and_ends_at_once_when_sto
         unless_stopped(lambda: never.wait(30), lambda: not stop.is_alive(), "waiting for a registry")
     assert time.monotonic() - started < 2.0
     never.set()
+
+
+def test_a_model_call_past_its_timeout_fails_the_worker_with_its_stack_and_the_probes_say_so(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A call into the model that never returns leaves the poll loop turning and the partitions held: past
+    --model-timeout-s liveness fails, and the poll loop's check fails the worker with a ModelHung naming the
+    call, the thread's stack in the log."""
+    import threading
+
+    import numpy as np
+
+    from stream.errors import ModelHung
+
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, native_consumer=False, model_timeout_s=5)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    engine = w._engine
+    now = [100.0]
+    engine.calls._clock = lambda: now[0]
+    gate, entered = threading.Event(), threading.Event()
+    real = engine.handler.predict
+
+    def hanging_predict(inputs: Any) -> Any:
+        entered.set()
+        assert gate.wait(30), "the test never let the model go"
+        return real(inputs)
+
+    monkeypatch.setattr(engine.handler, "predict", hanging_predict)
+    thread = threading.Thread(target=lambda: engine.run(np.zeros((7, 32), np.float32)), name="device")
+    thread.start()
+    try:
+        assert entered.wait(30)
+        call = engine.calls.longest()
+        assert call is not None and (call.what, call.n, call.thread) == ("predict", 7, thread.ident)
+        now[0] += 4.9
+        w._check_model()
+        assert w._failure.error is None and w.health.live() == []
+        now[0] += 0.1
+        why = "the model's predict on a batch of 7 has not returned for 5 s (--model-timeout-s 5)"
+        assert w.health.live() == [why] and why in w.health.ready()
+        with caplog.at_level("ERROR", logger="stream.pipeline.worker"):
+            w._check_model()
+        assert isinstance(w._failure.error, ModelHung) and str(w._failure.error) == why
+        assert w._stop.is_set()
+        [logged] = [r.getMessage() for r in caplog.records if r.name == "stream.pipeline.worker"]
+        assert logged.startswith(why + ": stopping without it") and "Thread device is at:" in logged
+        assert "in hanging_predict" in logged and "gate.wait(30)" in logged, logged
+    finally:
+        gate.set()
+        thread.join(10)
+    assert engine.calls.longest() is None, "a call that returned is no longer under way"
+
+
+def test_each_call_into_the_model_is_watched_on_its_own_thread(model_dir: Path) -> None:
+    """The handler's prepare, its predict and its postprocess are each under way while they run, never after."""
+    import threading
+
+    import numpy as np
+    import torch
+
+    from stream.pipeline.inference import InferenceEngine
+
+    handler = PoisonHandler(model_dir)
+    seen: list[tuple[str, int, bool]] = []
+
+    class Watched(PoisonHandler):
+        def prepare(self, inputs: Any) -> Any:
+            record("prepare")
+            return inputs
+
+        def predict(self, inputs: Any) -> Any:
+            record("predict")
+            return handler.predict(inputs)
+
+        def postprocess(self, raw: Any) -> Any:
+            record("postprocess")
+            return handler.postprocess(raw)
+
+    engine = InferenceEngine(Watched(model_dir), torch.device("cpu"))
+    handler.load(engine.device)
+
+    def record(step: str) -> None:
+        call = engine.calls.longest()
+        assert call is not None
+        seen.append((call.what, call.n, call.thread == threading.get_ident()))
+
+    engine.run({"features": np.zeros((3, 32), np.float32)})
+    assert seen == [("prepare", 3, True), ("predict", 3, True), ("postprocess", 3, True)]
+    assert engine.calls.longest() is None
+
+
+def test_a_warm_up_whose_model_hangs_exits_1_with_its_stack(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The warm-up runs on the main thread before the worker joins its group: a call into the model there that
+    never returns would leave the worker alive and never ready. Past --model-timeout-s the watch logs where the
+    main thread is and exits 1 (no partition is held: nothing to commit or hand over)."""
+    import threading
+
+    import numpy as np
+
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, native_consumer=False, model_timeout_s=1)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    exited: list[int] = []
+    gone, released = threading.Event(), threading.Event()
+
+    def exit_now(code: int) -> None:
+        exited.append(code)
+        gone.set()
+
+    w._exit = exit_now
+    monkeypatch.setattr(w._engine.handler, "warm_inputs", lambda: [{"features": np.zeros((5, 32), np.float32)}],
+                        raising=False)
+    real = w._engine.handler.predict
+
+    def stuck_predict(inputs: Any) -> Any:
+        assert released.wait(30), "the test never let the model go"
+        return real(inputs)
+
+    monkeypatch.setattr(w._engine.handler, "predict", stuck_predict)
+    releaser = threading.Thread(target=lambda: (gone.wait(30), released.set()))
+    releaser.start()
+    with caplog.at_level("ERROR", logger="stream.pipeline.worker"):
+        w._warm()  # returns once the test lets the model go, after the watch "exited"
+    releaser.join(10)
+    assert exited == [1]
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "stream.pipeline.worker"]
+    assert logged.startswith("the model's predict on a batch of 5 has not returned for 1 s (--model-timeout-s 1) "
+                             "in the warm-up: exiting (1) without it, before joining the group. Thread MainThread")
+    assert "in stuck_predict" in logged and "in _warm" in logged, logged
