@@ -169,23 +169,24 @@ class WorkerSettings(BaseSettings):
                                     description="how often acknowledged offsets are committed")
     transaction_interval_ms: float = Field(
         default=100.0, ge=0.0, le=60_000.0,
-        description="exactly-once: batches queued behind a transaction's first batch join it for this long "
-                    "before it commits (0: one transaction per batch); a processor with nothing queued commits "
-                    "at once")
+        description="exactly-once: batches queued behind a transaction's first batch join it until it is this "
+                    "old at a batch's end, then it commits (0: one transaction per batch); with nothing queued it "
+                    "commits at once")
     max_inflight_batches: int = Field(default=4, ge=1, le=1024,
                                       description="closed batches waiting for the model before input pauses")
     shutdown_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0,
-                                      description="bound on the graceful shutdown after SIGTERM or SIGINT")
+                                      description="bound on the graceful shutdown after SIGTERM or SIGINT "
+                                                  "(batches not finished by then: exit 1, left uncommitted)")
     stall_timeout_s: float = Field(
         default=120.0, ge=1.0, le=86_400.0,
         description="an assigned partition with records waiting and no committed progress for this long is "
                     "reported stalled (a WARNING naming it, stream_stalled_partitions)")
     model_timeout_s: float = Field(
         default=600.0, ge=1.0, le=86_400.0,
-        description="a call into the model (its prepare, predict, the wait for the device) that has not returned "
-                    "for this long fails the worker: /healthz 503, the call's stack in an ERROR, the batches "
-                    "behind it left uncommitted and its partitions to the group's other replicas; raise it for a "
-                    "model whose largest batch can take longer on its hardware")
+        description="a call into the model (its prepare, predict, the wait for the device, postprocess) that has "
+                    "not returned for this long fails the worker: /healthz 503, the call's stack in an ERROR, the "
+                    "batches behind it left uncommitted and its partitions to the group's other replicas; raise it "
+                    "for a model whose largest batch can take longer on its hardware")
     stop_at_end: bool = Field(default=False,
                               description="drain to the end offsets that existed at start, commit, exit 0")
     dlq_topic: str | None = Field(default=None, min_length=1, max_length=249,

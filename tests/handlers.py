@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ class HangingHandler(DemoFraudHandler):
 
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._hang:
+            logging.getLogger(__name__).warning("HangingHandler: this forward pass never returns")
             time.sleep(3600)
         return super().predict(inputs)
 

@@ -45,6 +45,7 @@ from stream.pipeline.transactions import Transactions
 log = logging.getLogger(__name__)
 _SERVE_EVERY_S = 0.002  # an idle finish thread serves delivery reports this often
 _SEND_WINDOW_S = 0.001  # how long a finish thread that runs out of work flushes the batch it just produced
+_GIVE_UP_CHECK_S = 0.1  # how often `finish` asks whether to stop waiting for the threads
 FINISH_QUEUE = 2  # batches submitted to the device and waiting for the finish thread
 STAGES = ("prepare", "device", "finish")
 
@@ -150,18 +151,18 @@ class ProcessingStages:
         """No batch anywhere in the stages."""
         return self._active == 0
 
-    def finish(self, deadline: Deadline) -> bool:
-        """Let the stages finish what they hold, in order, then end their threads; whether they all ended."""
+    def finish(self, deadline: Deadline, give_up: Callable[[], bool] | None = None) -> list[threading.Thread]:
+        """Let the stages finish what they hold, in order, then end their threads; wait for them until
+        ``deadline`` passes or ``give_up`` (asked every `_GIVE_UP_CHECK_S` meanwhile) says so. The threads left."""
         for _ in range(len(self._threads) - 2):
             self._to_prepare.put(None)
         self._in_order.put(None)
         for thread in self._threads:
-            thread.join(timeout=deadline.left(0.01))
-        left = [thread.name for thread in self._threads if thread.is_alive()]
-        if left:
-            log.error("the stages did not finish their batches in time (threads %s left)",
-                      ", ".join(left))
-        return not left
+            while True:
+                thread.join(timeout=min(_GIVE_UP_CHECK_S, deadline.left(0.01)))
+                if not thread.is_alive() or deadline.passed() or (give_up is not None and give_up()):
+                    break
+        return [thread for thread in self._threads if thread.is_alive()]
 
     # -- accounting -----------------------------------------------------------------------------------------
     def _settle(self, n: int) -> None:

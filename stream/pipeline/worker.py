@@ -117,6 +117,15 @@ def _token_bound(max_batch_tokens: int | None, handler: ModelHandler) -> Callabl
     return lambda records: token_bounds(records.lengths, cap)
 
 
+def where_is(thread: int | None) -> str:
+    """"Thread NAME is at:" and the stack of the thread of that ident, for an ERROR about a thread that does not
+    end: where it waits is what the operator needs."""
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(it has returned since)"
+    name = next((t.name for t in threading.enumerate() if t.ident == thread), "?")
+    return f"Thread {name} is at:\n{stack}"
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process at once, the log and output flushed first: for a thread that will never return (a model
     call, a client's close), which the interpreter's end or a destructor would wait for."""
@@ -241,16 +250,13 @@ class Worker:
         if hung is None:
             return
         call, why = hung
-        frame = sys._current_frames().get(call.thread)
-        stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(it has returned since)"
-        name = next((t.name for t in threading.enumerate() if t.ident == call.thread), "?")
         if consuming:
             log.error("%s: stopping without it; what this replica has not committed goes to the group's other "
-                      "replicas. Thread %s is at:\n%s", why, name, stack)
+                      "replicas. %s", why, where_is(call.thread))
             self._fail(ModelHung(why))
         else:
-            log.error("%s in the warm-up: exiting (1) without it, before joining the group. Thread %s is at:\n%s",
-                      why, name, stack)
+            log.error("%s in the warm-up: exiting (1) without it, before joining the group. %s",
+                      why, where_is(call.thread))
             self._exit(1)
 
     def _watch_warm_up(self, warmed: threading.Event) -> None:
@@ -479,15 +485,40 @@ class Worker:
     def _shutdown(self, parts: Connected) -> None:
         consumer, publisher, stage = parts.consumer, parts.publisher, parts.stage
         deadline = Deadline(self.settings.shutdown_timeout_s, self._clock)
+        # A call into the model that never returns is not waited for: once one has been under way for
+        # --model-timeout-s, before or during the waits below, the worker fails (`_check_model`) and the stages get
+        # _HUNG_WAIT_S more (to abort an open transaction), not the rest of the shutdown's time.
+        hung_at = [self._clock()] if isinstance(self._failure.error, ModelHung) else []
+
+        def give_up() -> bool:
+            if not hung_at:
+                if self._hung_call() is None:
+                    return False
+                self._check_model()  # its ERROR, the stack, the worker failing
+                hung_at.append(self._clock())
+            return self._clock() - hung_at[0] >= _HUNG_WAIT_S
+
         # 1. Finish the open batch (never after a failure: nothing past it may be published).
         while not parts.failed() and len(self._batcher):
-            if not stage.offer(parts.spans.close_batch, deadline.left(0.01)):
+            if stage.offer(parts.spans.close_batch, min(_GAUGE_EVERY_S, deadline.left(0.01))):
+                continue
+            give_up()
+            if deadline.passed():
                 self._fail(StreamError("processor did not take the last batch within the shutdown timeout"))
                 break
-        # 2. Let the stages finish their queues (not for a call into the model that never returned).
-        hung = isinstance(self._failure.error, ModelHung)
-        self.threads_abandoned = not stage.finish(Deadline(min(_HUNG_WAIT_S, deadline.left()), self._clock)
-                                                  if hung else deadline)
+        # 2. Let the stages finish their queues.
+        left = stage.finish(deadline, give_up)
+        self.threads_abandoned = bool(left)
+        if left and not hung_at:
+            limit = self.settings.shutdown_timeout_s
+            log.error("the stages did not finish their batches within --shutdown-timeout-s (%g s): exiting without "
+                      "them; what this replica has not committed goes to the group's other replicas. %s", limit,
+                      "\n".join(where_is(thread.ident) for thread in left))
+            self._fail(StreamError(f"the stages did not finish their batches within --shutdown-timeout-s "
+                                   f"({limit:g} s)"))
+        elif left:
+            log.error("the stages did not end within %g s of the hung call (threads %s left): exiting without them",
+                      _HUNG_WAIT_S, ", ".join(thread.name for thread in left))
         parts.processor.rejected.flush()
         # 3. Wait for every delivery report, then commit the acknowledged watermark.
         undelivered = publisher.close(deadline.left(0.01))

@@ -223,6 +223,49 @@ def test_a_replica_whose_model_hangs_exits_and_the_others_take_its_partitions_wi
           f"{done_s:.1f}s")
 
 
+def test_a_stop_that_meets_a_hung_model_exits_1_with_its_stack_within_its_bounds(pipeline: Pipeline) -> None:
+    """SIGTERM while a forward pass never returns (HangingHandler). The shutdown used to wait its whole
+    --shutdown-timeout-s for the stages and exit 0, the hang and its stack unsaid; and a call past --model-timeout-s
+    during that wait was not looked at. Now: (1) the shutdown's bound passing first fails the stop, exit 1, with an
+    ERROR naming the bound and where the stages' threads are; (2) the model's bound passing first, the closing batch
+    waiting for a slot meanwhile (one slot, small batches), ends the wait 1 s later, exit 1, with the hung call's
+    ERROR. Neither published anything: a third replica predicts every event, once, and commits to the end."""
+    hang = {"STREAM_TEST_HANG": "1"}
+    hanging = ("--model", "tests.handlers:HangingHandler", "--max-wait-ms", "5")
+    expected = pipeline.produce(2_000, seed=86)
+
+    def stop_when_hung(worker: WorkerProcess) -> tuple[int | None, float, str]:
+        _wait_for(lambda: "this forward pass never returns" in worker.output(), 60.0, worker)
+        time.sleep(0.5)  # the poll thread fills the free slots and its batch
+        stopped = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        code = worker.wait(60)
+        return code, time.monotonic() - stopped, worker.output()
+
+    code, took_s, out = stop_when_hung(pipeline.worker(*hanging, "--shutdown-timeout-s", "3", env=hang))
+    print(f"past --shutdown-timeout-s 3: exit {code} {took_s:.1f}s after SIGTERM")
+    assert code == 1, out[-3000:]
+    assert "the stages did not finish their batches within --shutdown-timeout-s (3 s): exiting without them" in out
+    assert "Thread device is at:" in out and "time.sleep(3600)" in out, out[-3000:]
+    assert took_s < 20.0, f"stopped {took_s:.1f}s after SIGTERM (--shutdown-timeout-s 3)"
+
+    code, took_s, out = stop_when_hung(pipeline.worker(
+        *hanging, "--model-timeout-s", "4", "--shutdown-timeout-s", "120", "--max-inflight-batches", "1",
+        "--max-batch-size", "16", env=hang))
+    assert code == 1, out[-3000:]
+    assert re.search(r"the model's predict on a batch of \d+ has not returned for 4 s \(--model-timeout-s 4\): "
+                     r"stopping without it", out), out[-3000:]
+    assert "time.sleep(3600)" in out and "did not end within 1 s of the hung call" in out, out[-3000:]
+    print(f"past --model-timeout-s 4: exit {code} {took_s:.1f}s after SIGTERM")
+    assert took_s < 20.0, f"stopped {took_s:.1f}s after SIGTERM (--model-timeout-s 4, --shutdown-timeout-s 120)"
+
+    last = pipeline.worker("--max-wait-ms", "5")
+    reader = pipeline.reader()
+    assert reader.read_until(expected, timeout_s=60), f"missing {reader.missing(expected)}"
+    assert last.terminate() == 0, last.output()[-3000:]
+    assert pipeline.committed_problems() == [] and reader.duplicates() == 0
+
+
 def _gauge(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(f"{name} "))
