@@ -15,8 +15,10 @@ Both answer 200 ``ok`` or 503 with the reasons, one per line.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,6 +30,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 log = logging.getLogger(__name__)
 LIVENESS_S = 30.0
+MAX_CONNECTIONS = 64  # connections served at once (probes, scrapes); past it the oldest is closed
+READ_TIMEOUT_S = 10.0  # a connection whose client sends nothing for this long is closed
+MAX_REQUEST_BYTES = 16 * 1024  # request line and headers: a probe or a scrape sends a few hundred
 
 
 class Health:
@@ -81,13 +86,90 @@ class Health:
         return reasons
 
 
+class _RequestTooLarge(Exception):
+    pass
+
+
+class _Capped:
+    """A connection's reader that refuses to read past ``budget`` bytes (`_RequestTooLarge`)."""
+
+    def __init__(self, raw: Any, budget: int) -> None:
+        self._raw, self._left = raw, budget
+
+    def _take(self, n: int) -> int:
+        if self._left <= 0:
+            raise _RequestTooLarge
+        return self._left if n is None or n < 0 else min(n, self._left)
+
+    def readline(self, limit: int = -1) -> bytes:
+        line: bytes = self._raw.readline(self._take(limit))
+        self._left -= len(line)
+        return line
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._raw.read(self._take(n))
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 class _Quiet(WSGIRequestHandler):
+    """One request a connection (HTTP/1.0), read within `READ_TIMEOUT_S` a read and `MAX_REQUEST_BYTES` in all:
+    a probe or a scrape sends a few hundred bytes at once."""
+
+    timeout = READ_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = _Capped(self.rfile, MAX_REQUEST_BYTES)  # type: ignore[assignment]
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except _RequestTooLarge:
+            self.close_connection = True
+            self.send_error(431, f"the request line and headers exceed {MAX_REQUEST_BYTES} bytes")
+        except (TimeoutError, ConnectionError):
+            pass  # a client that sent nothing in time, or left (or was let go: `_Threading`)
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 class _Threading(ThreadingMixIn, WSGIServer):
+    """A thread a connection, at most `MAX_CONNECTIONS` at once: past that the oldest is closed, so that clients
+    that connect and send nothing (or drip) can neither grow the threads nor keep a new probe out."""
+
     daemon_threads = True  # a probe that hangs never holds the worker's exit
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: dict[int, socket.socket] = {}  # by when it came: insertion order
+        self._open_lock = threading.Lock()
+        self.evicted = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            while len(self._open) >= MAX_CONNECTIONS:
+                oldest = self._open.pop(next(iter(self._open)))
+                self.evicted += 1
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread's read returns: it ends and closes it
+            self._open[id(request)] = request
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                if self._open.get(id(request)) is request:
+                    del self._open[id(request)]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics and probes: a request from %s failed", client_address, exc_info=True)
 
 
 def serve(registry: CollectorRegistry, health: Health, port: int, host: str, last_port: int | None = None

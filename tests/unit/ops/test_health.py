@@ -3,6 +3,8 @@ group, the brokers and stalled partitions; served over HTTP with /metrics on one
 
 from __future__ import annotations
 
+import pytest
+
 from stream.local.broker import free_port
 from stream.ops.health import LIVENESS_S, Health, serve
 from stream.ops.metrics import StreamMetrics
@@ -88,8 +90,6 @@ def test_a_range_of_ports_takes_the_first_free_one_and_a_full_range_fails_clearl
     import errno
     import socket
 
-    import pytest
-
     metrics = StreamMetrics()
     health = ready_health(Clock())
     # Three consecutive free ports (free_port() vouches for one only: a neighbour taken by another process made
@@ -124,3 +124,65 @@ def test_a_range_of_ports_takes_the_first_free_one_and_a_full_range_fails_clearl
                 s.server_close()
     finally:
         held.close()
+
+
+def test_clients_that_connect_and_send_nothing_neither_grow_the_threads_nor_keep_a_probe_out(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The port is a thread a connection. A client that opened connections and sent half a request kept a thread
+    each, for ever (3,000 of them: 3,000 threads). Now at most MAX_CONNECTIONS are served, the oldest closed past
+    that, so a probe that comes after them is answered; a connection quiet for the read timeout is closed; a
+    request line and headers over the budget get a 431 saying so; none of it prints a traceback."""
+    import socket
+    import threading
+    import time
+
+    from stream.ops import health as module
+
+    cap = 8  # MAX_CONNECTIONS, small: the port accepts a few hundred connections a second on a loaded machine
+    monkeypatch.setattr(module, "MAX_CONNECTIONS", cap)
+    server = serve(StreamMetrics().registry, ready_health(Clock()), 0, "127.0.0.1")
+    port = server.server_port
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(3 * cap):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+            idle.append(sock)
+        started = time.monotonic()
+        assert get(port, "/healthz") == (200, "ok\n")
+        assert time.monotonic() - started < 2.0
+        assert server.evicted >= 2 * cap  # type: ignore[attr-defined]
+        assert threading.active_count() - before <= cap + 1
+        idle[0].settimeout(5)
+        assert idle[0].recv(100) == b"", "the oldest connections were closed by the server"
+
+        monkeypatch.setattr(module._Quiet, "timeout", 1.0)
+        quiet = socket.create_connection(("127.0.0.1", port))
+        quiet.settimeout(5)
+        started = time.monotonic()
+        assert quiet.recv(100) == b"", "a connection that sends nothing is closed after the read timeout"
+        assert 0.5 < time.monotonic() - started < 4.0
+        quiet.close()
+
+        big = socket.create_connection(("127.0.0.1", port))
+        big.settimeout(5)
+        # Exactly the budget, the headers not ended: the server reads all of it, so its close is not a reset that
+        # could beat its answer to this client.
+        request = b"GET /metrics HTTP/1.1\r\n"
+        while len(request) < module.MAX_REQUEST_BYTES:
+            request += b"X-Filler: " + b"a" * min(1000, module.MAX_REQUEST_BYTES - len(request) - 12) + b"\r\n"
+        assert len(request) == module.MAX_REQUEST_BYTES
+        big.sendall(request)
+        reply = b""
+        while chunk := big.recv(65536):
+            reply += chunk
+        big.close()
+        assert reply.startswith(b"HTTP/1.0 431 ") and str(module.MAX_REQUEST_BYTES).encode() in reply, reply[:300]
+        assert get(port, "/readyz") == (200, "ok\n")
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in capfd.readouterr().err
