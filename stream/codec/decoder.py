@@ -4,7 +4,9 @@ is built).
 
 A record is dead-lettered when it has no value (``null-value``), is too short for the header (``truncated``), has
 another magic byte (``bad-magic``), is larger than the limit (``oversized``), carries an id the registry does not
-know (``unknown-schema``), a writer schema the reader schema cannot take (``incompatible-schema``), or bytes that do
+know (``unknown-schema``) or one met while new ids come faster than the registry is asked about them
+(``lookup-limited``: a producer writing ids at random must neither send a request to the registry a record nor
+grow the cache), a writer schema the reader schema cannot take (``incompatible-schema``), or bytes that do
 not follow its schema (``corrupt-avro``). A registry that cannot be reached is none of these: `decode_batch`
 raises `RegistryUnavailable` and the batch is tried again later; nothing is dead-lettered or committed for it.
 """
@@ -12,6 +14,7 @@ raises `RegistryUnavailable` and the batch is tried again later; nothing is dead
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +37,10 @@ except ImportError:  # not compiled: the reference decoder does the same work, r
 log = logging.getLogger(__name__)
 HEADER_SIZE = 5
 UNKNOWN_ID_TTL_S = 10.0  # how long an id the registry did not know is taken for unknown before it is asked again
+MAX_UNKNOWN_IDS = 1024  # unknown ids remembered; past it the oldest is forgotten (asked again if met again)
+LOOKUPS_PER_S = 20.0  # the source is asked about ids it was not asked about lately at most this often ...
+LOOKUP_BURST = 200  # ... after a first burst of this many
+_LIMITED_WARN_EVERY_S = 60.0
 _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
                   -2: ("truncated", "shorter than the 5-byte header"),
                   -3: ("bad-magic", "the first byte is not the magic byte 0")}
@@ -42,6 +49,16 @@ _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
 def native_depth_ok(plan: FieldPlan) -> bool:
     """Whether the C decoder can run ``plan`` (it recurses once an operation level, up to its MAX_DEPTH)."""
     return _nativecodec is not None and depth(plan.root) - 1 <= _nativecodec.MAX_DEPTH
+
+
+def _by_id(ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(id, the ascending positions of its records) for each id >= 0, in one sort: a batch of as many ids as
+    records (a producer writing ids at random) costs n log n, not n per id."""
+    valid = np.flatnonzero(ids >= 0)
+    unique, inverse = np.unique(ids[valid], return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(unique) + 1))
+    return [(int(schema_id), valid[order[bounds[k]:bounds[k + 1]]]) for k, schema_id in enumerate(unique.tolist())]
 
 
 class _Plan:
@@ -72,34 +89,69 @@ class ColumnDecoder:
         self.source = source
         self.reader = reader
         self.columns = tuple(columns)
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[int, _Plan] = {}  # the source's ids: as many as it holds
+        self._unknown: dict[int, _Plan] = {}  # ids it did not know, oldest first: at most MAX_UNKNOWN_IDS
         self._native = _nativecodec if native else None
         self._clock = clock
+        self._lock = threading.Lock()  # the prepare threads share the lookups' budget and the unknown ids
+        self._tokens = float(LOOKUP_BURST)
+        self._filled_at = clock()
+        self._limited = 0  # lookups refused since the last warning
+        self._warned_at = -_LIMITED_WARN_EVERY_S
+
+    def _may_look_up(self) -> bool:
+        """One more question to the source within LOOKUPS_PER_S (a token bucket of LOOKUP_BURST)."""
+        now = self._clock()
+        with self._lock:
+            self._tokens = min(float(LOOKUP_BURST), self._tokens + (now - self._filled_at) * LOOKUPS_PER_S)
+            self._filled_at = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return True
+            self._limited += 1
+            if now - self._warned_at < _LIMITED_WARN_EVERY_S:
+                return False
+            self._warned_at, limited, self._limited = now, self._limited, 0
+        log.warning("records name schema ids faster than %g new ids a second (after %d): %d not looked up in %s "
+                    "since the last warning; their records are dead-lettered as lookup-limited (a producer writing "
+                    "ids that are not registered?)", LOOKUPS_PER_S, LOOKUP_BURST, limited, self.source.description)
+        return False
 
     def plan_for(self, schema_id: int) -> _Plan:
         """The plan of a writer id; RegistryUnavailable when the registry must be asked and cannot be."""
-        found = self._plans.get(schema_id)
+        found = self._plans.get(schema_id) or self._unknown.get(schema_id)
         if found is not None and found.expires > self._clock():
             return found
+        if not self._may_look_up():
+            return _Plan(None, "lookup-limited", f"schema id {schema_id} was not looked up in "
+                                                 f"{self.source.description}: records named more than "
+                                                 f"{LOOKUPS_PER_S:g} new schema ids a second")
         writer = self.source.by_id(schema_id)
         if writer is None:
             # Not cached for good: a registry of several nodes may not know a schema registered a moment ago.
             found = _Plan(None, "unknown-schema", f"schema id {schema_id} is not registered in "
                                                   f"{self.source.description}", self._clock() + UNKNOWN_ID_TTL_S)
-        else:
-            try:
-                found = _Plan(resolve(writer.normalized, self.reader.normalized, self.columns, schema_id))
-            except SchemaMismatch as exc:
-                found = _Plan(None, "incompatible-schema",
-                              f"schema id {schema_id} ({writer.name}) cannot be read as schema id "
-                              f"{self.reader.schema_id} ({self.reader.name}): {exc}")
-            except RecursionError:
-                found = _Plan(None, "incompatible-schema",
-                              f"schema id {schema_id} ({writer.name}) nests too deep to decode")
-            how = "decoding" if found.program is not None or self._native is None else \
-                "decoding with the reference decoder (the schema nests deeper than the C decoder goes)"
-            log.info("schema id %d (%s): %s", schema_id, writer.name, how if found.plan is not None else found.message)
+            with self._lock:
+                self._unknown.pop(schema_id, None)
+                self._unknown[schema_id] = found
+                while len(self._unknown) > MAX_UNKNOWN_IDS:
+                    del self._unknown[next(iter(self._unknown))]
+            return found
+        try:
+            found = _Plan(resolve(writer.normalized, self.reader.normalized, self.columns, schema_id))
+        except SchemaMismatch as exc:
+            found = _Plan(None, "incompatible-schema",
+                          f"schema id {schema_id} ({writer.name}) cannot be read as schema id "
+                          f"{self.reader.schema_id} ({self.reader.name}): {exc}")
+        except RecursionError:
+            found = _Plan(None, "incompatible-schema",
+                          f"schema id {schema_id} ({writer.name}) nests too deep to decode")
+        how = "decoding" if found.program is not None or self._native is None else \
+            "decoding with the reference decoder (the schema nests deeper than the C decoder goes)"
+        log.info("schema id %d (%s): %s", schema_id, writer.name, how if found.plan is not None else found.message)
         self._plans[schema_id] = found
+        with self._lock:
+            self._unknown.pop(schema_id, None)  # registered since it was asked about
         return found
 
     def decode_batch(self, values: Sequence[bytes | None] | Records, max_bytes: int | None = None,
@@ -130,7 +182,7 @@ class ColumnDecoder:
             for code, (reason, message) in _HEADER_ERRORS.items():
                 for i in np.flatnonzero(ids == code).tolist():
                     errors.append((i, DecodeError(reason, message)))
-            groups = [(schema_id, np.flatnonzero(ids == schema_id)) for schema_id in np.unique(ids[ids >= 0]).tolist()]
+            groups = _by_id(ids)
         parts: list[Columns] = []
         for schema_id, rows in groups:
             plan = self.plan_for(schema_id)

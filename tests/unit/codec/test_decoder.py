@@ -310,3 +310,56 @@ def test_an_unknown_id_is_asked_again_after_a_while_a_known_one_never() -> None:
     now[0] += 1000.0
     decoder.decode_batch([value])
     assert asked == [12, 12], "a known id is never asked again"
+
+
+def test_records_naming_schema_ids_at_random_neither_ask_the_registry_each_nor_grow_the_cache(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A producer writing random ids in the header (a bug, or an attack) made one registry request a record and
+    kept a plan for each id for ever (1,000,000 ids: a million requests and 323 MiB, measured ad hoc). Now the
+    source is asked about ids not cached at LOOKUPS_PER_S after a LOOKUP_BURST, the others' records are
+    dead-lettered as lookup-limited (one WARNING a minute says so), at most MAX_UNKNOWN_IDS unknown ids are kept,
+    and the ids already known decode all along, without a question."""
+    asked: list[int] = []
+
+    class Counting(OrderSource):
+        def by_id(self, schema_id: int) -> WriterSchema | None:
+            asked.append(schema_id)
+            return super().by_id(schema_id)
+
+    now = [0.0]
+    source = Counting()
+    reader = source.latest("orders-value")
+    columns, _ = reader_columns(reader.normalized)
+    decoder = ColumnDecoder(source, reader, [c for c in columns if c.path == "order_id"], clock=lambda: now[0])
+    order = {"order_id": "o", "amount": 1.0, "qty": 1, "customer": {"note": None, "tier": 1, "age": None}}
+    known = framed(source.v2, order)
+    assert decoder.decode_batch([known])[1] == [] and asked == [12]
+    rng = random.Random(7)
+    body = known[5:]
+
+    def flood(n: int) -> list[bytes]:
+        return [b"\x00" + rng.randrange(1000, 2**31).to_bytes(4, "big") + body for _ in range(n)]
+
+    with caplog.at_level("WARNING", logger="stream.codec.decoder"):
+        decoded, errors = decoder.decode_batch([known, *flood(3 * 4096)])
+    assert decoded.index.tolist() == [0], "the known id decodes, unasked"
+    reasons = [e.reason for _, e in errors]
+    burst = decoder_module.LOOKUP_BURST  # schema 12's lookup took one
+    assert len(asked) == burst and reasons.count("unknown-schema") == burst - 1
+    assert reasons.count("lookup-limited") == 3 * 4096 - (burst - 1)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "dead-lettered as lookup-limited" in warning
+    limited = next(e for _, e in errors if e.reason == "lookup-limited")
+    assert "records named more than 20 new schema ids a second" in str(limited)
+    for _ in range(60):  # a minute of it, one batch a second
+        now[0] += 1.0
+        decoded, errors = decoder.decode_batch([*flood(4096), known])
+        assert decoded.index.tolist() == [4096] and len(errors) == 4096
+    assert len(asked) == burst + 60 * int(decoder_module.LOOKUPS_PER_S)
+    assert len(decoder._unknown) == decoder_module.MAX_UNKNOWN_IDS < len(asked) - 1
+    assert len(caplog.records) == 2, "one WARNING a minute"
+    # The flood over, a new id is asked about at once: schema 11, registered all along.
+    now[0] += 1.0
+    v1 = framed(source.v1, {"order_id": "p", "amount": 2.0, "qty": 2, "customer": {"tier": 1, "note": None}})
+    decoded, errors = decoder.decode_batch([v1])
+    assert errors == [] and decoded["order_id"].row(0) == "p" and asked[-1] == 11
