@@ -153,7 +153,11 @@ def test_clients_that_connect_and_send_nothing_neither_grow_the_threads_nor_keep
         assert get(port, "/healthz") == (200, "ok\n")
         assert time.monotonic() - started < 2.0
         assert server.evicted >= 2 * cap  # type: ignore[attr-defined]
-        assert threading.active_count() - before <= cap + 1
+        # The threads of the connections closed end as their reads return: on a loaded machine, not at once.
+        deadline = time.monotonic() + 10.0
+        while threading.active_count() - before > cap and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() - before <= cap, threading.enumerate()
         idle[0].settimeout(5)
         assert idle[0].recv(100) == b"", "the oldest connections were closed by the server"
 
