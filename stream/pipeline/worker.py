@@ -241,14 +241,15 @@ class Worker:
         hung = self._hung_call()
         return None if hung is None else hung[1]
 
-    def _check_model(self, consuming: bool = True) -> None:
+    def _check_model(self, consuming: bool = True) -> bool:
         """Fail the worker once a call into the model has not returned for --model-timeout-s: it keeps polling, so
         the group would leave it its partitions, their records waiting behind that call for ever. The call's stack
         goes to the log (where it hangs is what the operator needs); its thread is left, never waited for. In the
-        warm-up (``consuming`` False: the call is the main thread's own, and no partition is held) it exits 1."""
+        warm-up (``consuming`` False: the call is the main thread's own, and no partition is held) it exits 1.
+        Whether the model was found hung."""
         hung = self._hung_call()
         if hung is None:
-            return
+            return False
         call, why = hung
         if consuming:
             log.error("%s: stopping without it; what this replica has not committed goes to the group's other "
@@ -258,6 +259,7 @@ class Worker:
             log.error("%s in the warm-up: exiting (1) without it, before joining the group. %s",
                       why, where_is(call.thread))
             self._exit(1)
+        return True
 
     def _watch_warm_up(self, warmed: threading.Event) -> None:
         """The poll loop's look at the model's calls (`_check_model`), while the main thread runs the warm-up."""
@@ -492,9 +494,8 @@ class Worker:
 
         def give_up() -> bool:
             if not hung_at:
-                if self._hung_call() is None:
+                if not self._check_model():  # hung: its ERROR, the stack, the worker failing
                     return False
-                self._check_model()  # its ERROR, the stack, the worker failing
                 hung_at.append(self._clock())
             return self._clock() - hung_at[0] >= _HUNG_WAIT_S
 
