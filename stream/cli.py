@@ -31,7 +31,8 @@ DESCRIPTION = ("Kafka micro-batch inference: workers read events from an input t
 WORKER_FLAG_GROUPS = {
     "Kafka": ["bootstrap_servers", "input_topic", "output_topic", "group_id", "dlq_topic", "start_from",
               "commit_interval_ms", "reply_topics", "copy_headers"],
-    "batching": ["max_batch_size", "max_wait_ms", "batch_policy", "max_batch_tokens", "max_inflight_batches"],
+    "batching": ["max_batch_size", "max_wait_ms", "batch_policy", "max_batch_tokens", "max_batch_bytes",
+                 "max_inflight_batches"],
     "model": ["model", "model_dir", "device", "max_tokens", "dtype", "fixed_shapes", "cuda_graphs", "packing"],
     "schemas": ["schema_registry_url", "schemas_dir", "input_schema", "output_schema", "input_map", "copy_fields",
                 "subject_name_strategy", "provenance_headers"],

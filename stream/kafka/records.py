@@ -19,6 +19,11 @@ from stream.kafka.replies import ADDRESS_HEADERS, AddressHeaders
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
+# `Records.compact` leaves a shared buffer alone while what it holds beside the records' values is at most this
+# (or at most their own bytes)
+_COMPACT_SLACK = 1_048_576
+
+
 @dataclass(frozen=True)
 class Records:
     buffer: bytes  # every value, back to back
@@ -86,6 +91,28 @@ class Records:
                    np.concatenate([p.lengths for p in parts]), keys,
                    np.concatenate([p.partitions for p in parts]), np.concatenate([p.offsets for p in parts]),
                    replies or None)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of their values (the buffer may hold more: one shared after `split` or `select`)."""
+        return int(np.maximum(self.lengths, 0).sum())
+
+    def compact(self) -> Records:
+        """These records over a buffer of their own values, where the one they share holds more than as many
+        bytes again beside them (a batch cut from a large take would keep all of it alive, and `concat` copy
+        it whole); else themselves."""
+        used = self.nbytes
+        if len(self.buffer) - used <= max(used, _COMPACT_SLACK):
+            return self
+        sizes = np.maximum(self.lengths, 0)
+        starts = np.cumsum(sizes) - sizes
+        first = int(self.starts[0]) if len(self) else 0
+        if np.array_equal(self.starts - first, starts):  # one run (a split's part): one copy
+            buffer = self.buffer[first:first + used]
+        else:
+            view = memoryview(self.buffer)
+            buffer = b"".join(view[a:a + n] for a, n in zip(self.starts.tolist(), sizes.tolist(), strict=True))
+        return Records(buffer, starts, self.lengths, self.keys, self.partitions, self.offsets, self.replies)
 
     def value(self, i: int) -> bytes | None:
         n = int(self.lengths[i])

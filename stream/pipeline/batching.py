@@ -1,4 +1,4 @@
-"""A pure count-, weight- or time micro-batcher: no threads, no Kafka, an injected monotonic clock."""
+"""A pure count-, weight-, byte- or time micro-batcher: no threads, no Kafka, an injected monotonic clock."""
 
 from __future__ import annotations
 
@@ -20,18 +20,25 @@ class MicroBatcher(Generic[T]):
 
     With ``size``, each item is a chunk of that many records (the worker's consumed ``Records``), and every
     count here (``len``, ``room``, the size limit, ``discard``) is of records. With ``weight`` and ``max_weight``
-    a batch is also ready once its items weigh ``max_weight`` (a text model's token bound: `token_bounds`); the
-    caller cuts what it takes at that weight."""
+    a batch is also ready once its items weigh ``max_weight`` (a text model's token bound: `token_bounds`), and
+    with ``nbytes`` and ``max_bytes`` once they hold that many bytes; the caller cuts what it takes at those bounds
+    (`byte_room` says how many more bytes fit)."""
 
     def __init__(self, max_batch_size: int, max_wait_ms: float, clock: Clock = time.monotonic,
                  size: Callable[[T], int] | None = None, weight: Callable[[T], int] | None = None,
-                 max_weight: int | None = None) -> None:
+                 max_weight: int | None = None, nbytes: Callable[[T], int] | None = None,
+                 max_bytes: int | None = None) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         if max_weight is not None and (max_weight < 1 or weight is None):
             raise ConfigError(f"max_weight must be >= 1 and come with a weight, got {max_weight}")
+        if max_bytes is not None and (max_bytes < 1 or nbytes is None):
+            raise ConfigError(f"max_bytes must be >= 1 and come with nbytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._nbytes = nbytes
+        self._bytes = 0
         self.max_batch_size = max_batch_size
         self.max_weight = max_weight
         self._weigh = weight
@@ -59,6 +66,19 @@ class MicroBatcher(Generic[T]):
         return self._weight
 
     @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def byte_room(self) -> int | None:
+        """How many more bytes fit before the batch is full (None: no byte bound)."""
+        return None if self.max_bytes is None else max(self.max_bytes - self._bytes, 0)
+
+    def _bytes_of(self, items: list[T]) -> int:
+        nbytes = self._nbytes
+        return 0 if nbytes is None else sum(nbytes(item) for item in items)
+
+    @property
     def room(self) -> int:
         """How many items fit before the batch is full."""
         return max(self.max_batch_size - self._count, 0)
@@ -74,6 +94,7 @@ class MicroBatcher(Generic[T]):
         self._items.extend(added)
         self._count += self._measure(added)
         self._weight += self._weigh_all(added)
+        self._bytes += self._bytes_of(added)
         if before == 0 and self._count:
             self._opened_at = self._clock()
 
@@ -93,6 +114,8 @@ class MicroBatcher(Generic[T]):
             return True
         if self.max_weight is not None and self._weight >= self.max_weight:
             return True
+        if self.max_bytes is not None and self._bytes >= self.max_bytes:
+            return True
         deadline = self.deadline()
         return deadline is not None and self._clock() >= deadline
 
@@ -103,7 +126,7 @@ class MicroBatcher(Generic[T]):
     def take(self) -> list[T]:
         """Close the batch and return its items (possibly empty); the next add opens a new one."""
         items, self._items, self._count, self._opened_at = self._items, [], 0, None
-        self._weight = 0
+        self._weight = self._bytes = 0
         return items
 
     def discard(self, keep: Callable[[T], T | bool]) -> int:
@@ -123,6 +146,7 @@ class MicroBatcher(Generic[T]):
         dropped = self._count - count
         self._items, self._count = kept, count
         self._weight = self._weigh_all(kept)
+        self._bytes = self._bytes_of(kept)
         if not count:
             self._items = []
             self._opened_at = None

@@ -75,16 +75,23 @@ class Spans:
 
     def close_batch(self) -> Dispatched:
         records = Records.concat(self._batcher.take())
-        # At most max_batch_size (records can slip in while paused) and, with a token budget, the texts within
-        # it (at least one: a budget is at least one text's most); the rest, in order, opens the next batch.
+        # At most max_batch_size (records can slip in while paused), the values within max_batch_bytes and, with
+        # a token budget, the texts within it (at least one record: a token budget is at least one text's most);
+        # the rest, in order, opens the next batch. Each part gets a buffer of its own where the one they share
+        # would keep much more alive than it holds (`Records.compact`).
         fit = self._batcher.max_batch_size
+        max_bytes = self._batcher.max_bytes
+        if max_bytes is not None and records.nbytes > max_bytes:
+            within = int(np.searchsorted(np.cumsum(np.maximum(records.lengths, 0)), max_bytes, side="right"))
+            fit = min(fit, max(within, 1))
         budget = self._batcher.max_weight
         if budget is not None and self._tokens is not None:
             within = int(np.searchsorted(np.cumsum(self._tokens(records)), budget, side="right"))
             fit = min(fit, max(within, 1))
         if len(records) > fit:
             records, rest = records.split(fit)
-            self._batcher.add([rest])
+            records = records.compact()
+            self._batcher.add([rest.compact()])
         partitions, offsets = records.partitions, records.offsets
         deliveries = {}
         for p in np.unique(partitions).tolist():

@@ -175,8 +175,11 @@ class Worker:
         tokens = _token_bound(s.max_batch_tokens, handler)
         self._batcher: MicroBatcher[Records] = MicroBatcher(
             s.max_batch_size, s.max_wait_ms, clock, size=len,
-            weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens)
+            weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens,
+            nbytes=lambda r: r.nbytes, max_bytes=s.max_batch_bytes)
         self._tokens = tokens
+        # bytes: the largest value of the last records taken (`_take_n`); before the first, the largest valid one
+        self._largest_value = s.max_input_bytes
         self._tracker = OffsetTracker()
         self._stalls = StallDetector(s.stall_timeout_s, clock)
         self._pause = InputPause(self.metrics)
@@ -440,12 +443,12 @@ class Worker:
             elif len(batcher) == 0:
                 # Empty batch: take a record as soon as it arrives, so its wait is timed from arrival, and with it
                 # those fetched before it (a backlog's batch in one piece, not one record and then the rest).
-                records = intake.take(batcher.room, _IDLE_POLL_S, first=True)
+                records = intake.take(self._take_n(), _IDLE_POLL_S, first=True)
             elif adaptive and stage.idle():
                 # The model has nothing to do: waiting for more records only adds latency. Take what is
                 # already fetched; if that does not fill the batch, hand it over now. Under load the model is
                 # busy, so records pile up while it works and batches grow on their own.
-                room = batcher.room
+                room = self._take_n()
                 records = intake.take(room, 0)
                 close_early = len(records) < room
             else:
@@ -454,8 +457,9 @@ class Worker:
                     wait_s = min(wait_s, _IDLE_CHECK_S)  # look again soon: the model may be idle by then
                 # else the stage wakes this take as it goes idle: no polling, which took the GIL from a
                 # model-bound processor a thousand times a second
-                records = intake.take(max(batcher.room, 1), wait_s)
+                records = intake.take(self._take_n(), wait_s)
             if records is not None and len(records):
+                self._largest_value = int(records.lengths.max())
                 self._connection.reachable()
                 faults.reach("after-poll")
                 spans.accept(records)
@@ -474,6 +478,17 @@ class Worker:
                 next_gauge = now + _GAUGE_EVERY_S
             if stall_check.due():
                 stall_check.run()
+
+    def _take_n(self) -> int:
+        """How many records to take for the open batch: its room, and no more than the values as large as the
+        largest of the last take that fit in its bytes (at least one). A take is one buffer, which a batch cut
+        from it would keep alive whole: a backlog of large values is taken a batch's bytes at a time, not as much
+        as librdkafka has fetched."""
+        batcher = self._batcher
+        room, byte_room = batcher.room, batcher.byte_room
+        if byte_room is None or self._largest_value <= 0:
+            return max(room, 1)
+        return max(min(room, byte_room // self._largest_value), 1)
 
     def _dispatch(self, parts: Connected, wait_s: float) -> bool:
         """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""

@@ -37,6 +37,21 @@ def test_concat_split_select_keep_each_record_with_its_value_key_and_position() 
     assert len(Records.concat([])) == 0
 
 
+def test_compact_gives_records_a_buffer_of_their_own_only_where_the_shared_one_holds_much_more() -> None:
+    big = Records.build([None if i % 7 == 0 else bytes([i]) * 100_000 for i in range(40)], [b"k"] * 40,
+                        [i % 3 for i in range(40)], range(40))
+    head, tail = big.split(5)
+    assert head.nbytes == 400_000 and len(head.buffer) == 3_400_000
+    own = head.compact()  # one run of the buffer: one slice
+    assert rows(own) == rows(head) and len(own.buffer) == own.nbytes == 400_000
+    assert tail.compact() is tail  # it holds most of the buffer
+    picked = big.select(np.array([3, 0, 30, 12]))  # rows out of order, a null among them
+    assert rows(picked.compact()) == rows(picked) and len(picked.compact().buffer) == 300_000
+    small = chunk(0, 0, 9).split(2)[0]
+    assert small.compact() is small  # what it leaves beside it is under the 1 MiB slack
+    assert Records.empty().compact().nbytes == 0
+
+
 def test_batcher_counts_records_of_chunks_and_drops_revoked_partitions() -> None:
     now = [0.0]
     batcher: MicroBatcher[Records] = MicroBatcher(10, 5, clock=lambda: now[0], size=len)

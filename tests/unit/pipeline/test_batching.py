@@ -152,6 +152,20 @@ def test_a_weight_budget_closes_a_batch_before_its_count_and_discard_reweighs() 
         MicroBatcher(10, 10, max_weight=5)
 
 
+def test_a_byte_bound_closes_a_batch_before_its_count_says_its_room_and_discard_recounts() -> None:
+    b: MicroBatcher[bytes] = MicroBatcher(100, 1000, FakeClock(), nbytes=len, max_bytes=10)
+    assert b.byte_room == 10
+    b.add([b"abc", b"defg"])
+    assert not b.ready() and b.bytes == 7 and b.byte_room == 3
+    b.add([b"hij"])
+    assert b.ready() and b.byte_room == 0
+    assert b.discard(lambda x: x != b"defg") == 1 and b.bytes == 6 and not b.ready()
+    assert b.take() == [b"abc", b"hij"] and b.bytes == 0 and b.byte_room == 10
+    assert MicroBatcher(10, 10).byte_room is None
+    with pytest.raises(ConfigError, match="max_bytes"):
+        MicroBatcher(10, 10, max_bytes=5)
+
+
 def test_token_bounds_are_a_value_s_bytes_plus_two_at_most_the_cap() -> None:
     import numpy as np
 

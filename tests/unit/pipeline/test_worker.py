@@ -143,6 +143,54 @@ def test_a_batch_over_both_its_size_and_its_token_budget_is_cut_once_and_the_res
     assert batches.close_batch().offsets.tolist() == [4, 5]
 
 
+def test_a_byte_bound_cuts_a_batch_of_large_values_and_no_part_keeps_much_more_of_the_take_alive(
+        model_dir: Path) -> None:
+    """A take of large values (one buffer) is cut at --max-batch-bytes: without buffers of their own, each batch
+    cut from it kept the whole take alive until the last of them was done."""
+    mib = 1_048_576
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, max_batch_bytes=3 * mib + mib // 2, native_consumer=False)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    batches = connected_spans(w)
+    w._tracker.assign([("in", 0)])
+    values = [bytes([65 + i]) * mib for i in range(10)]  # 10 MiB in one take
+    batches.accept(Records.build(values, [None] * 10, [0] * 10, range(10)))
+    assert w._batcher.ready() and w._batcher.bytes == 10 * mib
+    cut = []
+    while len(w._batcher):
+        batch = batches.close_batch().records
+        assert batch.nbytes <= 3 * mib + mib // 2
+        assert len(batch.buffer) <= 2 * max(batch.nbytes, mib), (len(batch.buffer), batch.nbytes)
+        cut.append(batch.values())
+    assert [len(c) for c in cut] == [3, 3, 3, 1] and sum(cut, []) == values
+    # a value over the bound is a batch of its own
+    batches.accept(Records.build([b"x" * 4 * mib, b"y"], [None] * 2, [0] * 2, [10, 11]))
+    assert batches.close_batch().records.values() == [b"x" * 4 * mib]
+    assert batches.close_batch().records.values() == [b"y"]
+
+
+def test_takes_are_sized_by_the_bytes_the_open_batch_has_room_for(worker: Worker) -> None:
+    # nothing taken yet: values as large as --max-input-bytes (1 MiB) are assumed, 32 of them in 32 MiB
+    assert worker._largest_value == 1_048_576 and worker._take_n() == 4  # the count's room, 4
+    worker._batcher.max_bytes = 10_000
+    assert worker._take_n() == 1
+    worker._largest_value = 3_000
+    assert worker._take_n() == 3
+    worker._batcher.add([Records.build([b"v" * 9_000], [None], [0], [0])])
+    assert worker._take_n() == 1  # at least one
+    worker._largest_value = 10
+    assert worker._take_n() == 3  # the count's room left
+
+
+def test_a_batch_byte_bound_is_a_flag_with_its_default_and_its_floor() -> None:
+    from pydantic import ValidationError
+
+    base = {"input_topic": "in", "output_topic": "out", "group_id": "g"}
+    assert WorkerSettings(**base).max_batch_bytes == 32 * 1_048_576
+    with pytest.raises(ValidationError, match="max_batch_bytes"):
+        WorkerSettings(**base, max_batch_bytes=100)
+
+
 @pytest.mark.parametrize("stopping", [False, True])
 def test_the_warm_up_is_logged_as_done_only_when_it_ran_every_batch(
         worker: Worker, stopping: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

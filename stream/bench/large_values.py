@@ -1,0 +1,157 @@
+"""What a worker holds in memory when a producer writes large values: ``python -m stream.bench.large_values``.
+
+A buggy or hostile producer can write valid events whose values are nearly a broker's limit (1 MiB): the demo's
+``event_id`` is a string of any length, which the prediction echoes. Each variant pre-produces ``--records`` such
+events (``--size`` bytes of one repeated character, so that lz4 packs them about 250 to 1) to a topic of
+``--partitions`` partitions, drains them with one worker (``--stop-at-end``, the demo model) and reads its peak
+RSS (``VmHWM``); the same worker on the same number of small events gives the floor. Variants, in one run on one
+local Apache Kafka:
+
+* ``small``: events of 100-byte ids, the worker at its defaults (the floor);
+* ``unbounded``: ``--max-batch-bytes 1073741824`` (batches bounded by their count alone, as before the flag);
+* ``default``: the worker at its defaults (``--max-batch-bytes`` 32 MiB);
+* ``fetch-1mib``: the defaults with ``KAFKA_CONSUMER_FETCH_MAX_BYTES=1048576`` (librdkafka holds a fetch response
+  decompressed whole: at its 50 MiB default, one response of several partitions);
+* ``uncompressed``: the defaults, the events produced without compression.
+
+Writes the figures to ``--results`` as JSON and prints one line per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from stream.bench.probes import rss_mib
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "small": {"size": 100},
+    "unbounded": {"args": ["--max-batch-bytes", str(1 << 30)]},
+    "default": {},
+    "fetch-1mib": {"env": {"KAFKA_CONSUMER_FETCH_MAX_BYTES": "1048576"}},
+    "uncompressed": {"compression": "none"},
+}
+
+
+def produce(bootstrap: str, topic: str, records: int, size: int, compression: str) -> int:
+    """``records`` FraudEvents with an ``event_id`` of ``size`` bytes; returns one value's bytes."""
+    import io
+    import struct
+
+    import fastavro
+    from confluent_kafka import Producer
+
+    schema = fastavro.parse_schema(json.loads((Path(__file__).parents[2] / "schemas/fraud_event.avsc").read_text()))
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": compression,
+                         "message.max.bytes": size + 100_000})
+    value = b""
+    for i in range(records):
+        buf = io.BytesIO()
+        buf.write(b"\0" + struct.pack(">I", 1))
+        fastavro.schemaless_writer(buf, schema, {"event_id": f"{i:08d}" + "x" * size, "key": f"k{i}",
+                                                 "ts_ms": int(time.time() * 1000), "features": [0.5] * 32})
+        value = buf.getvalue()
+        while True:
+            try:
+                producer.produce(topic, value, key=f"k{i}".encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(300):
+        raise RuntimeError(f"{topic}: records left unacknowledged")
+    return len(value)
+
+
+def drain(bootstrap: str, topic: str, name: str, args: list[str], env: dict[str, str], logs: Path,
+          timeout_s: float) -> dict[str, Any]:
+    """One worker draining ``topic`` to its end; its peak RSS and what it says it did."""
+    summary = logs / f"{name}.json"
+    cmd = [sys.executable, "-m", "stream", "worker", "--bootstrap-servers", bootstrap, "--input-topic", topic,
+           "--output-topic", f"{topic}-out", "--dlq-topic", f"{topic}-dlq", "--group-id", f"{topic}-g",
+           "--stop-at-end", "--metrics-port", "0", "--summary-json", str(summary), *args]
+    started = time.monotonic()
+    with open(logs / f"{name}.log", "wb") as out:
+        worker = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        peak = 0.0
+        try:
+            while worker.poll() is None:
+                peak = max(peak, rss_mib(worker.pid, "VmHWM") or 0.0)
+                if time.monotonic() - started > timeout_s:
+                    raise RuntimeError(f"{name}: the worker did not drain {topic} within {timeout_s:.0f} s")
+                time.sleep(0.05)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    if worker.returncode != 0:
+        raise RuntimeError(f"{name}: the worker exited {worker.returncode} (log: {logs / f'{name}.log'})")
+    said = json.loads(summary.read_text())
+    return {"peak_rss_mib": round(peak), "seconds": round(time.monotonic() - started, 1),
+            "predicted": said["predicted"], "batches": said["batches"],
+            "mean_batch_size": round(said["batched_records"] / max(said["batches"], 1), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stream.bench.large_values", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=6000, help="events per variant (6000)")
+    parser.add_argument("--size", type=int, default=900_000, help="bytes of each large event's id (900000)")
+    parser.add_argument("--partitions", type=int, default=4, help="of each input topic (4)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per drain (600)")
+    parser.add_argument("--results", type=Path, default=None, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}")
+    from confluent_kafka import libversion
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    from stream.local.broker import start_broker
+
+    broker = start_broker("kafka")
+    rows: dict[str, Any] = {}
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        logs = Path(tempfile.mkdtemp(prefix="large-values-"))  # kept when a drain fails: its log is there
+        if True:
+            for name in args.variants.split(","):
+                variant = VARIANTS[name]
+                topic = f"large-{name}"
+                names = (topic, f"{topic}-out", f"{topic}-dlq")
+                for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
+                    future.result()
+                size = variant.get("size", args.size)
+                value_bytes = produce(broker.bootstrap, topic, args.records, size,
+                                      variant.get("compression", "lz4"))
+                row = drain(broker.bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
+                            logs, args.timeout_s)
+                rows[name] = {"value_bytes": value_bytes, "compression": variant.get("compression", "lz4"),
+                              "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
+                print(f"{name}: {args.records} values of {value_bytes:,} B ({rows[name]['compression']}): peak RSS "
+                      f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
+                      f"average, {row['seconds']} s", flush=True)
+    finally:
+        broker.stop()
+    shutil.rmtree(logs)
+    report = {"what": "one worker's peak RSS draining large values (stream.bench.large_values)",
+              "records": args.records, "partitions": args.partitions, "variants": rows,
+              "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, librdkafka {libversion()[0]}"}
+    if args.results is not None:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
