@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="of each input topic (4)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per drain (600)")
+    parser.add_argument("--bootstrap-servers", default=None, help="default: start a local Apache Kafka")
     parser.add_argument("--results", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     unknown = set(args.variants.split(",")) - set(VARIANTS)
@@ -119,22 +120,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from stream.local.broker import start_broker
 
-    broker = start_broker("kafka")
+    broker = start_broker("kafka") if args.bootstrap_servers is None else None
+    bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
+    run = time.strftime("%H%M%S")  # topics of their own on a cluster used before
     rows: dict[str, Any] = {}
     try:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap})
         logs = Path(tempfile.mkdtemp(prefix="large-values-"))  # kept when a drain fails: its log is there
         if True:
             for name in args.variants.split(","):
                 variant = VARIANTS[name]
-                topic = f"large-{name}"
+                topic = f"large-{name}-{run}"
                 names = (topic, f"{topic}-out", f"{topic}-dlq")
                 for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
                     future.result()
                 size = variant.get("size", args.size)
-                value_bytes = produce(broker.bootstrap, topic, args.records, size,
+                value_bytes = produce(bootstrap, topic, args.records, size,
                                       variant.get("compression", "lz4"))
-                row = drain(broker.bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
+                row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
                             logs, args.timeout_s)
                 rows[name] = {"value_bytes": value_bytes, "compression": variant.get("compression", "lz4"),
                               "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
                       f"average, {row['seconds']} s", flush=True)
     finally:
-        broker.stop()
+        if broker is not None:
+            broker.stop()
     shutil.rmtree(logs)
     report = {"what": "one worker's peak RSS draining large values (stream.bench.large_values)",
               "records": args.records, "partitions": args.partitions, "variants": rows,

@@ -174,6 +174,21 @@ def test_guarantees_compares_drains_and_what_read_committed_readers_wait(broker:
         "0.1": steps[1]["visible_p99_ms"] - steps[0]["visible_p99_ms"]}
 
 
+def test_large_values_drains_each_variant_and_reports_the_worker_s_peak(broker: BrokerInfo, tmp_path: Path) -> None:
+    from stream.bench.large_values import main as large_values
+
+    out = tmp_path / "large.json"
+    assert large_values(["--bootstrap-servers", broker.bootstrap, "--records", "60", "--size", "600000",
+                         "--variants", "small,default", "--results", str(out)]) == 0
+    report = json.loads(out.read_text())
+    small, default = report["variants"]["small"], report["variants"]["default"]
+    assert small["predicted"] == default["predicted"] == 60 and small["value_bytes"] < 300
+    assert 600_000 < default["value_bytes"] < 700_000 and default["compression"] == "lz4"
+    # 36 MB of values in batches of at most 32 MiB each
+    assert default["batches"] >= 2 and default["mean_batch_size"] <= 55
+    assert small["peak_rss_mib"] > 50 and default["peak_rss_mib"] > 50
+
+
 def test_a_revision_this_clone_lacks_is_not_compared(tmp_path: Path) -> None:
     assert checkout_revision("0" * 40, tmp_path / "tree") is None
     assert not (tmp_path / "tree").exists()
