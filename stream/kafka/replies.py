@@ -126,6 +126,10 @@ def parse_reply(values: AddressHeaders) -> Reply | None:
     return Reply(name, at, () if correlation is None else ((SPRING_CORRELATION_ID, correlation),))
 
 
+_WARNED_KINDS = 1000  # `ReplyRouter._warn_once`: kinds of refused address each logged once
+_PAST_CAP_EVERY_S = 60.0
+
+
 class ReplyRouter:
     """The worker's side: which records of a batch get a reply copy, and where.
 
@@ -142,6 +146,8 @@ class ReplyRouter:
         self._refresh_s = refresh_s
         self._known: dict[str, tuple[int | None, float]] = {}  # topic -> (partitions, when asked)
         self._warned: set[str] = set()
+        self._past_cap_at: float | None = None  # when the last WARNING past the cap was logged
+        self._past_cap = 0  # refusals past the cap not logged since then
 
     def route(self, replies: dict[int, AddressHeaders]) -> dict[int, Reply]:
         """{row: its reply} of the rows asking for one whose address is allowed and exists."""
@@ -184,6 +190,20 @@ class ReplyRouter:
         return known[0]
 
     def _warn_once(self, what: str, message: str) -> None:
-        if what not in self._warned and len(self._warned) < 1000:
+        """A WARNING the first time a kind of refusal is met; past `_WARNED_KINDS` kinds (a producer writing a new
+        address into every record), at most one a `_PAST_CAP_EVERY_S`, naming the refusal it met and how many
+        went unlogged: a misconfigured caller met after such a flood is still named in the log."""
+        if what in self._warned:
+            return
+        if len(self._warned) < _WARNED_KINDS:
             self._warned.add(what)
             log.warning("%s", message)
+            return
+        now = self._clock()
+        if self._past_cap_at is not None and now - self._past_cap_at < _PAST_CAP_EVERY_S:
+            self._past_cap += 1
+            return
+        log.warning("%s (%d refused reply address(es) not logged before this one: past %d kinds, one of these "
+                    "lines a minute at most; stream_replies_total{outcome=\"refused\"} counts them all)", message,
+                    self._past_cap, _WARNED_KINDS)
+        self._past_cap_at, self._past_cap = now, 0

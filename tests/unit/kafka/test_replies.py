@@ -60,3 +60,25 @@ def test_the_router_answers_only_its_topics_partitions_that_exist_and_asks_for_t
     now[0] = 31.0
     assert list(router.route({0: own(b"in.replies:2:b")})) == [0]
     assert asked == ["in.replies", "other.replies", "in.replies"]
+
+
+def test_past_a_thousand_kinds_of_refused_address_one_warning_a_minute_still_names_what_it_met(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A producer writing a new reply topic into every record used to fill the kinds logged once (1,000), after
+    which nothing was logged: a gateway misconfigured later went unnamed."""
+    now = [0.0]
+    refused: list[int] = []
+    router = ReplyRouter(frozenset({"in.replies"}), lambda _topic: 1, refused.append, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="stream.kafka.replies"):
+        router.route({i: own(b"flood-%d:0:x" % i) for i in range(1_000)})
+        assert len(caplog.records) == 1_000
+        caplog.clear()
+        router.route({i: own(b"flood-%d:0:x" % i) for i in range(1_000, 1_500)})  # past the cap: one line
+        now[0] = 30.0
+        router.route({0: own(b"flood-0:0:x"), 1: own(b"gateway.replies:0:y")})  # within the minute: none
+        now[0] = 61.0
+        router.route({0: own(b"gateway.replies:0:z")})
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "'flood-1000'" in lines[0] and "(0 refused reply address(es) not logged" in lines[0]
+    assert "'gateway.replies'" in lines[1] and "(500 refused reply address(es) not logged" in lines[1]
+    assert sum(refused) == 1_000 + 500 + 2 + 1
