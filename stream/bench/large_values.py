@@ -121,29 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     from stream.local.broker import start_broker
 
     broker = start_broker("kafka") if args.bootstrap_servers is None else None
-    bootstrap = args.bootstrap_servers or broker.bootstrap  # type: ignore[union-attr]
+    bootstrap: str = args.bootstrap_servers if broker is None else broker.bootstrap
     run = time.strftime("%H%M%S")  # topics of their own on a cluster used before
     rows: dict[str, Any] = {}
     try:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         logs = Path(tempfile.mkdtemp(prefix="large-values-"))  # kept when a drain fails: its log is there
-        if True:
-            for name in args.variants.split(","):
-                variant = VARIANTS[name]
-                topic = f"large-{name}-{run}"
-                names = (topic, f"{topic}-out", f"{topic}-dlq")
-                for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
-                    future.result()
-                size = variant.get("size", args.size)
-                value_bytes = produce(bootstrap, topic, args.records, size,
-                                      variant.get("compression", "lz4"))
-                row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
-                            logs, args.timeout_s)
-                rows[name] = {"value_bytes": value_bytes, "compression": variant.get("compression", "lz4"),
-                              "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
-                print(f"{name}: {args.records} values of {value_bytes:,} B ({rows[name]['compression']}): peak RSS "
-                      f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
-                      f"average, {row['seconds']} s", flush=True)
+        for name in args.variants.split(","):
+            variant = VARIANTS[name]
+            topic = f"large-{name}-{run}"
+            names = (topic, f"{topic}-out", f"{topic}-dlq")
+            for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
+                future.result()
+            size = variant.get("size", args.size)
+            value_bytes = produce(bootstrap, topic, args.records, size,
+                                  variant.get("compression", "lz4"))
+            row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
+                        logs, args.timeout_s)
+            rows[name] = {"value_bytes": value_bytes, "compression": variant.get("compression", "lz4"),
+                          "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
+            print(f"{name}: {args.records} values of {value_bytes:,} B ({rows[name]['compression']}): peak RSS "
+                  f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
+                  f"average, {row['seconds']} s", flush=True)
     finally:
         if broker is not None:
             broker.stop()
