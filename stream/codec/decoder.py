@@ -28,6 +28,7 @@ from stream.codec.reference import decode_columns
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import DecodeError
 from stream.kafka.records import Records
+from stream.logs import Throttle
 
 try:
     from stream.codec import _nativecodec
@@ -96,8 +97,7 @@ class ColumnDecoder:
         self._lock = threading.Lock()  # the prepare threads share the lookups' budget and the unknown ids
         self._tokens = float(LOOKUP_BURST)
         self._filled_at = clock()
-        self._limited = 0  # lookups refused since the last warning
-        self._warned_at = -_LIMITED_WARN_EVERY_S
+        self._limited = Throttle(_LIMITED_WARN_EVERY_S)  # the WARNING about lookups refused
 
     def _may_look_up(self) -> bool:
         """One more question to the source within LOOKUPS_PER_S (a token bucket of LOOKUP_BURST)."""
@@ -108,13 +108,12 @@ class ColumnDecoder:
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
                 return True
-            self._limited += 1
-            if now - self._warned_at < _LIMITED_WARN_EVERY_S:
+            unlogged = self._limited.due(now)
+            if unlogged is None:
                 return False
-            self._warned_at, limited, self._limited = now, self._limited, 0
         log.warning("records name schema ids faster than %g new ids a second (after %d): %d not looked up in %s "
                     "since the last warning; their records are dead-lettered as lookup-limited (a producer writing "
-                    "ids that are not registered?)", LOOKUPS_PER_S, LOOKUP_BURST, limited, self.source.description)
+                    "ids that are not registered?)", LOOKUPS_PER_S, LOOKUP_BURST, unlogged + 1, self.source.description)
         return False
 
     def plan_for(self, schema_id: int) -> _Plan:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from stream.logs import Throttle
+
 log = logging.getLogger(__name__)
 
 REPLY_HEADER = "stream.reply"
@@ -146,8 +148,7 @@ class ReplyRouter:
         self._refresh_s = refresh_s
         self._known: dict[str, tuple[int | None, float]] = {}  # topic -> (partitions, when asked)
         self._warned: set[str] = set()
-        self._past_cap_at: float | None = None  # when the last WARNING past the cap was logged
-        self._past_cap = 0  # refusals past the cap not logged since then
+        self._past_cap = Throttle(_PAST_CAP_EVERY_S)  # the WARNINGs past `_WARNED_KINDS` kinds
 
     def route(self, replies: dict[int, AddressHeaders]) -> dict[int, Reply]:
         """{row: its reply} of the rows asking for one whose address is allowed and exists."""
@@ -199,11 +200,9 @@ class ReplyRouter:
             self._warned.add(what)
             log.warning("%s", message)
             return
-        now = self._clock()
-        if self._past_cap_at is not None and now - self._past_cap_at < _PAST_CAP_EVERY_S:
-            self._past_cap += 1
+        unlogged = self._past_cap.due(self._clock())
+        if unlogged is None:
             return
         log.warning("%s (%d refused reply address(es) not logged before this one: past %d kinds, one of these "
                     "lines a minute at most; stream_replies_total{outcome=\"refused\"} counts them all)", message,
-                    self._past_cap, _WARNED_KINDS)
-        self._past_cap_at, self._past_cap = now, 0
+                    unlogged, _WARNED_KINDS)
