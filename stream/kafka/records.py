@@ -101,10 +101,10 @@ class Records:
         """These records over a buffer of their own values, where the one they share holds more than as many
         bytes again beside them (a batch cut from a large take would keep all of it alive, and `concat` copy
         it whole); else themselves."""
-        used = self.nbytes
+        sizes = np.maximum(self.lengths, 0)
+        used = int(sizes.sum())
         if len(self.buffer) - used <= max(used, _COMPACT_SLACK):
             return self
-        sizes = np.maximum(self.lengths, 0)
         starts = np.cumsum(sizes) - sizes
         first = int(self.starts[0]) if len(self) else 0
         if np.array_equal(self.starts - first, starts):  # one run (a split's part): one copy
