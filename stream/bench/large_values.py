@@ -1,4 +1,4 @@
-"""What a worker holds in memory when a producer writes large values: ``python -m stream.bench.large_values``.
+"""What a worker holds in memory when a producer writes large records: ``python -m stream.bench.large_values``.
 
 A buggy or hostile producer can write valid events whose values are nearly a broker's limit (1 MiB): the demo's
 ``event_id`` is a string of any length, which the prediction echoes. Each variant pre-produces ``--records`` such
@@ -12,7 +12,11 @@ local Apache Kafka:
 * ``default``: the worker at its defaults (``--max-batch-bytes`` 32 MiB);
 * ``fetch-1mib``: the defaults with ``KAFKA_CONSUMER_FETCH_MAX_BYTES=1048576`` (librdkafka holds a fetch response
   decompressed whole: at its 50 MiB default, one response of several partitions);
-* ``uncompressed``: the defaults, the events produced without compression.
+* ``uncompressed``: the defaults, the events produced without compression;
+* ``many-headers``: ``--header-records`` small events, each carrying 100,000 empty headers (the most librdkafka
+  parses in a record; some 300 KB, packed about 250 to 1), the worker at its defaults;
+* ``large-header``: small events, each carrying a ``traceparent`` header of ``--size`` bytes (a header the worker
+  keeps and carries onto the prediction), the worker at its defaults.
 
 Writes the figures to ``--results`` as JSON and prints one line per variant.
 """
@@ -39,11 +43,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "fetch-1mib": {"env": {"KAFKA_CONSUMER_FETCH_MAX_BYTES": "1048576"}},
     "uncompressed": {"compression": "none"},
+    "many-headers": {"size": 100, "headers": ("x", 0, 100_000), "records": "header_records"},
+    "large-header": {"size": 100, "headers": ("traceparent", "size", 1)},
 }
 
 
-def produce(bootstrap: str, topic: str, records: int, size: int, compression: str) -> int:
-    """``records`` FraudEvents with an ``event_id`` of ``size`` bytes; returns one value's bytes."""
+def produce(bootstrap: str, topic: str, records: int, size: int, compression: str,
+            headers: list[tuple[str, str | bytes | None]] | None = None) -> int:
+    """``records`` FraudEvents with an ``event_id`` of ``size`` bytes, each with ``headers``; returns one value's
+    bytes."""
     import io
     import struct
 
@@ -51,8 +59,9 @@ def produce(bootstrap: str, topic: str, records: int, size: int, compression: st
     from confluent_kafka import Producer
 
     schema = fastavro.parse_schema(json.loads((Path(__file__).parents[2] / "schemas/fraud_event.avsc").read_text()))
+    header_bytes = sum(len(k) + len(v or b"") + 4 for k, v in headers or [])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": compression,
-                         "message.max.bytes": size + 100_000})
+                         "message.max.bytes": size + header_bytes + 100_000})
     value = b""
     for i in range(records):
         buf = io.BytesIO()
@@ -62,7 +71,7 @@ def produce(bootstrap: str, topic: str, records: int, size: int, compression: st
         value = buf.getvalue()
         while True:
             try:
-                producer.produce(topic, value, key=f"k{i}".encode())
+                producer.produce(topic, value, key=f"k{i}".encode(), headers=headers)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stream.bench.large_values", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=6000, help="events per variant (6000)")
-    parser.add_argument("--size", type=int, default=900_000, help="bytes of each large event's id (900000)")
+    parser.add_argument("--size", type=int, default=900_000,
+                        help="bytes of each large event's id, or large-header's header (900000)")
+    parser.add_argument("--header-records", type=int, default=1000,
+                        help="events of many-headers, each taking librdkafka some 6 MB to parse (1000)")
     parser.add_argument("--partitions", type=int, default=4, help="of each input topic (4)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per drain (600)")
@@ -134,26 +146,46 @@ def main(argv: list[str] | None = None) -> int:
             for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
                 future.result()
             size = variant.get("size", args.size)
-            value_bytes = produce(bootstrap, topic, args.records, size,
-                                  variant.get("compression", "lz4"))
+            records = getattr(args, variant.get("records", "records"))
+            headers = None
+            if "headers" in variant:
+                header, length, count = variant["headers"]
+                headers = [(header, b"0" * (args.size if length == "size" else length))] * count
+            value_bytes = produce(bootstrap, topic, records, size, variant.get("compression", "lz4"), headers)
             row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
                         logs, args.timeout_s)
-            rows[name] = {"value_bytes": value_bytes, "compression": variant.get("compression", "lz4"),
+            rows[name] = {"records": records, "value_bytes": value_bytes,
+                          "headers": None if headers is None else {"count": len(headers),
+                                                                   "bytes": sum(len(k) + len(v or b"")
+                                                                                for k, v in headers)},
+                          "compression": variant.get("compression", "lz4"),
                           "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
-            print(f"{name}: {args.records} values of {value_bytes:,} B ({rows[name]['compression']}): peak RSS "
+            carrying = "" if headers is None else (f" carrying {len(headers):,} header(s) of "
+                                                   f"{rows[name]['headers']['bytes']:,} B")
+            print(f"{name}: {records} values of {value_bytes:,} B{carrying} ({rows[name]['compression']}): peak RSS "
                   f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
                   f"average, {row['seconds']} s", flush=True)
     finally:
         if broker is not None:
             broker.stop()
     shutil.rmtree(logs)
-    report = {"what": "one worker's peak RSS draining large values (stream.bench.large_values)",
-              "records": args.records, "partitions": args.partitions, "variants": rows,
+    report = {"what": "one worker's peak RSS draining large records (stream.bench.large_values)",
+              "revision": _revision(), "records": args.records, "partitions": args.partitions, "variants": rows,
               "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, librdkafka {libversion()[0]}"}
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def _revision() -> str:
+    """The worker code's commit (this tree's), with "+changes" where its stream/ differs from it."""
+    root = Path(__file__).parents[2]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "stream"], cwd=root).returncode != 0
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -141,29 +141,114 @@ static PyObject *Queue_route(Queue *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* One record's reply headers into (*replies)[row], when it carries any of them: a tuple of each name's last value
- * (or None), then the record's Kafka timestamp in ms (None: it has none) and when it was taken (``taken_ns``, the
- * wall clock's ns: the tracing spans of `stream.ops.tracing` start from them); *replies is made at the first. 0,
- * or -1 with an exception set. */
-static int add_reply(Queue *self, const rd_kafka_message_t *m, const rd_kafka_headers_t *hdrs, Py_ssize_t row,
-                     PyObject *taken_ns, PyObject **replies) {
+/* A take's watched header values (the reply headers' names), copied out of each record's headers as it is taken:
+ * librdkafka parses a record's headers whole (up to 100,000 of them, each a separate allocation of some 64 bytes
+ * beside its name and value) and keeps them until the record is released, so a take of records carrying many
+ * headers held every one of them at once. Each record's are freed as soon as its watched values are copied. */
+typedef struct {
+    char *bytes;  /* the values, back to back */
+    size_t used, cap;
+    int64_t *at;  /* [row * names + name]: (start in bytes, length; -1: absent) pairs; NULL until a row has one */
+    int64_t *row; /* [row]: the row's watched values' bytes (what `Records.header_sizes` holds) */
+} Watched;
+
+static void watched_free(Watched *w) {
+    free(w->bytes);
+    free(w->at);
+    free(w->row);
+}
+
+/* Record m's watched values into w (row `row` of `rows`): of each name, the last header's, absent when its value
+ * is null (as rd_kafka_header_get_last finds it), in one pass over the headers; then its parsed headers are
+ * freed. A record whose headers librdkafka cannot parse (more than 100,000, or malformed) has none, as before.
+ * 1: it has one; 0: none; -1: out of memory. Needs no GIL. */
+static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row, Py_ssize_t rows, Watched *w) {
+    rd_kafka_headers_t *hdrs;
+    if (rdk.message_detach_headers(m, &hdrs) != 0)
+        return 0;
+    const Py_ssize_t k = self->n_reply_headers;
     const void *values[MAX_REPLY_HEADERS];
     size_t sizes[MAX_REPLY_HEADERS];
-    int found = 0;
-    for (Py_ssize_t i = 0; i < self->n_reply_headers; i++) {
-        if (rdk.header_get_last(hdrs, self->reply_headers[i], &values[i], &sizes[i]) != 0 || !values[i])
-            values[i] = NULL;
-        else
-            found = 1;
+    for (Py_ssize_t h = 0; h < k; h++)
+        values[h] = NULL;
+    const size_t count = rdk.header_cnt(hdrs);
+    for (size_t i = 0; i < count; i++) {
+        const char *name;
+        const void *value;
+        size_t size;
+        if (rdk.header_get_all(hdrs, i, &name, &value, &size) != 0)
+            break;
+        for (Py_ssize_t h = 0; h < k; h++)
+            if (name[0] == self->reply_headers[h][0] && strcmp(name, self->reply_headers[h]) == 0) {
+                values[h] = value;
+                sizes[h] = size;
+                break;
+            }
     }
-    if (!found)
-        return 0;
+    int found = 0, rc = 0;
+    size_t need = 0;
+    for (Py_ssize_t h = 0; h < k; h++)
+        if (values[h]) {
+            found = 1;
+            need += sizes[h];
+        }
+    if (found && !w->at) { /* the first row with one: the table, every row absent */
+        w->at = malloc((size_t)rows * (size_t)k * 2 * sizeof *w->at);
+        w->row = calloc((size_t)rows, sizeof *w->row);
+        if (!w->at || !w->row)
+            rc = -1;
+        else
+            for (Py_ssize_t i = 0; i < rows * k; i++)
+                w->at[2 * i + 1] = -1;
+    }
+    if (found && rc == 0 && w->used + need > w->cap) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap < w->used + need)
+            cap *= 2;
+        char *grown = realloc(w->bytes, cap);
+        if (!grown)
+            rc = -1;
+        else {
+            w->bytes = grown;
+            w->cap = cap;
+        }
+    }
+    if (found && rc == 0) {
+        for (Py_ssize_t h = 0; h < k; h++)
+            if (values[h]) {
+                memcpy(w->bytes + w->used, values[h], sizes[h]);
+                w->at[2 * (row * k + h)] = (int64_t)w->used;
+                w->at[2 * (row * k + h) + 1] = (int64_t)sizes[h];
+                w->used += sizes[h];
+            }
+        w->row[row] = (int64_t)need;
+        rc = 1;
+    }
+    rdk.headers_destroy(hdrs);
+    return rc;
+}
+
+/* Whether row `row` has a watched value (of `names` names) in w. */
+static int row_watched(const Watched *w, Py_ssize_t row, Py_ssize_t names) {
+    for (Py_ssize_t h = 0; h < names; h++)
+        if (w->at[2 * (row * names + h) + 1] >= 0)
+            return 1;
+    return 0;
+}
+
+/* Row `row`'s watched values into (*replies)[row]: a tuple of each name's value (or None), then the record's
+ * Kafka timestamp in ms (None: it has none) and when it was taken (``taken_ns``, the wall clock's ns: the tracing
+ * spans of `stream.ops.tracing` start from them); *replies is made at the first. 0, or -1 with an exception set. */
+static int add_reply(const Queue *self, const rd_kafka_message_t *m, const Watched *w, Py_ssize_t row,
+                     PyObject *taken_ns, PyObject **replies) {
     const Py_ssize_t n = self->n_reply_headers;
+    const int64_t *at = w->at + 2 * row * n;
     PyObject *item = PyTuple_New(n + 2);
     if (!item)
         return -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = values[i] ? PyBytes_FromStringAndSize(values[i], (Py_ssize_t)sizes[i]) : Py_NewRef(Py_None);
+        PyObject *v = at[2 * i + 1] >= 0 ? PyBytes_FromStringAndSize(w->bytes + at[2 * i], (Py_ssize_t)at[2 * i + 1])
+                                         : Py_NewRef(Py_None);
         if (!v) {
             Py_DECREF(item);
             return -1;
@@ -195,14 +280,16 @@ static PyObject *wall_ns(void) {
     return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
 }
 
-/* consume(n, timeout_s, first=False) -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies)
+/* consume(n, timeout_s, first=False)
+ *   -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies, header_sizes)
  * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something; with
  * first, waiting up to timeout_s for one, then taking up to n - 1 more of those already fetched without waiting):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
  * events among them (end of partition included); pending: the consumer's queue holds something to serve;
  * replies: {row: (each reply_headers name's last value, or None; then its timestamp in ms and when it was taken in
- * ns, `add_reply`)} of the records carrying at least one of those headers, None when none does. */
+ * ns, `add_reply`)} of the records carrying at least one of those headers, None when none does; header_sizes: int64
+ * bytes, each record's watched values' bytes, None when none has one. */
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
@@ -222,15 +309,15 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     const int wait_ms = timeout_ms(timeout_s, 0);
     if (PyErr_Occurred())
         return NULL;
-    /* Only what makes Python objects holds the GIL. Without it: the wait, the count and the reply headers' search
-     * (one pass), then, once the result's buffers exist, the copies into them and the records' release (a
+    /* Only what makes Python objects holds the GIL. Without it: the wait, the count and the copies of the reply
+     * headers' values (one pass, `take_watched`), then, once the result's buffers exist, the copies into them and the records' release (a
      * second). Each release is a chance for another thread to take the GIL, which this one may then wait for:
      * a take of less than COPY_WITH_GIL bytes does its copies with the GIL held. The buffers are this call's
      * alone until it returns; consume() and close() are called from one thread (the poll loop), as before. */
     ssize_t n;
     Py_ssize_t good = 0, nerr = 0;
     size_t total = 0;
-    char *watched = NULL; /* rows (among the good ones) with a watched header; NULL: none has one */
+    Watched watched = {0};
     int no_memory = 0;
     Py_BEGIN_ALLOW_THREADS
     if (first) { /* the wait is for the first record; then what is already fetched, without waiting */
@@ -242,24 +329,13 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     } else
         n = rdk.consume_batch_queue(self->q, wait_ms, msgs, (size_t)max);
     for (ssize_t i = 0; i < n; i++) {
-        const rd_kafka_message_t *m = msgs[i];
+        rd_kafka_message_t *m = msgs[i];
         if (m->err) {
             nerr++;
             continue;
         }
-        if (self->n_reply_headers) {
-            rd_kafka_headers_t *hdrs;
-            const void *value;
-            size_t size;
-            int found = 0;
-            if (rdk.message_headers(m, &hdrs) == 0)
-                for (Py_ssize_t h = 0; h < self->n_reply_headers && !found; h++)
-                    found = rdk.header_get_last(hdrs, self->reply_headers[h], &value, &size) == 0 && value;
-            if (found && !watched && !(watched = calloc((size_t)n, 1)))
-                no_memory = 1;
-            if (found && watched)
-                watched[good] = 1;
-        }
+        if (self->n_reply_headers && !no_memory && take_watched(self, m, good, (Py_ssize_t)n, &watched) < 0)
+            no_memory = 1;
         good++;
         total += m->payload ? m->len : 0;
     }
@@ -270,6 +346,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *values = NULL, *starts = NULL, *lens = NULL, *parts = NULL, *offs = NULL, *keys = NULL, *errors = NULL;
     PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
     PyObject *taken_ns = NULL; /* the wall clock, read at the first record with headers */
+    PyObject *header_sizes = NULL; /* watched.row as int64 bytes, when a row has a watched value */
     Py_ssize_t failed = no_memory;
     if (no_memory)
         PyErr_NoMemory();
@@ -281,7 +358,8 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
         offs = PyBytes_FromStringAndSize(NULL, good * 8);
         keys = PyList_New(good);
         errors = PyList_New(nerr);
-        failed = !(values && starts && lens && parts && offs && keys && errors);
+        header_sizes = watched.at ? PyBytes_FromStringAndSize((const char *)watched.row, good * 8) : Py_NewRef(Py_None);
+        failed = !(values && starts && lens && parts && offs && keys && errors && header_sizes);
     }
     for (ssize_t i = 0, g = 0, e = 0; i < n && !failed; i++) { /* the objects: keys, errors, replies */
         const rd_kafka_message_t *m = msgs[i];
@@ -303,18 +381,15 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
             break;
         }
         PyList_SET_ITEM(keys, g, item);
-        if (watched && watched[g]) {
-            rd_kafka_headers_t *hdrs;
-            if (rdk.message_headers(m, &hdrs) == 0) { /* parsed above: librdkafka keeps them */
-                if (!taken_ns && !(taken_ns = wall_ns()))
-                    failed = 1;
-                else if (add_reply(self, m, hdrs, g, taken_ns, &replies) < 0)
-                    failed = 1;
-            }
+        if (watched.at && row_watched(&watched, g, self->n_reply_headers)) {
+            if (!taken_ns && !(taken_ns = wall_ns()))
+                failed = 1;
+            else if (add_reply(self, m, &watched, g, taken_ns, &replies) < 0)
+                failed = 1;
         }
         g++;
     }
-    free(watched);
+    watched_free(&watched);
     /* The copies (if the buffers were made), then the records' release, whatever happened: a failure here fails
      * the caller, whose offsets then stay where their acknowledged predictions put them. */
     char *vb = values ? PyBytes_AS_STRING(values) : NULL;
@@ -344,8 +419,9 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     if (saved)
         PyEval_RestoreThread(saved);
     if (!failed)
-        result = Py_BuildValue("(OOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
-                               rdk.queue_length(self->cq) > 0 ? Py_True : Py_False, replies ? replies : Py_None);
+        result = Py_BuildValue("(OOOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
+                               rdk.queue_length(self->cq) > 0 ? Py_True : Py_False, replies ? replies : Py_None,
+                               header_sizes);
     Py_XDECREF(values);
     Py_XDECREF(starts);
     Py_XDECREF(lens);
@@ -355,6 +431,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_XDECREF(errors);
     Py_XDECREF(replies);
     Py_XDECREF(taken_ns);
+    Py_XDECREF(header_sizes);
     return result;
 }
 

@@ -87,8 +87,9 @@ static struct {
     void (*queue_cb_event_enable)(rd_kafka_queue_t *, void (*)(rd_kafka_t *, void *), void *);
     ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
     void (*message_destroy)(rd_kafka_message_t *);
-    int (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
-    int (*header_get_last)(const rd_kafka_headers_t *, const char *, const void **, size_t *);
+    int (*message_detach_headers)(rd_kafka_message_t *, rd_kafka_headers_t **);
+    size_t (*header_cnt)(const rd_kafka_headers_t *);
+    int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **, size_t *);
     int64_t (*message_timestamp)(const rd_kafka_message_t *, int *); /* -1: none; the int: its type */
 } rdk;
 static int rdk_loaded = 0;
@@ -139,8 +140,9 @@ static PyObject *rdk_load(PyObject *module, PyObject *args) {
     SYM(queue_cb_event_enable, "rd_kafka_queue_cb_event_enable");
     SYM(consume_batch_queue, "rd_kafka_consume_batch_queue");
     SYM(message_destroy, "rd_kafka_message_destroy");
-    SYM(message_headers, "rd_kafka_message_headers");
-    SYM(header_get_last, "rd_kafka_header_get_last");
+    SYM(message_detach_headers, "rd_kafka_message_detach_headers");
+    SYM(header_cnt, "rd_kafka_header_cnt");
+    SYM(header_get_all, "rd_kafka_header_get_all");
     SYM(message_timestamp, "rd_kafka_message_timestamp");
 #undef SYM
     rdk_loaded = 1;

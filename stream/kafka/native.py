@@ -186,11 +186,11 @@ class NativeInput:
         """(up to ``n`` records, error events among them as (partition, offset, code, text), whether the
         consumer's own queue has something to serve). ``first``: ``timeout_s`` is a wait for the first record;
         the others are those already fetched then (no wait for ``n``)."""
-        values, starts, lengths, keys, partitions, offsets, errors, pending, replies = self._queue.consume(
+        values, starts, lengths, keys, partitions, offsets, errors, pending, replies, sizes = self._queue.consume(
             n, timeout_s, first)
         records = Records(values, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64),
                           keys, np.frombuffer(partitions, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64),
-                          replies)
+                          replies, None if sizes is None else np.frombuffer(sizes, dtype=np.int64))
         return records, errors, pending
 
     def pending(self) -> bool:

@@ -74,16 +74,16 @@ class Spans:
         self._batcher.add([records])
 
     def close_batch(self) -> Dispatched:
-        held = self._batcher.bytes  # the values' bytes, counted as they were added
+        held = self._batcher.bytes  # the records' bytes (`Records.nbytes`), counted as they were added
         records = Records.concat(self._batcher.take())
-        # At most max_batch_size (records can slip in while paused), the values within max_batch_bytes and, with
-        # a token budget, the texts within it (at least one record: a token budget is at least one text's most);
-        # the rest, in order, opens the next batch. Each part gets a buffer of its own where the one they share
-        # would keep much more alive than it holds (`Records.compact`).
+        # At most max_batch_size (records can slip in while paused), the records within max_batch_bytes (their
+        # values and watched headers' values) and, with a token budget, the texts within it (at least one record:
+        # a token budget is at least one text's most); the rest, in order, opens the next batch. Each part gets a
+        # buffer of its own where the one they share would keep much more alive than it holds (`Records.compact`).
         fit = self._batcher.max_batch_size
         max_bytes = self._batcher.max_bytes
         if max_bytes is not None and held > max_bytes:
-            within = int(np.searchsorted(np.cumsum(np.maximum(records.lengths, 0)), max_bytes, side="right"))
+            within = int(np.searchsorted(np.cumsum(records.sizes()), max_bytes, side="right"))
             fit = min(fit, max(within, 1))
         budget = self._batcher.max_weight
         if budget is not None and self._tokens is not None:

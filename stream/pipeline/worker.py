@@ -178,8 +178,9 @@ class Worker:
             weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens,
             nbytes=lambda r: r.nbytes, max_bytes=s.max_batch_bytes)
         self._tokens = tokens
-        # bytes: the largest value of the last records taken (`_take_n`); before the first, the largest valid one
-        self._largest_value = s.max_input_bytes
+        # bytes: the largest record (its value and watched headers' values, `Records.sizes`) of the last records
+        # taken (`_take_n`); before the first, the largest valid value
+        self._largest_record = s.max_input_bytes
         self._tracker = OffsetTracker()
         self._stalls = StallDetector(s.stall_timeout_s, clock)
         self._pause = InputPause(self.metrics)
@@ -459,7 +460,7 @@ class Worker:
                 # model-bound processor a thousand times a second
                 records = intake.take(self._take_n(), wait_s)
             if records is not None and len(records):
-                self._largest_value = int(records.lengths.max())
+                self._largest_record = int(records.sizes().max())
                 self._connection.reachable()
                 faults.reach("after-poll")
                 spans.accept(records)
@@ -480,15 +481,15 @@ class Worker:
                 stall_check.run()
 
     def _take_n(self) -> int:
-        """How many records to take for the open batch: its room, and no more than the values as large as the
+        """How many records to take for the open batch: its room, and no more than records as large as the
         largest of the last take that fit in its bytes (at least one). A take is one buffer, which a batch cut
-        from it would keep alive whole: a backlog of large values is taken a batch's bytes at a time, not as much
-        as librdkafka has fetched."""
+        from it would keep alive whole: a backlog of large records is taken a batch's bytes at a time, not as
+        much as librdkafka has fetched."""
         batcher = self._batcher
         room, byte_room = batcher.room, batcher.byte_room
-        if byte_room is None or self._largest_value <= 0:
+        if byte_room is None or self._largest_record <= 0:
             return max(room, 1)
-        return max(min(room, byte_room // self._largest_value), 1)
+        return max(min(room, byte_room // self._largest_record), 1)
 
     def _dispatch(self, parts: Connected, wait_s: float) -> bool:
         """Hand the closed batch to the stages, waiting up to ``wait_s`` for room in their first queue."""

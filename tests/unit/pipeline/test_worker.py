@@ -169,16 +169,37 @@ def test_a_byte_bound_cuts_a_batch_of_large_values_and_no_part_keeps_much_more_o
     assert batches.close_batch().records.values() == [b"y"]
 
 
+def test_a_byte_bound_counts_the_watched_headers_a_batch_holds_beside_its_values(model_dir: Path) -> None:
+    """A producer of small values carrying large headers the worker keeps (a trace context, a reply address, a
+    --copy-headers name): their bytes count toward --max-batch-bytes as a value's do, so batches of them are cut
+    too, each record's headers with it."""
+    mib = 1_048_576
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, max_batch_bytes=3 * mib + mib // 2, native_consumer=False)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    batches = connected_spans(w)
+    w._tracker.assign([("in", 0)])
+    replies = {i: (None, None, None, None, bytes([65 + i]) * mib, None, 0, 0) for i in range(10)}
+    batches.accept(Records.build([b"v"] * 10, [None] * 10, [0] * 10, range(10), replies))
+    assert w._batcher.ready() and w._batcher.bytes == 10 * mib + 10
+    cut = []
+    while len(w._batcher):
+        batch = batches.close_batch().records
+        assert batch.nbytes <= 3 * mib + mib // 2 and batch.replies is not None
+        cut.append([batch.replies[i][4] for i in range(len(batch))])
+    assert [len(c) for c in cut] == [3, 3, 3, 1] and [v for c in cut for v in c] == [replies[i][4] for i in range(10)]
+
+
 def test_takes_are_sized_by_the_bytes_the_open_batch_has_room_for(worker: Worker) -> None:
     # nothing taken yet: values as large as --max-input-bytes (1 MiB) are assumed, 32 of them in 32 MiB
-    assert worker._largest_value == 1_048_576 and worker._take_n() == 4  # the count's room, 4
+    assert worker._largest_record == 1_048_576 and worker._take_n() == 4  # the count's room, 4
     worker._batcher.max_bytes = 10_000
     assert worker._take_n() == 1
-    worker._largest_value = 3_000
+    worker._largest_record = 3_000
     assert worker._take_n() == 3
     worker._batcher.add([Records.build([b"v" * 9_000], [None], [0], [0])])
     assert worker._take_n() == 1  # at least one
-    worker._largest_value = 10
+    worker._largest_record = 10
     assert worker._take_n() == 3  # the count's room left
 
 
