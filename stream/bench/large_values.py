@@ -1,7 +1,8 @@
 """What a worker holds in memory when a producer writes large records: ``python -m stream.bench.large_values``.
 
 A buggy or hostile producer can write valid events whose values are nearly a broker's limit (1 MiB): the demo's
-``event_id`` is a string of any length, which the prediction echoes. Each variant pre-produces ``--records`` such
+``event_id`` is a string of any length, which the prediction echoes; or small events with large keys or headers,
+or a great many headers. Each variant pre-produces ``--records`` such
 events (``--size`` bytes of one repeated character, so that lz4 packs them about 250 to 1) to a topic of
 ``--partitions`` partitions, drains them with one worker (``--stop-at-end``, the demo model) and reads its peak
 RSS (``VmHWM``); the same worker on the same number of small events gives the floor. Variants, in one run on one
@@ -16,7 +17,11 @@ local Apache Kafka:
 * ``many-headers``: ``--header-records`` small events, each carrying 100,000 empty headers (the most librdkafka
   parses in a record; some 300 KB, packed about 250 to 1), the worker at its defaults;
 * ``large-header``: small events, each carrying a ``traceparent`` header of ``--size`` bytes (a header the worker
-  keeps and carries onto the prediction), the worker at its defaults.
+  keeps and carries onto the prediction), the worker at its defaults;
+* ``large-header-queue-1000``, ``large-header-queue-100``: the same with ``KAFKA_CONSUMER_QUEUED_MIN_MESSAGES`` at
+  1000 and 100 (librdkafka counts a record's value alone toward its 16 MiB prefetch bound, not its headers or
+  key: records of small values stop its prefetch only at this count, 100,000 by default);
+* ``large-key``: small events keyed by ``--size`` bytes, the worker at its defaults.
 
 Writes the figures to ``--results`` as JSON and prints one line per variant.
 """
@@ -45,13 +50,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "uncompressed": {"compression": "none"},
     "many-headers": {"size": 100, "headers": ("x", 0, 100_000), "records": "header_records"},
     "large-header": {"size": 100, "headers": ("traceparent", "size", 1)},
+    "large-header-queue-1000": {"size": 100, "headers": ("traceparent", "size", 1),
+                                "env": {"KAFKA_CONSUMER_QUEUED_MIN_MESSAGES": "1000"}},
+    "large-header-queue-100": {"size": 100, "headers": ("traceparent", "size", 1),
+                               "env": {"KAFKA_CONSUMER_QUEUED_MIN_MESSAGES": "100"}},
+    "large-key": {"size": 100, "key": True},
 }
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int, compression: str,
-            headers: list[tuple[str, str | bytes | None]] | None = None) -> int:
-    """``records`` FraudEvents with an ``event_id`` of ``size`` bytes, each with ``headers``; returns one value's
-    bytes."""
+            headers: list[tuple[str, str | bytes | None]] | None = None, key_bytes: int = 0) -> int:
+    """``records`` FraudEvents with an ``event_id`` of ``size`` bytes, each with ``headers`` and a key of
+    ``key_bytes`` bytes past its number; returns one value's bytes."""
     import io
     import struct
 
@@ -61,7 +71,7 @@ def produce(bootstrap: str, topic: str, records: int, size: int, compression: st
     schema = fastavro.parse_schema(json.loads((Path(__file__).parents[2] / "schemas/fraud_event.avsc").read_text()))
     header_bytes = sum(len(k) + len(v or b"") + 4 for k, v in headers or [])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": compression,
-                         "message.max.bytes": size + header_bytes + 100_000})
+                         "message.max.bytes": size + header_bytes + key_bytes + 100_000})
     value = b""
     for i in range(records):
         buf = io.BytesIO()
@@ -71,7 +81,7 @@ def produce(bootstrap: str, topic: str, records: int, size: int, compression: st
         value = buf.getvalue()
         while True:
             try:
-                producer.produce(topic, value, key=f"k{i}".encode(), headers=headers)
+                producer.produce(topic, value, key=f"k{i}".encode() + b"0" * key_bytes, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -151,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             if "headers" in variant:
                 header, length, count = variant["headers"]
                 headers = [(header, b"0" * (args.size if length == "size" else length))] * count
-            value_bytes = produce(bootstrap, topic, records, size, variant.get("compression", "lz4"), headers)
+            key_bytes = args.size if variant.get("key") else 0
+            value_bytes = produce(bootstrap, topic, records, size, variant.get("compression", "lz4"), headers,
+                                  key_bytes)
             row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
                         logs, args.timeout_s)
-            rows[name] = {"records": records, "value_bytes": value_bytes,
+            rows[name] = {"records": records, "value_bytes": value_bytes, "key_bytes": key_bytes or None,
                           "headers": None if headers is None else {"count": len(headers),
                                                                    "bytes": sum(len(k) + len(v or b"")
                                                                                 for k, v in headers)},
@@ -162,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                           "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
             carrying = "" if headers is None else (f" carrying {len(headers):,} header(s) of "
                                                    f"{rows[name]['headers']['bytes']:,} B")
+            carrying += f" keyed by {key_bytes:,} B" if key_bytes else ""
             print(f"{name}: {records} values of {value_bytes:,} B{carrying} ({rows[name]['compression']}): peak RSS "
                   f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
                   f"average, {row['seconds']} s", flush=True)

@@ -148,21 +148,22 @@ static PyObject *Queue_route(Queue *self, PyObject *args) {
 typedef struct {
     char *bytes;  /* the values, back to back */
     size_t used, cap;
-    int64_t *at;  /* [row * names + name]: (start in bytes, length; -1: absent) pairs; NULL until a row has one */
-    int64_t *row; /* [row]: the row's watched values' bytes (what `Records.header_sizes` holds) */
+    int64_t *at;   /* [row * names + name]: (start in bytes, length; -1: absent) pairs; NULL until a row has one */
+    int64_t *side; /* [row]: its key's and watched values' bytes (`Records.side_bytes`); NULL until one has any */
 } Watched;
 
 static void watched_free(Watched *w) {
     free(w->bytes);
     free(w->at);
-    free(w->row);
+    free(w->side);
 }
 
 /* Record m's watched values into w (row `row` of `rows`): of each name, the last header's, absent when its value
  * is null (as rd_kafka_header_get_last finds it), in one pass over the headers; then its parsed headers are
  * freed. A record whose headers librdkafka cannot parse (more than 100,000, or malformed) has none, as before.
- * 1: it has one; 0: none; -1: out of memory. Needs no GIL. */
-static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row, Py_ssize_t rows, Watched *w) {
+ * *held: the values' bytes. 1: it has one; 0: none; -1: out of memory. Needs no GIL. */
+static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row, Py_ssize_t rows, Watched *w,
+                        size_t *held) {
     rd_kafka_headers_t *hdrs;
     if (rdk.message_detach_headers(m, &hdrs) != 0)
         return 0;
@@ -194,8 +195,7 @@ static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row
         }
     if (found && !w->at) { /* the first row with one: the table, every row absent */
         w->at = malloc((size_t)rows * (size_t)k * 2 * sizeof *w->at);
-        w->row = calloc((size_t)rows, sizeof *w->row);
-        if (!w->at || !w->row)
+        if (!w->at)
             rc = -1;
         else
             for (Py_ssize_t i = 0; i < rows * k; i++)
@@ -221,7 +221,7 @@ static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row
                 w->at[2 * (row * k + h) + 1] = (int64_t)sizes[h];
                 w->used += sizes[h];
             }
-        w->row[row] = (int64_t)need;
+        *held = need;
         rc = 1;
     }
     rdk.headers_destroy(hdrs);
@@ -281,15 +281,15 @@ static PyObject *wall_ns(void) {
 }
 
 /* consume(n, timeout_s, first=False)
- *   -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies, header_sizes)
+ *   -> (values, starts, lengths, keys, partitions, offsets, errors, pending, replies, side_bytes)
  * Up to n records (waiting up to timeout_s for n, returning early when the consumer's queue gets something; with
  * first, waiting up to timeout_s for one, then taking up to n - 1 more of those already fetched without waiting):
  * values back to back in one bytes; starts and lengths int64 bytes (length -1: a null value); keys a list of
  * bytes or None; partitions int32 bytes; offsets int64 bytes; errors [(partition, offset, code, text)] for error
  * events among them (end of partition included); pending: the consumer's queue holds something to serve;
  * replies: {row: (each reply_headers name's last value, or None; then its timestamp in ms and when it was taken in
- * ns, `add_reply`)} of the records carrying at least one of those headers, None when none does; header_sizes: int64
- * bytes, each record's watched values' bytes, None when none has one. */
+ * ns, `add_reply`)} of the records carrying at least one of those headers, None when none does; side_bytes: int64
+ * bytes, each record's key's and watched values' bytes, None when none has any. */
 static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_ssize_t max;
     double timeout_s;
@@ -334,8 +334,14 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
             nerr++;
             continue;
         }
-        if (self->n_reply_headers && !no_memory && take_watched(self, m, good, (Py_ssize_t)n, &watched) < 0)
+        size_t held = 0; /* its key's and watched values' bytes */
+        if (self->n_reply_headers && !no_memory && take_watched(self, m, good, (Py_ssize_t)n, &watched, &held) < 0)
             no_memory = 1;
+        held += m->key ? m->key_len : 0;
+        if (held && !no_memory && !watched.side && !(watched.side = calloc((size_t)n, sizeof *watched.side)))
+            no_memory = 1;
+        if (held && watched.side)
+            watched.side[good] = (int64_t)held;
         good++;
         total += m->payload ? m->len : 0;
     }
@@ -346,7 +352,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     PyObject *values = NULL, *starts = NULL, *lens = NULL, *parts = NULL, *offs = NULL, *keys = NULL, *errors = NULL;
     PyObject *replies = NULL; /* {row: the reply headers' values}, made at the first record with one */
     PyObject *taken_ns = NULL; /* the wall clock, read at the first record with headers */
-    PyObject *header_sizes = NULL; /* watched.row as int64 bytes, when a row has a watched value */
+    PyObject *side_bytes = NULL; /* watched.side as int64 bytes, or None */
     Py_ssize_t failed = no_memory;
     if (no_memory)
         PyErr_NoMemory();
@@ -358,8 +364,9 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
         offs = PyBytes_FromStringAndSize(NULL, good * 8);
         keys = PyList_New(good);
         errors = PyList_New(nerr);
-        header_sizes = watched.at ? PyBytes_FromStringAndSize((const char *)watched.row, good * 8) : Py_NewRef(Py_None);
-        failed = !(values && starts && lens && parts && offs && keys && errors && header_sizes);
+        side_bytes = watched.side ? PyBytes_FromStringAndSize((const char *)watched.side, good * 8)
+                                  : Py_NewRef(Py_None);
+        failed = !(values && starts && lens && parts && offs && keys && errors && side_bytes);
     }
     for (ssize_t i = 0, g = 0, e = 0; i < n && !failed; i++) { /* the objects: keys, errors, replies */
         const rd_kafka_message_t *m = msgs[i];
@@ -421,7 +428,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     if (!failed)
         result = Py_BuildValue("(OOOOOOOOOO)", values, starts, lens, keys, parts, offs, errors,
                                rdk.queue_length(self->cq) > 0 ? Py_True : Py_False, replies ? replies : Py_None,
-                               header_sizes);
+                               side_bytes);
     Py_XDECREF(values);
     Py_XDECREF(starts);
     Py_XDECREF(lens);
@@ -431,7 +438,7 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     Py_XDECREF(errors);
     Py_XDECREF(replies);
     Py_XDECREF(taken_ns);
-    Py_XDECREF(header_sizes);
+    Py_XDECREF(side_bytes);
     return result;
 }
 

@@ -35,9 +35,9 @@ class Records:
     # {row: its watched headers' values (`stream.kafka.replies.watched_headers`: a reply address's, then those carried
     # onto its prediction)} of the records carrying any of them; None when none does
     replies: dict[int, AddressHeaders] | None = None
-    # int64: each record's bytes in `replies` (its watched headers' values), which count toward a batch's bytes as
-    # its value does; None when no record has any
-    header_sizes: np.ndarray | None = None
+    # int64: each record's bytes beside its value, which count toward a batch's bytes as its value's do: its key's
+    # and its watched headers' values' (in `replies`); None when no record has any
+    side_bytes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -52,14 +52,12 @@ class Records:
         n = len(values)
         lengths = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=n)
         sizes = np.maximum(lengths, 0)
-        header_sizes = None
-        if replies:
-            header_sizes = np.zeros(n, dtype=np.int64)
-            for row, held in replies.items():
-                header_sizes[row] = sum(len(v) for v in held if isinstance(v, bytes))
+        side_bytes = np.fromiter((0 if k is None else len(k) for k in keys), dtype=np.int64, count=n)
+        for row, held in (replies or {}).items():
+            side_bytes[row] += sum(len(v) for v in held if isinstance(v, bytes))
         return cls(b"".join(v for v in values if v is not None), np.cumsum(sizes) - sizes, lengths, keys,
                    np.fromiter(partitions, dtype=np.int32, count=n), np.fromiter(offsets, dtype=np.int64, count=n),
-                   replies or None, header_sizes)
+                   replies or None, side_bytes if side_bytes.any() else None)
 
     @classmethod
     def from_messages(cls, messages: Sequence[Message], watched: Sequence[str] = ADDRESS_HEADERS) -> Records:
@@ -95,27 +93,27 @@ class Records:
             if p.replies:
                 replies.update((len(keys) + row, address) for row, address in p.replies.items())
             keys += p.keys
-        header_sizes = None
-        if any(p.header_sizes is not None for p in parts):
-            header_sizes = np.concatenate([np.zeros(len(p), dtype=np.int64) if p.header_sizes is None
-                                           else p.header_sizes for p in parts])
+        side_bytes = None
+        if any(p.side_bytes is not None for p in parts):
+            side_bytes = np.concatenate([np.zeros(len(p), dtype=np.int64) if p.side_bytes is None
+                                           else p.side_bytes for p in parts])
         return cls(b"".join(p.buffer for p in parts),
                    np.concatenate([p.starts + shift for p, shift in zip(parts, shifts.tolist(), strict=True)]),
                    np.concatenate([p.lengths for p in parts]), keys,
                    np.concatenate([p.partitions for p in parts]), np.concatenate([p.offsets for p in parts]),
-                   replies or None, header_sizes)
+                   replies or None, side_bytes)
 
     @property
     def nbytes(self) -> int:
-        """The bytes of their values and watched headers' values (the buffer may hold more: one shared after
+        """The bytes of their values, keys and watched headers' values (the buffer may hold more: one shared after
         `split` or `select`)."""
         held = int(np.maximum(self.lengths, 0).sum())
-        return held if self.header_sizes is None else held + int(self.header_sizes.sum())
+        return held if self.side_bytes is None else held + int(self.side_bytes.sum())
 
     def sizes(self) -> np.ndarray:
-        """Each record's bytes as `nbytes` counts them (int64): its value's and its watched headers' values'."""
+        """Each record's bytes as `nbytes` counts them (int64): its value's, key's and watched headers' values'."""
         sizes: np.ndarray = np.maximum(self.lengths, 0)
-        return sizes if self.header_sizes is None else sizes + self.header_sizes
+        return sizes if self.side_bytes is None else sizes + self.side_bytes
 
     def compact(self) -> Records:
         """These records over a buffer of their own values, where the one they share holds more than as many
@@ -133,7 +131,7 @@ class Records:
             view = memoryview(self.buffer)
             buffer = b"".join(view[a:a + n] for a, n in zip(self.starts.tolist(), sizes.tolist(), strict=True))
         return Records(buffer, starts, self.lengths, self.keys, self.partitions, self.offsets, self.replies,
-                       self.header_sizes)
+                       self.side_bytes)
 
     def value(self, i: int) -> bytes | None:
         n = int(self.lengths[i])
@@ -154,9 +152,9 @@ class Records:
         replies = None
         if self.replies:
             replies = {new: self.replies[old] for new, old in enumerate(picked) if old in self.replies} or None
-        header_sizes = None if replies is None or self.header_sizes is None else self.header_sizes[rows]
+        side_bytes = None if self.side_bytes is None else self.side_bytes[rows]
         return Records(self.buffer, self.starts[rows], self.lengths[rows], [self.keys[i] for i in picked],
-                       self.partitions[rows], self.offsets[rows], replies, header_sizes)
+                       self.partitions[rows], self.offsets[rows], replies, side_bytes)
 
     def split(self, n: int) -> tuple[Records, Records]:
         """(the first n records, the rest)."""
@@ -164,11 +162,11 @@ class Records:
         if self.replies:
             head = {row: a for row, a in self.replies.items() if row < n} or None
             rest = {row - n: a for row, a in self.replies.items() if row >= n} or None
-        sizes = self.header_sizes
+        sizes = self.side_bytes
         return (Records(self.buffer, self.starts[:n], self.lengths[:n], self.keys[:n], self.partitions[:n],
-                        self.offsets[:n], head, None if head is None or sizes is None else sizes[:n]),
+                        self.offsets[:n], head, None if sizes is None else sizes[:n]),
                 Records(self.buffer, self.starts[n:], self.lengths[n:], self.keys[n:], self.partitions[n:],
-                        self.offsets[n:], rest, None if rest is None or sizes is None else sizes[n:]))
+                        self.offsets[n:], rest, None if sizes is None else sizes[n:]))
 
     def without_partitions(self, partitions: Container[int]) -> Records:
         """The records of every partition but ``partitions`` (e.g. revoked ones)."""

@@ -179,9 +179,12 @@ def test_large_values_drains_each_variant_and_reports_the_worker_s_peak(broker: 
 
     out = tmp_path / "large.json"
     assert large_values(["--bootstrap-servers", broker.bootstrap, "--records", "60", "--size", "600000",
-                         "--variants", "small,default", "--results", str(out)]) == 0
+                         "--header-records", "20", "--variants", "small,default,many-headers",
+                         "--results", str(out)]) == 0
     report = json.loads(out.read_text())
     small, default = report["variants"]["small"], report["variants"]["default"]
+    many = report["variants"]["many-headers"]
+    assert many["predicted"] == many["records"] == 20 and many["headers"]["count"] == 100_000
     assert small["predicted"] == default["predicted"] == 60 and small["value_bytes"] < 300
     assert 600_000 < default["value_bytes"] < 700_000 and default["compression"] == "lz4"
     # 36 MB of values in batches of at most 32 MiB each

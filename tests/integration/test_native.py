@@ -153,13 +153,12 @@ def _take(consumer: Consumer, source: native.NativeInput, n: int, timeout_s: flo
             eof.add(partition)
     if replies is not None and records.replies:
         replies.update(((int(records.partitions[i]), int(records.offsets[i])), a) for i, a in records.replies.items())
-    # each record's bytes of watched values, which count toward a batch's bytes: those of its replies entry
+    # each record's bytes beside its value, which count toward a batch's bytes: its key's and its replies entry's
     held = records.replies or {}
-    sizes = records.header_sizes
-    assert (sizes is None) == (not held)
-    if sizes is not None:
-        assert sizes.tolist() == [sum(len(v) for v in held[i][:-2] if isinstance(v, bytes)) if i in held else 0
-                                  for i in range(len(records))]
+    expected = [len(records.keys[i] or b"") + sum(len(v) for v in held.get(i, ())[:-2] if isinstance(v, bytes))
+                for i in range(len(records))]
+    sizes = records.side_bytes
+    assert (sizes is None) == (not any(expected)) and (sizes is None or sizes.tolist() == expected)
     return [(int(p), int(o), records.value(i), records.keys[i])
             for i, (p, o) in enumerate(zip(records.partitions, records.offsets, strict=True))]
 

@@ -38,7 +38,7 @@ def test_concat_split_select_keep_each_record_with_its_value_key_and_position() 
 
 
 def test_compact_gives_records_a_buffer_of_their_own_only_where_the_shared_one_holds_much_more() -> None:
-    big = Records.build([None if i % 7 == 0 else bytes([i]) * 100_000 for i in range(40)], [b"k"] * 40,
+    big = Records.build([None if i % 7 == 0 else bytes([i]) * 100_000 for i in range(40)], [None] * 40,
                         [i % 3 for i in range(40)], range(40))
     head, tail = big.split(5)
     assert head.nbytes == 400_000 and len(head.buffer) == 3_400_000
@@ -88,33 +88,35 @@ def test_consumed_messages_keep_the_last_value_of_each_reply_header_as_the_nativ
     # each name's last value; then the Kafka timestamp (ms; None: the record has none) and when it was taken (ns)
     assert records.replies == {1: (None, b"spring.replies", b"\x00\x00\x00\x02", b"\x00\xff last", None, taken),
                                2: (b"r:0:id", None, None, None, 1234, taken)}
-    assert records.header_sizes is not None and records.header_sizes.tolist() == [0, 14 + 4 + 7, 6, 0]
-    assert records.nbytes == 3 + 25 + 6  # the values' bytes and the watched headers' values'
+    # each record's key's and watched values' bytes, beside its value's
+    assert records.side_bytes is not None and records.side_bytes.tolist() == [1, 14 + 4 + 7, 1 + 6, 1]
+    assert records.nbytes == 3 + 34
 
 
 def test_a_null_last_value_of_a_watched_header_is_absent_as_the_native_consumer_has_it() -> None:
     messages = [Message(topic="in", partition=0, offset=0, key=None, value=b"x",
                         headers=[("stream.reply", b"r:0:id"), ("stream.reply", None)])]
     records = Records.from_messages(messages)
-    assert records.replies is None and records.header_sizes is None
+    assert records.replies is None and records.side_bytes is None
 
 
-def test_each_record_keeps_its_watched_headers_bytes_through_concat_split_select_and_compact() -> None:
+def test_each_record_keeps_its_key_and_watched_headers_bytes_through_concat_split_select_and_compact() -> None:
     def watched(first: int, n: int, every: int) -> Records:
         replies = {i: (b"r:0:%d" % (first + i) * (first + i), None, None, None, 0, 0)
                    for i in range(n) if (first + i) % every == 0}
         return Records.build([b"v" * 10] * n, [None] * n, [0] * n, range(first, first + n), replies)
 
-    a, b, c = watched(0, 6, 4), chunk(0, 6, 3), watched(9, 5, 2)
-    assert b.header_sizes is None
+    a, b, c = watched(0, 6, 4), Records.build([b"v"] * 3, [None] * 3, [0] * 3, range(6, 9)), watched(9, 5, 2)
+    assert b.side_bytes is None
+    assert chunk(0, 0, 3).side_bytes.tolist() == [2, 2, 2]  # its keys'
     joined = Records.concat([a, b, c])
     sizes = [len(b"r:0:%d" % i * i) if i in (0, 4, 10, 12) else 0 for i in range(14)]
-    assert joined.header_sizes is not None and joined.header_sizes.tolist() == sizes
+    assert joined.side_bytes is not None and joined.side_bytes.tolist() == sizes
     assert joined.nbytes == joined.sizes().sum() == int(np.maximum(joined.lengths, 0).sum()) + sum(sizes)
     head, tail = joined.split(5)
-    assert head.header_sizes.tolist() == sizes[:5] and tail.header_sizes.tolist() == sizes[5:]
+    assert head.side_bytes.tolist() == sizes[:5] and tail.side_bytes.tolist() == sizes[5:]
     assert head.nbytes + tail.nbytes == joined.nbytes
-    assert tail.split(5)[0].header_sizes is None  # rows 5 to 9: none watched
-    assert joined.select(np.array([12, 1, 4])).header_sizes.tolist() == [sizes[12], 0, sizes[4]]
-    assert joined.select(np.array([1, 2])).header_sizes is None
-    assert head.compact().header_sizes is head.header_sizes
+    assert tail.split(5)[0].nbytes == 10 + 3 * 1 + 10  # rows 5 to 9: their values alone (a row of a, b, one of c)
+    assert joined.select(np.array([12, 1, 4])).side_bytes.tolist() == [sizes[12], 0, sizes[4]]
+    assert joined.select(np.array([1, 2])).nbytes == 20
+    assert head.compact().side_bytes is head.side_bytes

@@ -169,25 +169,31 @@ def test_a_byte_bound_cuts_a_batch_of_large_values_and_no_part_keeps_much_more_o
     assert batches.close_batch().records.values() == [b"y"]
 
 
-def test_a_byte_bound_counts_the_watched_headers_a_batch_holds_beside_its_values(model_dir: Path) -> None:
-    """A producer of small values carrying large headers the worker keeps (a trace context, a reply address, a
-    --copy-headers name): their bytes count toward --max-batch-bytes as a value's do, so batches of them are cut
-    too, each record's headers with it."""
+@pytest.mark.parametrize("beside", ["header", "key"])
+def test_a_byte_bound_counts_the_keys_and_watched_headers_a_batch_holds_beside_its_values(
+        model_dir: Path, beside: str) -> None:
+    """A producer of small values with large keys, or carrying large headers the worker keeps (a trace context, a
+    reply address, a --copy-headers name): their bytes count toward --max-batch-bytes as a value's do, so batches
+    of them are cut too, each record's with it."""
     mib = 1_048_576
     settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
                               model_dir=model_dir, max_batch_bytes=3 * mib + mib // 2, native_consumer=False)
     w = Worker(settings, handler=PoisonHandler(model_dir))
     batches = connected_spans(w)
     w._tracker.assign([("in", 0)])
-    replies = {i: (None, None, None, None, bytes([65 + i]) * mib, None, 0, 0) for i in range(10)}
-    batches.accept(Records.build([b"v"] * 10, [None] * 10, [0] * 10, range(10), replies))
+    large = [bytes([65 + i]) * mib for i in range(10)]
+    if beside == "header":
+        replies = {i: (None, None, None, None, large[i], None, 0, 0) for i in range(10)}
+        batches.accept(Records.build([b"v"] * 10, [None] * 10, [0] * 10, range(10), replies))
+    else:
+        batches.accept(Records.build([b"v"] * 10, list(large), [0] * 10, range(10)))
     assert w._batcher.ready() and w._batcher.bytes == 10 * mib + 10
     cut = []
     while len(w._batcher):
         batch = batches.close_batch().records
-        assert batch.nbytes <= 3 * mib + mib // 2 and batch.replies is not None
-        cut.append([batch.replies[i][4] for i in range(len(batch))])
-    assert [len(c) for c in cut] == [3, 3, 3, 1] and [v for c in cut for v in c] == [replies[i][4] for i in range(10)]
+        assert batch.nbytes <= 3 * mib + mib // 2
+        cut.append(batch.keys if beside == "key" else [batch.replies[i][4] for i in range(len(batch))])
+    assert [len(c) for c in cut] == [3, 3, 3, 1] and [v for c in cut for v in c] == large
 
 
 def test_takes_are_sized_by_the_bytes_the_open_batch_has_room_for(worker: Worker) -> None:
