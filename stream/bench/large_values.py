@@ -192,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _revision() -> str:
-    """The worker code's commit (this tree's), with "+changes" where its stream/ differs from it."""
+    """The worker code's commit (this tree's), with "+changes" where its stream/ (but this bench) differs from it."""
     root = Path(__file__).parents[2]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "stream"], cwd=root).returncode != 0
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "stream", ":(exclude)stream/bench"],
+                           cwd=root).returncode != 0
     return head.stdout.strip() + ("+changes" if dirty else "")
 
 
