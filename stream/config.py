@@ -121,8 +121,9 @@ class WorkerSettings(BaseSettings):
                     "counted at its most: its record's bytes + 2, at most --max-tokens); at least --max-tokens")
     max_batch_bytes: int = Field(
         default=32 * 1_048_576, ge=1024, le=1_073_741_824,
-        description="also close a batch before its records' values pass this many bytes (a batch holds at least "
-                    "one record): with --max-inflight-batches, what large records can hold in memory")
+        description="also close a batch before its records pass this many bytes: their values, keys and the "
+                    "headers the worker keeps (a batch holds at least one record); with --max-inflight-batches, "
+                    "what large records can hold in memory")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="--model minilm: the encoder's weights and activations (default bfloat16 on CUDA, "
                                   "float32 on the CPU, the only one there)")
