@@ -347,6 +347,11 @@ class WorkerSettings(BaseSettings):
             # Bounded prefetch: 16 MiB keeps the poll thread fed at full speed; 64 MiB measured the same
             # throughput with RSS still creeping up 10-15 % between 1 M and 5 M events.
             "queued.max.messages.kbytes": 16384,
+            # ... of values: librdkafka counts a record's value alone toward it, not its key or headers, so records
+            # of small values with large keys or headers stop its prefetch only at this count (100,000 by
+            # default: most of a backlog of them). 200 records drained the demo and the text worker as fast
+            # (docs/operations.md, "Memory and logs").
+            "queued.min.messages": 200,
             # When the prefetch queue is over its bounds librdkafka stops fetching for this long (1 s by
             # default) and only then looks again: a broker that answers a fetch with far more than
             # max.partition.fetch.bytes (Tansu: ~6 MB per partition) fills the queue in one round, the worker

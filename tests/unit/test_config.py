@@ -155,6 +155,9 @@ def test_a_full_prefetch_queue_is_looked_at_again_soon() -> None:
     # librdkafka's 1 s default idled the worker once it had drained a full queue (measured on Tansu).
     s = load_settings(BASE, environ={})
     assert s.consumer_config({})["fetch.queue.backoff.ms"] == 10
+    # the prefetch bound that also sees records of small values with large keys or headers
+    assert s.consumer_config({})["queued.min.messages"] == 200
+    assert s.consumer_config({"KAFKA_CONSUMER_QUEUED_MIN_MESSAGES": "5000"})["queued.min.messages"] == "5000"
     assert s.consumer_config({"KAFKA_CONSUMER_FETCH_QUEUE_BACKOFF_MS": "250"})["fetch.queue.backoff.ms"] == "250"
 
 
