@@ -2,11 +2,10 @@
 
 A buggy or hostile producer can write valid events whose values are nearly a broker's limit (1 MiB): the demo's
 ``event_id`` is a string of any length, which the prediction echoes; or small events with large keys or headers,
-or a great many headers. Each variant pre-produces ``--records`` such
-events (``--size`` bytes of one repeated character, so that lz4 packs them about 250 to 1) to a topic of
-``--partitions`` partitions, drains them with one worker (``--stop-at-end``, the demo model) and reads its peak
-RSS (``VmHWM``); the same worker on the same number of small events gives the floor. Variants, in one run on one
-local Apache Kafka:
+or a great many headers. Each variant pre-produces ``--records`` such events (``--size`` bytes of one repeated
+character, so that lz4 packs them about 250 to 1) to a topic of ``--partitions`` partitions, drains them with
+one worker (``--stop-at-end``, the demo model) and reads its peak RSS (``VmHWM``); the same worker on the same
+number of small events gives the floor. Variants, in one run on one local Apache Kafka:
 
 * ``small``: events of 100-byte ids, the worker at its defaults (the floor);
 * ``unbounded``: ``--max-batch-bytes 1073741824`` (batches bounded by their count alone, as before the flag);
@@ -19,8 +18,8 @@ local Apache Kafka:
 * ``large-header``: small events, each carrying a ``traceparent`` header of ``--size`` bytes (a header the worker
   keeps and carries onto the prediction), the worker at its defaults;
 * ``large-header-queue-1000``, ``large-header-queue-100``: the same with ``KAFKA_CONSUMER_QUEUED_MIN_MESSAGES`` at
-  1000 and 100 (librdkafka counts a record's value alone toward its 16 MiB prefetch bound, not its headers or
-  key: records of small values stop its prefetch only at this count, 100,000 by default);
+  1000 and 100, where the worker sets 200 (librdkafka counts a record's value alone toward its 16 MiB prefetch
+  bound, not its headers or key: records of small values stop its prefetch only at this count);
 * ``large-key``: small events keyed by ``--size`` bytes, the worker at its defaults.
 
 Writes the figures to ``--results`` as JSON and prints one line per variant.
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=6000, help="events per variant (6000)")
     parser.add_argument("--size", type=int, default=900_000,
-                        help="bytes of each large event's id, or large-header's header (900000)")
+                        help="bytes of each large event's id, large header or large key (900000)")
     parser.add_argument("--header-records", type=int, default=1000,
                         help="events of many-headers, each taking librdkafka some 6 MB to parse (1000)")
     parser.add_argument("--partitions", type=int, default=4, help="of each input topic (4)")
@@ -194,12 +193,13 @@ def main(argv: list[str] | None = None) -> int:
 def _revision() -> str:
     """The worker code's commit (this tree's), with "+changes" where its stream/ (but this bench) differs from it."""
     root = Path(__file__).parents[2]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    if head.returncode != 0:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "stream", ":(exclude)stream/bench"],
+                               cwd=root, capture_output=True).returncode != 0
+    except OSError:  # no git
         return "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "stream", ":(exclude)stream/bench"],
-                           cwd=root).returncode != 0
-    return head.stdout.strip() + ("+changes" if dirty else "")
+    return head.stdout.strip() + ("+changes" if dirty else "") if head.returncode == 0 else "unknown"
 
 
 if __name__ == "__main__":

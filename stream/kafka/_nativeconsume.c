@@ -216,7 +216,8 @@ static int take_watched(const Queue *self, rd_kafka_message_t *m, Py_ssize_t row
     if (found && rc == 0) {
         for (Py_ssize_t h = 0; h < k; h++)
             if (values[h]) {
-                memcpy(w->bytes + w->used, values[h], sizes[h]);
+                if (sizes[h]) /* an empty one: no buffer yet, maybe */
+                    memcpy(w->bytes + w->used, values[h], sizes[h]);
                 w->at[2 * (row * k + h)] = (int64_t)w->used;
                 w->at[2 * (row * k + h) + 1] = (int64_t)sizes[h];
                 w->used += sizes[h];
@@ -310,10 +311,11 @@ static PyObject *Queue_consume(Queue *self, PyObject *args) {
     if (PyErr_Occurred())
         return NULL;
     /* Only what makes Python objects holds the GIL. Without it: the wait, the count and the copies of the reply
-     * headers' values (one pass, `take_watched`), then, once the result's buffers exist, the copies into them and the records' release (a
-     * second). Each release is a chance for another thread to take the GIL, which this one may then wait for:
-     * a take of less than COPY_WITH_GIL bytes does its copies with the GIL held. The buffers are this call's
-     * alone until it returns; consume() and close() are called from one thread (the poll loop), as before. */
+     * headers' values (one pass, `take_watched`), then, once the result's buffers exist, the copies into them and
+     * the records' release (a second). Each release is a chance for another thread to take the GIL, which this
+     * one may then wait for: a take of less than COPY_WITH_GIL bytes does its copies with the GIL held. The
+     * buffers are this call's alone until it returns; consume() and close() are called from one thread (the poll
+     * loop), as before. */
     ssize_t n;
     Py_ssize_t good = 0, nerr = 0;
     size_t total = 0;

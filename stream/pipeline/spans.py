@@ -77,9 +77,10 @@ class Spans:
         held = self._batcher.bytes  # the records' bytes (`Records.nbytes`), counted as they were added
         records = Records.concat(self._batcher.take())
         # At most max_batch_size (records can slip in while paused), the records within max_batch_bytes (their
-        # values and watched headers' values) and, with a token budget, the texts within it (at least one record:
-        # a token budget is at least one text's most); the rest, in order, opens the next batch. Each part gets a
-        # buffer of its own where the one they share would keep much more alive than it holds (`Records.compact`).
+        # values, keys and watched headers' values: `Records.sizes`) and, with a token budget, the texts within it
+        # (at least one record: a token budget is at least one text's most); the rest, in order, opens the next
+        # batch. Each part gets a buffer of its own where the one they share would keep much more alive than it
+        # holds (`Records.compact`).
         fit = self._batcher.max_batch_size
         max_bytes = self._batcher.max_bytes
         if max_bytes is not None and held > max_bytes:

@@ -178,8 +178,8 @@ class Worker:
             weight=None if tokens is None else (lambda r: int(tokens(r).sum())), max_weight=s.max_batch_tokens,
             nbytes=lambda r: r.nbytes, max_bytes=s.max_batch_bytes)
         self._tokens = tokens
-        # bytes: the largest record (its value and watched headers' values, `Records.sizes`) of the last records
-        # taken (`_take_n`); before the first, the largest valid value
+        # bytes: the largest record (its value, key and watched headers' values: `Records.sizes`) of the last
+        # records taken (`_take_n`); before the first, the largest valid value
         self._largest_record = s.max_input_bytes
         self._tracker = OffsetTracker()
         self._stalls = StallDetector(s.stall_timeout_s, clock)
