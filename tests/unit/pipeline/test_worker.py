@@ -143,16 +143,24 @@ def test_a_batch_over_both_its_size_and_its_token_budget_is_cut_once_and_the_res
     assert batches.close_batch().offsets.tolist() == [4, 5]
 
 
+mib = 1_048_576
+
+
+def byte_bound_worker(model_dir: Path, max_batch_bytes: int) -> tuple[Worker, Spans]:
+    """A worker of --max-batch-bytes ``max_batch_bytes`` and its spans, partition 0 of "in" assigned."""
+    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
+                              model_dir=model_dir, max_batch_bytes=max_batch_bytes, native_consumer=False)
+    w = Worker(settings, handler=PoisonHandler(model_dir))
+    batches = connected_spans(w)
+    w._tracker.assign([("in", 0)])
+    return w, batches
+
+
 def test_a_byte_bound_cuts_a_batch_of_large_values_and_no_part_keeps_much_more_of_the_take_alive(
         model_dir: Path) -> None:
     """A take of large values (one buffer) is cut at --max-batch-bytes: without buffers of their own, each batch
     cut from it kept the whole take alive until the last of them was done."""
-    mib = 1_048_576
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir, max_batch_bytes=3 * mib + mib // 2, native_consumer=False)
-    w = Worker(settings, handler=PoisonHandler(model_dir))
-    batches = connected_spans(w)
-    w._tracker.assign([("in", 0)])
+    w, batches = byte_bound_worker(model_dir, 3 * mib + mib // 2)
     values = [bytes([65 + i]) * mib for i in range(10)]  # 10 MiB in one take
     batches.accept(Records.build(values, [None] * 10, [0] * 10, range(10)))
     assert w._batcher.ready() and w._batcher.bytes == 10 * mib
@@ -175,12 +183,7 @@ def test_a_byte_bound_counts_the_keys_and_watched_headers_a_batch_holds_beside_i
     """A producer of small values with large keys, or carrying large headers the worker keeps (a trace context, a
     reply address, a --copy-headers name): their bytes count toward --max-batch-bytes as a value's do, so batches
     of them are cut too, each record's with it."""
-    mib = 1_048_576
-    settings = WorkerSettings(bootstrap_servers="127.0.0.1:1", input_topic="in", output_topic="out", group_id="g",
-                              model_dir=model_dir, max_batch_bytes=3 * mib + mib // 2, native_consumer=False)
-    w = Worker(settings, handler=PoisonHandler(model_dir))
-    batches = connected_spans(w)
-    w._tracker.assign([("in", 0)])
+    w, batches = byte_bound_worker(model_dir, 3 * mib + mib // 2)
     large = [bytes([65 + i]) * mib for i in range(10)]
     if beside == "header":
         replies = {i: (None, None, None, None, large[i], None, 0, 0) for i in range(10)}
