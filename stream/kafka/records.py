@@ -107,11 +107,10 @@ class Records:
     def nbytes(self) -> int:
         """The bytes of their values, keys and watched headers' values (the buffer may hold more: one shared after
         `split` or `select`)."""
-        held = int(np.maximum(self.lengths, 0).sum())
-        return held if self.side_bytes is None else held + int(self.side_bytes.sum())
+        return int(self.sizes().sum())
 
     def sizes(self) -> np.ndarray:
-        """Each record's bytes as `nbytes` counts them (int64): its value's, key's and watched headers' values'."""
+        """Each record's bytes (int64): its value's, key's and watched headers' values' (`nbytes`: their sum)."""
         sizes: np.ndarray = np.maximum(self.lengths, 0)
         return sizes if self.side_bytes is None else sizes + self.side_bytes
 
