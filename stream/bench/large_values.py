@@ -20,7 +20,9 @@ number of small events gives the floor. Variants, in one run on one local Apache
 * ``large-header-queue-1000``, ``large-header-queue-100``: the same with ``KAFKA_CONSUMER_QUEUED_MIN_MESSAGES`` at
   1000 and 100, where the worker sets 200 (librdkafka counts a record's value alone toward its 16 MiB prefetch
   bound, not its headers or key: records of small values stop its prefetch only at this count);
-* ``large-key``: small events keyed by ``--size`` bytes, the worker at its defaults.
+* ``large-key``: small events keyed by ``--size`` bytes, the worker at its defaults;
+* ``many-headers-confluent``, ``large-header-confluent``, ``large-key-confluent``: the same three with
+  ``--no-native-consumer`` (confluent-kafka's ``consume``, the path of a worker whose C extension is not built).
 
 Writes the figures to ``--results`` as JSON and prints one line per variant.
 """
@@ -54,6 +56,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "large-header-queue-100": {"size": 100, "headers": ("traceparent", "size", 1),
                                "env": {"KAFKA_CONSUMER_QUEUED_MIN_MESSAGES": "100"}},
     "large-key": {"size": 100, "key": True},
+    "many-headers-confluent": {"size": 100, "headers": ("x", 0, 100_000), "records": "header_records",
+                               "args": ["--no-native-consumer"]},
+    "large-header-confluent": {"size": 100, "headers": ("traceparent", "size", 1), "args": ["--no-native-consumer"]},
+    "large-key-confluent": {"size": 100, "key": True, "args": ["--no-native-consumer"]},
 }
 
 
