@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
 from stream.kafka import native
-from stream.kafka.records import Records
+from stream.kafka.records import MessageRows, Records
 from stream.kafka.replies import ADDRESS_HEADERS, watched_headers
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,9 @@ _LEAVE_BOUND_S = 5.0  # `leave_group`: at most this long (or half the close's bo
 _LEAVE_SERVE_S = 0.3  # and at least this long, for a rebalance already on its way
 _HELD_GRACE_S = 10.0  # `close_within`: a close holding the interpreter ends the process this long after its bound
 _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
+# confluent-kafka's input: the most records one consume() call takes (a record's Message holds its headers parsed
+# whole, some 6 MB at librdkafka's limit of 100,000: a call's records are read and let go before the next call)
+_MESSAGES_A_CALL = 32
 
 
 class Intake:
@@ -64,12 +67,7 @@ class Intake:
         consumer = self._consumer
         source = self._source
         if source is None:
-            if not first:
-                return self._records_of(consumer.consume(n, timeout_s))
-            messages = consumer.consume(1, timeout_s)
-            if messages and n > 1:
-                messages += consumer.consume(n - 1, 0)
-            return self._records_of(messages)
+            return self._take_messages(n, timeout_s, first)
         now = self._clock()
         if now >= self._serve_consumer_at:
             # Rebalances (on_assign routes new partitions to the native queue before they are assigned),
@@ -104,7 +102,27 @@ class Intake:
             self._source.close()
             self._source = None
 
-    def _records_of(self, messages: list[Message]) -> Records:
+    def _take_messages(self, n: int, timeout_s: float, first: bool) -> Records:
+        """`take` through confluent-kafka's ``consume``, at most `_MESSAGES_A_CALL` records a call, each call's
+        Messages read and let go before the next (each holds its record's headers, parsed whole): ``consume(n,
+        timeout_s)``, or with ``first`` ``consume(1, timeout_s)`` and then what is already fetched."""
+        consumer = self._consumer
+        rows = MessageRows(self._watched)
+        deadline = self._clock() + timeout_s
+        taken = 0
+        want, wait = (1, timeout_s) if first else (min(n, _MESSAGES_A_CALL), timeout_s)
+        while True:
+            messages = consumer.consume(want, wait)
+            got = len(messages)
+            self._add(rows, messages)
+            taken += got
+            if taken >= n or got < want:  # all of them, or none left within the wait
+                return rows.records()
+            want = min(n - taken, _MESSAGES_A_CALL)
+            wait = 0 if first else max(deadline - self._clock(), 0.0)
+
+    @staticmethod
+    def _add(rows: MessageRows, messages: list[Message]) -> None:
         good = []
         for msg in messages:
             err = msg.error()
@@ -112,7 +130,13 @@ class Intake:
                 good.append(msg)
             else:
                 consume_error(err)
-        return Records.from_messages(good, self._watched) if good else Records.empty()
+        messages.clear()
+        rows.add(good)
+
+    def _records_of(self, messages: list[Message]) -> Records:
+        rows = MessageRows(self._watched)
+        self._add(rows, messages)
+        return rows.records()
 
 
 def consume_error(err: KafkaError) -> None:

@@ -63,20 +63,9 @@ class Records:
     def from_messages(cls, messages: Sequence[Message], watched: Sequence[str] = ADDRESS_HEADERS) -> Records:
         """Records of consumed, error-free ``Message``s (each has a partition and an offset); ``watched``: the
         header names whose values `replies` holds."""
-        replies: dict[int, AddressHeaders] = {}
-        taken_ns = time.time_ns()
-        for i, m in enumerate(messages):
-            headers = m.headers()
-            if headers:
-                pairs = headers.items() if isinstance(headers, dict) else headers  # a consumed one's: a list
-                named = {k: v for k, v in pairs if k in watched}  # the last of each name; a null one is absent
-                last = {k: v for k, v in named.items() if isinstance(v, bytes)}
-                if last:
-                    kind, ts_ms = m.timestamp()
-                    replies[i] = (*(last.get(name) for name in watched), ts_ms if kind else None, taken_ns)
-        return cls.build([m.value() for m in messages], [m.key() for m in messages],
-                         [m.partition() for m in messages], [m.offset() for m in messages],  # type: ignore[misc]
-                         replies)
+        rows = MessageRows(watched)
+        rows.add(list(messages))
+        return rows.records()
 
     @classmethod
     def concat(cls, parts: Sequence[Records]) -> Records:
@@ -174,3 +163,47 @@ class Records:
         if not drop:
             return self
         return self.select(np.flatnonzero(~np.isin(self.partitions, drop)))
+
+
+class MessageRows:
+    """Consumed, error-free ``Message``s gathered a chunk at a time into one `Records`. `add` lets each Message go
+    once read: confluent-kafka parses a record's headers whole at ``consume`` (up to 100,000 of them, some 6 MB) and
+    keeps them on its Message, so a take held as Messages at once is bounded by its count alone."""
+
+    def __init__(self, watched: Sequence[str] = ADDRESS_HEADERS) -> None:
+        self._watched = watched
+        self._values: list[bytes | None] = []
+        self._keys: list[bytes | None] = []
+        self._partitions: list[int] = []
+        self._offsets: list[int] = []
+        self._replies: dict[int, AddressHeaders] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, messages: list[Message]) -> None:
+        """Reads these Messages in order and empties the list (each dropped as soon as it is read)."""
+        watched = self._watched
+        taken_ns = time.time_ns()
+        messages.reverse()
+        while messages:
+            m = messages.pop()
+            headers = m.headers()
+            if headers:
+                pairs = headers.items() if isinstance(headers, dict) else headers  # a consumed one's: a list
+                named = {k: v for k, v in pairs if k in watched}  # the last of each name; a null one is absent
+                last = {k: v for k, v in named.items() if isinstance(v, bytes)}
+                if last:
+                    kind, ts_ms = m.timestamp()
+                    self._replies[len(self._keys)] = (*(last.get(name) for name in watched), ts_ms if kind else None,
+                                                      taken_ns)
+            self._values.append(m.value())
+            self._partitions.append(m.partition())  # type: ignore[arg-type]
+            self._offsets.append(m.offset())  # type: ignore[arg-type]
+            self._keys.append(m.key())
+
+    def records(self) -> Records:
+        """Every row added so far, in order."""
+        if not self._keys:
+            return Records.empty()
+        return Records.build(self._values, self._keys, self._partitions, self._offsets, self._replies)
