@@ -45,10 +45,12 @@ from stream.gateway.errors import (
 )
 from stream.gateway.presence import WorkerPresence
 from stream.kafka.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
+from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.replies import REPLY_HEADER, USAGE_TOKENS_HEADER, ReplyAddress
 from stream.ops.verify import headers_of
 
 log = logging.getLogger(__name__)
+_REPLIES_A_ROUND = 512  # replies read between two rounds of expiring the calls past their deadline
 _NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 _TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 
@@ -235,16 +237,23 @@ class PredictionClient:
             try:
                 self._producer.poll(0)
                 # poll() returns at the first reply (consume(n, t) would wait for n or t): then take what else is
-                # there without waiting.
+                # there without waiting, a few at a time (a Message holds its record's headers parsed whole), up to
+                # _REPLIES_A_ROUND before the expiries are served again.
                 first = self._consumer.poll(0.02)
-                messages = [] if first is None else [first, *self._consumer.consume(500, 0)]
-                self._producer.poll(0)  # the delivery reports of the events these replies answer, first
-                for msg in messages:
-                    err = msg.error()
-                    if err is None:
-                        self._reply(msg)
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reply partition: %s", err)
+                messages = [] if first is None else [first]
+                read = 0
+                while messages:
+                    self._producer.poll(0)  # the delivery reports of the events these replies answer, first
+                    for msg in messages:
+                        err = msg.error()
+                        if err is None:
+                            self._reply(msg)
+                        elif err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("reply partition: %s", err)
+                    read += len(messages)
+                    messages = []  # let go before the next call
+                    if read < _REPLIES_A_ROUND:
+                        messages = self._consumer.consume(MESSAGES_A_CONSUME, 0)
                 self._expire(time.monotonic())
             except Exception:  # a bad reply must not stop every caller's answers
                 log.exception("serving replies")

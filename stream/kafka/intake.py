@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
 from stream.kafka import native
-from stream.kafka.records import MessageRows, Records
+from stream.kafka.records import MESSAGES_A_CONSUME, MessageRows, Records
 from stream.kafka.replies import ADDRESS_HEADERS, watched_headers
 
 log = logging.getLogger(__name__)
@@ -22,9 +22,6 @@ _LEAVE_BOUND_S = 5.0  # `leave_group`: at most this long (or half the close's bo
 _LEAVE_SERVE_S = 0.3  # and at least this long, for a rebalance already on its way
 _HELD_GRACE_S = 10.0  # `close_within`: a close holding the interpreter ends the process this long after its bound
 _SERVE_CONSUMER_S = 0.1  # native input: the consumer's own queue is served at least this often (and when it has ops)
-# confluent-kafka's input: the most records one consume() call takes (a record's Message holds its headers parsed
-# whole, some 6 MB at librdkafka's limit of 100,000: a call's records are read and let go before the next call)
-_MESSAGES_A_CALL = 32
 
 
 class Intake:
@@ -103,14 +100,14 @@ class Intake:
             self._source = None
 
     def _take_messages(self, n: int, timeout_s: float, first: bool) -> Records:
-        """`take` through confluent-kafka's ``consume``, at most `_MESSAGES_A_CALL` records a call, each call's
+        """`take` through confluent-kafka's ``consume``, at most `MESSAGES_A_CONSUME` records a call, each call's
         Messages read and let go before the next (each holds its record's headers, parsed whole): ``consume(n,
         timeout_s)``, or with ``first`` ``consume(1, timeout_s)`` and then what is already fetched."""
         consumer = self._consumer
         rows = MessageRows(self._watched)
         deadline = self._clock() + timeout_s
         taken = 0
-        want, wait = (1, timeout_s) if first else (min(n, _MESSAGES_A_CALL), timeout_s)
+        want, wait = (1, timeout_s) if first else (min(n, MESSAGES_A_CONSUME), timeout_s)
         while True:
             messages = consumer.consume(want, wait)
             got = len(messages)
@@ -118,7 +115,7 @@ class Intake:
             taken += got
             if taken >= n or got < want:  # all of them, or none left within the wait
                 return rows.records()
-            want = min(n - taken, _MESSAGES_A_CALL)
+            want = min(n - taken, MESSAGES_A_CONSUME)
             wait = 0 if first else max(deadline - self._clock(), 0.0)
 
     @staticmethod

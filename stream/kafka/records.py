@@ -23,6 +23,11 @@ _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 # (or at most their own bytes)
 _COMPACT_SLACK = 1_048_576
 
+# The most records one confluent-kafka ``consume()`` call is asked for where the records come from anyone: each
+# record's Message holds its headers, parsed whole at the call (up to librdkafka's 100,000, some 6 MB), until the
+# Message is let go; a call's Messages are read and let go before the next call.
+MESSAGES_A_CONSUME = 32
+
 
 @dataclass(frozen=True)
 class Records:

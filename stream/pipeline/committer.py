@@ -27,6 +27,7 @@ from stream.errors import KafkaClientError
 from stream.kafka.deadline import Deadline
 from stream.kafka.offsets import OffsetTracker
 from stream.kafka.offsets import TopicPartition as Tp
+from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.ops.metrics import StreamMetrics
 from stream.ops.stalls import StallDetector
 from stream.ops.summary import WorkerSummary
@@ -166,7 +167,7 @@ class Committer:
                           "uncommitted (their records will be processed again by the next owner)")
                 return
             try:
-                consumer.consume(100, min(0.1, deadline.left()))
+                consumer.consume(MESSAGES_A_CONSUME, min(0.1, deadline.left()))
             except KafkaException as exc:
                 log.error("the last positions stay uncommitted: the consumer failed while the group "
                           "rebalanced: %s", exc)

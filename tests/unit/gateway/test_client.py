@@ -4,8 +4,10 @@ tests/integration/test_gateway.py)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -247,6 +249,40 @@ def test_a_delivery_error_fails_its_event_and_a_late_one_times_out_saying_where_
         late.result(5)
     assert timeout.value.partition == 2 and timeout.value.offset == 3 and "will still be predicted" in str(
         timeout.value)
+
+
+def test_replies_are_read_a_few_at_a_time_each_call_s_let_go_before_the_next_and_expiries_served_between(
+        client: PredictionClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record of the reply topic may carry up to 100,000 headers (librdkafka parses them whole into its Message):
+    the reply consumer asks for at most 32 a call and holds no earlier call's Messages meanwhile; the calls past
+    their deadline are expired at least every 512 replies, however fast they come."""
+    given: list[weakref.ref[Message]] = []
+    asked: list[tuple[int, int]] = []  # (n asked for, earlier Messages still alive)
+    expired_at: list[int] = []
+    consume, expire = client._consumer.consume, client._expire
+
+    def consuming(n: int, timeout: float) -> list[Message]:
+        asked.append((n, sum(ref() is not None for ref in given)))
+        taken = consume(n, timeout)
+        given.extend(weakref.ref(m) for m in taken)
+        return taken
+
+    def expiring(now: float) -> int:
+        expired_at.append(client.replies_read)
+        return expire(now)
+
+    monkeypatch.setattr(client._consumer, "consume", consuming)
+    monkeypatch.setattr(client, "_expire", expiring)
+    with BROKER.lock:
+        BROKER.replies.extend(reply(f"foreign-{i}") for i in range(1000))
+    deadline = time.monotonic() + 10
+    while client.replies_read < 1000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.replies_read == 1000 and client.foreign_replies == 1000
+    assert asked and max(n for n, _ in asked) == 32
+    assert max(alive for _, alive in asked) <= 1  # at most the last Message read, still bound to the loop's name
+    rounds = [b - a for a, b in itertools.pairwise([0, *sorted(set(expired_at))])]
+    assert max(rounds) <= 512 + 32, rounds
 
 
 def test_readiness_is_unknown_not_false_where_the_brokers_cannot_tell() -> None:

@@ -4,6 +4,7 @@ tests/integration/test_native.py): error events are not records; which errors st
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -81,6 +82,60 @@ def test_a_first_take_waits_for_one_record_then_takes_what_is_there_in_one_piece
     empty = Backlog(0)
     assert len(Intake(empty, None, lambda: 0.0).take(4, 0.2, first=True)) == 0  # type: ignore[arg-type]
     assert empty.asked == [(1, 0.2)]  # nothing came within the wait: no second call
+
+
+class Held(Backlog):
+    """A backlog whose consume() records which of the Messages it gave earlier are still alive when it is called
+    again (confluent-kafka's Message holds its record's parsed headers)."""
+
+    def __init__(self, count: int, replies_at: set[int]) -> None:
+        super().__init__(count)
+        for m in self.left:
+            if m._o in replies_at:
+                m._headers = [("stream.reply", b"t:0:%d" % m._o)]
+        self.given: list[weakref.ref[Msg]] = []
+        self.alive_at_call: list[int] = []
+
+    def consume(self, n: int, timeout: float) -> list[Msg]:
+        self.alive_at_call.append(sum(ref() is not None for ref in self.given))
+        taken = super().consume(n, timeout)
+        self.given += [weakref.ref(m) for m in taken]
+        return taken
+
+
+def test_a_take_through_consume_asks_for_at_most_32_records_a_call_and_lets_each_call_s_go_before_the_next() -> None:
+    """A take of 100 (a batch's worth) is four calls, none holding the Messages of the one before it: a record's
+    Message holds its headers parsed whole (up to 100,000 of them), so 100 at once could hold 600 MB."""
+    consumer = Held(150, replies_at={3, 40, 99})
+    records = Intake(consumer, None, lambda: 0.0).take(100, 0.5)  # type: ignore[arg-type]
+    assert consumer.asked == [(32, 0.5), (32, 0.5), (32, 0.5), (4, 0.5)]
+    assert consumer.alive_at_call == [0, 0, 0, 0]
+    assert records.offsets.tolist() == list(range(100))
+    assert records.replies is not None and sorted(records.replies) == [3, 40, 99]  # rows of the whole take
+    assert records.replies[40][0] == b"t:0:40" and records.replies[99][0] == b"t:0:99"
+    # a first take: one record within the wait, then what is already there, still 32 a call
+    first = Held(80, replies_at=set())
+    records = Intake(first, None, lambda: 0.0).take(70, 0.5, first=True)  # type: ignore[arg-type]
+    assert first.asked == [(1, 0.5), (32, 0), (32, 0), (5, 0)] and first.alive_at_call == [0, 0, 0, 0]
+    assert records.offsets.tolist() == list(range(70))
+
+
+def test_a_take_through_consume_waits_out_what_is_left_of_its_bound_and_stops_at_a_short_call() -> None:
+    clock = iter([10.0, 10.2, 10.45])
+
+    class Trickle(Backlog):
+        """All that is asked for twice, then one record (the wait ran out)."""
+
+        def consume(self, n: int, timeout: float) -> list[Msg]:
+            self.asked.append((n, timeout))
+            return [Msg(0, len(self.asked))] * (n if len(self.asked) < 3 else 1)
+
+    consumer = Trickle(0)
+    records = Intake(consumer, None, lambda: next(clock)).take(100, 0.5)  # type: ignore[arg-type]
+    # the bound is the take's, not each call's: 0.5 s from 10.0, then what is left of it
+    assert [n for n, _ in consumer.asked] == [32, 32, 32]
+    assert [round(t, 6) for _, t in consumer.asked] == [0.5, 0.3, 0.05]
+    assert len(records) == 65  # the third call came back short: nothing more within the bound
 
 
 def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split_and_concat() -> None:
