@@ -32,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stream.codec.registry import WireDecoder, open_source
 from stream.errors import ConfigError, StreamError
+from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.topics import end_offsets
 from stream.ops.verify import headers_of, input_source
 
@@ -62,7 +63,7 @@ def read_topic(bootstrap: str, topic: str, config: dict[str, Any] | None = None,
             if time.monotonic() > deadline:
                 raise StreamError(f"{topic}: not read to its end offsets within {timeout_s:.0f} s "
                                   f"(partitions left: {sorted(todo)})")
-            for msg in consumer.consume(10_000, 0.5):
+            for msg in consumer.consume(MESSAGES_A_CONSUME, 0.5):
                 if msg.error() is not None:
                     continue
                 p, offset = int(msg.partition() or 0), int(msg.offset() or 0)

@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaExcepti
 
 from stream.codec.registry import WireDecoder, open_source
 from stream.errors import ConfigError, StreamError
+from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.topics import end_offsets, partitions_of
 from stream.kafka_env import kafka_admin_env_config, kafka_env_config
 from stream.ops.compare import drop_read_to_end
@@ -122,7 +123,7 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
         decode = WireDecoder(source)
         consumer.assign([TopicPartition(args.topic, p, start) for p in (chosen if args.follow else todo)])
         while args.follow or todo:
-            for msg in consumer.consume(500, 0.5):
+            for msg in consumer.consume(MESSAGES_A_CONSUME, 0.5):
                 error = msg.error()
                 if error is not None:
                     if error.fatal() or not error.retriable():

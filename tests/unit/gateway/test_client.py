@@ -31,6 +31,7 @@ from stream.gateway.errors import (
 )
 from stream.gateway.presence import WorkerPresence
 from stream.kafka.publish import DLQ_ERROR_MESSAGE, DLQ_ERROR_REASON, DLQ_STAGE, HEADER_OFFSET, HEADER_PARTITION
+from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.replies import REPLY_HEADER
 
 REGISTRY = SchemaRegistry.from_dir()
@@ -254,8 +255,8 @@ def test_a_delivery_error_fails_its_event_and_a_late_one_times_out_saying_where_
 def test_replies_are_read_a_few_at_a_time_each_call_s_let_go_before_the_next_and_expiries_served_between(
         client: PredictionClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """A record of the reply topic may carry up to 100,000 headers (librdkafka parses them whole into its Message):
-    the reply consumer asks for at most 32 a call and holds no earlier call's Messages meanwhile; the calls past
-    their deadline are expired at least every 512 replies, however fast they come."""
+    the reply consumer asks for at most MESSAGES_A_CONSUME a call and holds no earlier call's Messages meanwhile;
+    the calls past their deadline are expired at least every 512 replies, however fast they come."""
     given: list[weakref.ref[Message]] = []
     asked: list[tuple[int, int]] = []  # (n asked for, earlier Messages still alive)
     expired_at: list[int] = []
@@ -279,10 +280,10 @@ def test_replies_are_read_a_few_at_a_time_each_call_s_let_go_before_the_next_and
     while client.replies_read < 1000 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert client.replies_read == 1000 and client.foreign_replies == 1000
-    assert asked and max(n for n, _ in asked) == 32
+    assert asked and max(n for n, _ in asked) == MESSAGES_A_CONSUME
     assert max(alive for _, alive in asked) <= 1  # at most the last Message read, still bound to the loop's name
     rounds = [b - a for a, b in itertools.pairwise([0, *sorted(set(expired_at))])]
-    assert max(rounds) <= 512 + 32, rounds
+    assert max(rounds) <= 512 + MESSAGES_A_CONSUME, rounds
 
 
 def test_readiness_is_unknown_not_false_where_the_brokers_cannot_tell() -> None:

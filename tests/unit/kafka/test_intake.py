@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from stream.errors import KafkaClientError
 from stream.kafka.intake import Intake, consume_error
-from stream.kafka.records import Records
+from stream.kafka.records import MESSAGES_A_CONSUME, Records
 
 
 class Msg:
@@ -103,21 +103,27 @@ class Held(Backlog):
         return taken
 
 
-def test_a_take_through_consume_asks_for_at_most_32_records_a_call_and_lets_each_call_s_go_before_the_next() -> None:
-    """A take of 100 (a batch's worth) is four calls, none holding the Messages of the one before it: a record's
-    Message holds its headers parsed whole (up to 100,000 of them), so 100 at once could hold 600 MB."""
-    consumer = Held(150, replies_at={3, 40, 99})
-    records = Intake(consumer, None, lambda: 0.0).take(100, 0.5)  # type: ignore[arg-type]
-    assert consumer.asked == [(32, 0.5), (32, 0.5), (32, 0.5), (4, 0.5)]
-    assert consumer.alive_at_call == [0, 0, 0, 0]
-    assert records.offsets.tolist() == list(range(100))
-    assert records.replies is not None and sorted(records.replies) == [3, 40, 99]  # rows of the whole take
-    assert records.replies[40][0] == b"t:0:40" and records.replies[99][0] == b"t:0:99"
-    # a first take: one record within the wait, then what is already there, still 32 a call
-    first = Held(80, replies_at=set())
-    records = Intake(first, None, lambda: 0.0).take(70, 0.5, first=True)  # type: ignore[arg-type]
-    assert first.asked == [(1, 0.5), (32, 0), (32, 0), (5, 0)] and first.alive_at_call == [0, 0, 0, 0]
-    assert records.offsets.tolist() == list(range(70))
+def test_a_take_through_consume_asks_for_at_most_a_few_records_a_call_and_lets_each_call_s_go_before_the_next(
+        ) -> None:
+    """A take of 300 (a batch's worth) is several calls of at most MESSAGES_A_CONSUME, none holding the Messages of
+    the one before it: a record's Message holds its headers parsed whole (up to 100,000 of them, some 6 MB), so 300
+    at once could hold 2 GB."""
+    k = MESSAGES_A_CONSUME
+    assert 16 <= k <= 128
+    consumer = Held(400, replies_at={3, k + 5, 299})
+    records = Intake(consumer, None, lambda: 0.0).take(300, 0.5)  # type: ignore[arg-type]
+    calls = -(-300 // k)
+    assert consumer.asked == [(k, 0.5)] * (calls - 1) + [(300 - k * (calls - 1), 0.5)]
+    assert consumer.alive_at_call == [0] * calls
+    assert records.offsets.tolist() == list(range(300))
+    assert records.replies is not None and sorted(records.replies) == [3, k + 5, 299]  # rows of the whole take
+    assert records.replies[k + 5][0] == b"t:0:%d" % (k + 5) and records.replies[299][0] == b"t:0:299"
+    # a first take: one record within the wait, then what is already there, as many calls
+    first = Held(400, replies_at=set())
+    records = Intake(first, None, lambda: 0.0).take(300, 0.5, first=True)  # type: ignore[arg-type]
+    assert first.asked[0] == (1, 0.5) and first.asked[1] == (k, 0) and len(first.asked) == 1 + -(-299 // k)
+    assert set(first.alive_at_call) == {0}
+    assert records.offsets.tolist() == list(range(300))
 
 
 def test_a_take_through_consume_waits_out_what_is_left_of_its_bound_and_stops_at_a_short_call() -> None:
@@ -131,11 +137,12 @@ def test_a_take_through_consume_waits_out_what_is_left_of_its_bound_and_stops_at
             return [Msg(0, len(self.asked))] * (n if len(self.asked) < 3 else 1)
 
     consumer = Trickle(0)
-    records = Intake(consumer, None, lambda: next(clock)).take(100, 0.5)  # type: ignore[arg-type]
+    records = Intake(consumer, None, lambda: next(clock)).take(1000, 0.5)  # type: ignore[arg-type]
     # the bound is the take's, not each call's: 0.5 s from 10.0, then what is left of it
-    assert [n for n, _ in consumer.asked] == [32, 32, 32]
+    k = MESSAGES_A_CONSUME
+    assert [n for n, _ in consumer.asked] == [k, k, k]
     assert [round(t, 6) for _, t in consumer.asked] == [0.5, 0.3, 0.05]
-    assert len(records) == 65  # the third call came back short: nothing more within the bound
+    assert len(records) == 2 * k + 1  # the third call came back short: nothing more within the bound
 
 
 def test_a_reply_address_is_kept_for_its_row_and_follows_it_through_select_split_and_concat() -> None:
