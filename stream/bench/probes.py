@@ -3,6 +3,7 @@ broker's collection log, and latencies read back from the output topic."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import threading
@@ -128,7 +129,7 @@ def scrape(port: int, name: str) -> float | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
             return metric(response.read().decode(), name)
-    except OSError:
+    except (OSError, http.client.HTTPException):  # not up yet, or exiting (a response cut short)
         return None
 
 

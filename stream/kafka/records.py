@@ -26,7 +26,7 @@ _COMPACT_SLACK = 1_048_576
 # The most records one confluent-kafka ``consume()`` call is asked for where the records come from anyone: each
 # record's Message holds its headers, parsed whole at the call (up to librdkafka's 100,000, some 6.6 MB), until the
 # Message is let go; a call's Messages are read and let go before the next call. Each call gives up the GIL once:
-# 64 cost the demo's drain on that path 0.92 of one call a take, 32 0.86 (docs/performance.md).
+# at 64 the demo's drains on that path ran at 0.88-0.92 of one call a take (docs/performance.md).
 MESSAGES_A_CONSUME = 64
 
 

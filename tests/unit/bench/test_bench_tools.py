@@ -224,3 +224,30 @@ def test_the_ab_benchs_text_workers_take_the_workers_own_flags_and_bad_counts_ar
     with pytest.raises(SystemExit):
         ab.main(["--baseline", "HEAD", "--model", "gpt"])
     assert "invalid choice: 'gpt'" in capsys.readouterr().err
+
+
+def test_a_scrape_of_a_worker_that_exits_mid_response_reads_nothing_instead_of_failing_the_drain() -> None:
+    """A drain scrapes its worker every 0.2 s until the worker exits: a response cut short by the exit (a
+    ``Content-Length`` of 200 and 10 bytes sent) is no reading, as a refused connection is."""
+    import socket
+    import threading
+
+    from stream.bench.probes import scrape
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_short() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\nstream_rec")
+
+    thread = threading.Thread(target=answer_short, daemon=True)
+    thread.start()
+    try:
+        assert scrape(port, "stream_records_consumed_total") is None
+    finally:
+        thread.join(5)
+        server.close()
+    assert scrape(port, "stream_records_consumed_total") is None  # nothing listening
