@@ -173,7 +173,7 @@ class Records:
 
 class MessageRows:
     """Consumed, error-free ``Message``s gathered a chunk at a time into one `Records`. `add` lets each Message go
-    once read: confluent-kafka parses a record's headers whole at ``consume`` (up to 100,000 of them, some 6 MB) and
+    once read: confluent-kafka parses a record's headers whole at ``consume`` (up to 100,000 of them, some 6.6 MB) and
     keeps them on its Message, so a take held as Messages at once is bounded by its count alone."""
 
     def __init__(self, watched: Sequence[str] = ADDRESS_HEADERS) -> None:
