@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
+
+from stream.errors import ConfigError
 
 _TOKEN = re.compile(r"_{1,3}|[^_]+")
 
@@ -44,3 +47,27 @@ def kafka_admin_env_config(environ: Mapping[str, str]) -> dict[str, str]:
     and ``KAFKA_ADMIN_*``."""
     parts = _kafka_env_parts(environ)
     return {**parts[""], **parts["ADMIN"]}
+
+
+def check_client_config(kind: str, conf: Mapping[str, Any], source: str) -> None:
+    """Raise `ConfigError` where librdkafka refuses ``conf`` for a ``kind`` client ("consumer", "producer" or
+    "admin"): a property it does not know, a value it cannot read, or two that contradict each other (a
+    ``fetch.max.bytes`` below ``message.max.bytes``), saying so with ``source`` (where the settings came from).
+    Checked on a client that connects nowhere (no bootstrap servers, callbacks left out, no log), made and closed
+    at once, so that a process fails at its start with the reason instead of with a traceback once it is running."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient
+
+    trial = {k: v for k, v in conf.items() if k != "bootstrap.servers" and not callable(v)}
+    trial["log_level"] = 0
+    try:
+        if kind == "consumer":
+            Consumer({"group.id": "config-check", **trial}).close()
+        elif kind == "producer":
+            Producer(trial)
+        else:
+            AdminClient(trial)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        reason = err.str() if isinstance(err, KafkaError) else str(exc)
+        raise ConfigError(f"librdkafka refused the {kind}'s settings ({source}): {reason}") from None

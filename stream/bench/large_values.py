@@ -13,6 +13,12 @@ number of small events gives the floor. Variants, in one run on one local Apache
 * ``fetch-1mib``: the defaults with ``KAFKA_CONSUMER_FETCH_MAX_BYTES=1048576`` (librdkafka holds a fetch response
   decompressed whole: at its 50 MiB default, one response of several partitions);
 * ``uncompressed``: the defaults, the events produced without compression;
+* ``zstd``: the defaults, the events produced with zstd (which packs 900 KB of one character into 46 bytes, where
+  lz4 stops near 250 to 1);
+* ``zstd-partition-fetch-64kib``: the same with ``KAFKA_CONSUMER_FETCH_MAX_BYTES=1048576`` and
+  ``KAFKA_CONSUMER_MAX_PARTITION_FETCH_BYTES=65536`` (librdkafka holds a fetch response decompressed whole);
+* ``zstd-topic-lz4``: zstd from the producer into a topic whose ``compression.type`` is ``lz4`` (the broker
+  recompresses each batch), the worker at its defaults;
 * ``many-headers``: ``--header-records`` small events, each carrying 100,000 empty headers (the most librdkafka
   parses in a record; some 300 KB, packed about 250 to 1), the worker at its defaults;
 * ``large-header``: small events, each carrying a ``traceparent`` header of ``--size`` bytes (a header the worker
@@ -49,6 +55,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "fetch-1mib": {"env": {"KAFKA_CONSUMER_FETCH_MAX_BYTES": "1048576"}},
     "uncompressed": {"compression": "none"},
+    "zstd": {"compression": "zstd"},
+    "zstd-partition-fetch-64kib": {"compression": "zstd", "env": {"KAFKA_CONSUMER_FETCH_MAX_BYTES": "1048576",
+                                                                  "KAFKA_CONSUMER_MAX_PARTITION_FETCH_BYTES": "65536"}},
+    "zstd-topic-lz4": {"compression": "zstd", "topic_config": {"compression.type": "lz4"}},
     "many-headers": {"size": 100, "headers": ("x", 0, 100_000), "records": "header_records"},
     "large-header": {"size": 100, "headers": ("traceparent", "size", 1)},
     "large-header-queue-1000": {"size": 100, "headers": ("traceparent", "size", 1),
@@ -158,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             variant = VARIANTS[name]
             topic = f"large-{name}-{run}"
             names = (topic, f"{topic}-out", f"{topic}-dlq")
-            for future in admin.create_topics([NewTopic(t, args.partitions, 1) for t in names]).values():
+            configs = {topic: variant.get("topic_config", {})}  # the input topic's
+            for future in admin.create_topics([NewTopic(t, args.partitions, 1, config=configs.get(t, {}))
+                                               for t in names]).values():
                 future.result()
             size = variant.get("size", args.size)
             records = getattr(args, variant.get("records", "records"))
@@ -176,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                    "bytes": sum(len(k) + len(v or b"")
                                                                                 for k, v in headers)},
                           "compression": variant.get("compression", "lz4"),
+                          "topic_config": variant.get("topic_config") or None,
                           "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
             carrying = "" if headers is None else (f" carrying {len(headers):,} header(s) of "
                                                    f"{rows[name]['headers']['bytes']:,} B")

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     _check_tls(settings)
+    _check_client_configs()
     from stream.gateway.auth import load_keys
 
     keys = load_keys([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
@@ -305,6 +306,15 @@ def _version() -> str:
         return version("kafka-microbatch-inference")
     except PackageNotFoundError:
         return "0"
+
+
+def _check_client_configs() -> None:
+    """A ``KAFKA_*`` setting librdkafka refuses fails the command before it listens, with the reason."""
+    from stream.kafka_env import check_client_config, kafka_admin_env_config, kafka_env_config
+
+    consumer, producer = kafka_env_config(os.environ)
+    for kind, conf in (("consumer", consumer), ("producer", producer), ("admin", kafka_admin_env_config(os.environ))):
+        check_client_config(kind, conf, f"KAFKA_* and KAFKA_{kind.upper()}_* variables")
 
 
 def _check_tls(settings: GatewaySettings) -> None:

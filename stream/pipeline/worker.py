@@ -40,6 +40,7 @@ from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import Publisher, native_topic
 from stream.kafka.records import Records
 from stream.kafka.replies import carried_headers
+from stream.kafka_env import check_client_config
 from stream.ops.health import Health
 from stream.ops.health import serve as serve_http
 from stream.ops.metrics import StreamMetrics
@@ -142,6 +143,10 @@ class Worker:
         """``stopping``: whether a stop came during this start-up (before `install_signal_handlers`); the
         schemas' reading then ends in `StoppedAtStartUp` at once instead of waiting for the registry."""
         self.settings = s = settings
+        consumer_config, producer_config, admin_config = s.consumer_config(), s.producer_config(), s.admin_config()
+        for kind, conf in (("consumer", consumer_config), ("producer", producer_config), ("admin", admin_config)):
+            # before the model loads: a setting librdkafka refuses fails the start with its reason
+            check_client_config(kind, conf, f"KAFKA_* and KAFKA_{kind.upper()}_* variables beside the worker's own")
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
         self._connection = ConnectionWatch(clock)
@@ -160,17 +165,17 @@ class Worker:
             "shadow": "true" if s.shadow else "false"})
         if self._engine.device.type == "cuda":
             self.metrics.watch_cuda_memory(self._engine.device)
-        self._consumer_config = s.consumer_config()
+        self._consumer_config = consumer_config
         stats_ms = int(self._consumer_config.get("statistics.interval.ms", 0))
         self._consumer_stats = ConsumerStats(s.input_topic, stats_ms / 1000.0) if stats_ms > 0 else None
         if self._consumer_stats is not None:
             self.metrics.registry.register(self._consumer_stats)
-        self._producer_config = s.producer_config()
+        self._producer_config = producer_config
         # The admin requests' clients report connection errors to the watch, as the consumer and producer do.
         self._stop = threading.Event()
         self._failure = Failure(s, self.health, self._connection, self._stop)
         self._fail = self._failure.fail
-        self._admin_config = {**s.admin_config(), "error_cb": self._connection.on_admin_error}
+        self._admin_config = {**admin_config, "error_cb": self._connection.on_admin_error}
         self._summary = WorkerSummary()
         tokens = _token_bound(s.max_batch_tokens, handler)
         self._batcher: MicroBatcher[Records] = MicroBatcher(

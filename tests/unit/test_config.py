@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -218,3 +219,42 @@ def test_copy_headers_are_names_beside_the_trace_context_and_never_the_pipeline_
                      ("stream.input.offset", "the pipeline's own")):
         with pytest.raises(ConfigError, match=why):
             load_settings({**BASE, "copy_headers": bad}, environ={})
+
+
+def test_a_librdkafka_setting_it_refuses_is_a_config_error_with_its_reason(capfd: pytest.CaptureFixture[str]) -> None:
+    from stream.kafka_env import check_client_config
+
+    source = "KAFKA_* and KAFKA_CONSUMER_* variables"
+    with pytest.raises(ConfigError, match=r"consumer's settings \(KAFKA_\* and KAFKA_CONSUMER_\* variables\): "
+                                          r".*`fetch.max.bytes` must be >= `message.max.bytes`"):
+        check_client_config("consumer", {"bootstrap.servers": "127.0.0.1:1", "fetch.max.bytes": "65536"}, source)
+    with pytest.raises(ConfigError, match=r'No such configuration property: "fetch\.max\.byte"'):
+        check_client_config("consumer", {"fetch.max.byte": "65536"}, source)
+    with pytest.raises(ConfigError, match=r"producer's settings .*compression\.codec"):
+        check_client_config("producer", {"compression.type": "brotli"}, "KAFKA_PRODUCER_*")
+    with pytest.raises(ConfigError, match=r"admin's settings .*security\.protocol"):
+        check_client_config("admin", {"security.protocol": "tls"}, "KAFKA_ADMIN_*")
+    s = WorkerSettings(input_topic="in", output_topic="out", group_id="g", bootstrap_servers="127.0.0.1:1",
+                       guarantee="exactly-once")
+    for kind, conf in (("consumer", s.consumer_config({})), ("producer", s.producer_config({})),
+                       ("admin", s.admin_config({}))):
+        check_client_config(kind, {**conf, "error_cb": print}, source)  # the worker's own: accepted
+    assert capfd.readouterr() == ("", "")  # the check's clients log nothing and connect nowhere
+
+
+@pytest.mark.parametrize("command", [["worker", "--input-topic", "in", "--output-topic", "out", "--group-id", "g",
+                                      "--model-dir", "/nonexistent"], ["gateway", "--input-topic", "in"]])
+def test_the_commands_refuse_a_librdkafka_setting_at_their_start_saying_why(command: list[str]) -> None:
+    """A fetch.max.bytes below message.max.bytes (both librdkafka's to check) used to end a worker with a traceback
+    once its model had loaded and its probes answered; now the command ends at its start with the reason."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KAFKA_CONSUMER_FETCH_MAX_BYTES": "65536", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    out = subprocess.run([sys.executable, "-m", "stream", *command], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert ("error: librdkafka refused the consumer's settings (KAFKA_* and KAFKA_CONSUMER_* variables"
+            in out.stderr), out.stderr[-2000:]
+    assert "`fetch.max.bytes` must be >= `message.max.bytes`" in out.stderr
