@@ -71,3 +71,10 @@ def check_client_config(kind: str, conf: Mapping[str, Any], source: str) -> None
         err = exc.args[0] if exc.args else None
         reason = err.str() if isinstance(err, KafkaError) else str(exc)
         raise ConfigError(f"librdkafka refused the {kind}'s settings ({source}): {reason}") from None
+
+
+def check_client_configs(configs: Mapping[str, Mapping[str, Any]], beside: str = "") -> None:
+    """`check_client_config` for each client kind's settings ({"consumer": ..., ...}), each named as coming from
+    ``KAFKA_*`` and that kind's ``KAFKA_<KIND>_*`` variables, and ``beside`` (what else they hold)."""
+    for kind, conf in configs.items():
+        check_client_config(kind, conf, f"KAFKA_* and KAFKA_{kind.upper()}_* variables{beside}")

@@ -310,11 +310,10 @@ def _version() -> str:
 
 def _check_client_configs() -> None:
     """A ``KAFKA_*`` setting librdkafka refuses fails the command before it listens, with the reason."""
-    from stream.kafka_env import check_client_config, kafka_admin_env_config, kafka_env_config
+    from stream.kafka_env import check_client_configs, kafka_admin_env_config, kafka_env_config
 
     consumer, producer = kafka_env_config(os.environ)
-    for kind, conf in (("consumer", consumer), ("producer", producer), ("admin", kafka_admin_env_config(os.environ))):
-        check_client_config(kind, conf, f"KAFKA_* and KAFKA_{kind.upper()}_* variables")
+    check_client_configs({"consumer": consumer, "producer": producer, "admin": kafka_admin_env_config(os.environ)})
 
 
 def _check_tls(settings: GatewaySettings) -> None:

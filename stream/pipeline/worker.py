@@ -40,7 +40,7 @@ from stream.kafka.offsets import OffsetTracker
 from stream.kafka.publish import Publisher, native_topic
 from stream.kafka.records import Records
 from stream.kafka.replies import carried_headers
-from stream.kafka_env import check_client_config
+from stream.kafka_env import check_client_configs
 from stream.ops.health import Health
 from stream.ops.health import serve as serve_http
 from stream.ops.metrics import StreamMetrics
@@ -144,9 +144,9 @@ class Worker:
         schemas' reading then ends in `StoppedAtStartUp` at once instead of waiting for the registry."""
         self.settings = s = settings
         consumer_config, producer_config, admin_config = s.consumer_config(), s.producer_config(), s.admin_config()
-        for kind, conf in (("consumer", consumer_config), ("producer", producer_config), ("admin", admin_config)):
-            # before the model loads: a setting librdkafka refuses fails the start with its reason
-            check_client_config(kind, conf, f"KAFKA_* and KAFKA_{kind.upper()}_* variables beside the worker's own")
+        # before the model loads: a setting librdkafka refuses fails the start with its reason
+        check_client_configs({"consumer": consumer_config, "producer": producer_config, "admin": admin_config},
+                             beside=" beside the worker's own")
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self._clock = clock
         self._connection = ConnectionWatch(clock)
