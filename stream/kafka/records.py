@@ -156,11 +156,11 @@ class Records:
         if self.replies:
             head = {row: a for row, a in self.replies.items() if row < n} or None
             rest = {row - n: a for row, a in self.replies.items() if row >= n} or None
-        sizes = self.side_bytes
+        side = self.side_bytes
         return (Records(self.buffer, self.starts[:n], self.lengths[:n], self.keys[:n], self.partitions[:n],
-                        self.offsets[:n], head, None if sizes is None else sizes[:n]),
+                        self.offsets[:n], head, None if side is None else side[:n]),
                 Records(self.buffer, self.starts[n:], self.lengths[n:], self.keys[n:], self.partitions[n:],
-                        self.offsets[n:], rest, None if sizes is None else sizes[n:]))
+                        self.offsets[n:], rest, None if side is None else side[n:]))
 
     def without_partitions(self, partitions: Container[int]) -> Records:
         """The records of every partition but ``partitions`` (e.g. revoked ones)."""
