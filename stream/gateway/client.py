@@ -50,6 +50,7 @@ from stream.kafka.replies import REPLY_HEADER, USAGE_TOKENS_HEADER, ReplyAddress
 from stream.ops.verify import headers_of
 
 log = logging.getLogger(__name__)
+_CHECK_JOIN_S = 20.0  # close: the most it waits for a presence check in flight (its requests' timeouts summed)
 _REPLIES_A_ROUND = 512  # replies read between two rounds of expiring the calls past their deadline
 _NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 _TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
@@ -226,6 +227,9 @@ class PredictionClient:
             time.sleep(0.01)
         self._closing = True
         self._thread.join(timeout=5)
+        # A presence check in flight: its admin requests are answered on librdkafka's background thread, which
+        # calls into Python to settle them; an interpreter ending meanwhile crashed the gateway (SIGSEGV at exit).
+        self._checker.join(timeout=_CHECK_JOIN_S)
         left = self._expire(float("inf"))
         self._producer.flush(5)
         self._consumer.close()

@@ -322,3 +322,25 @@ def test_readiness_is_unknown_not_false_where_the_brokers_cannot_tell() -> None:
     assert not presence.serving()
     presence.replied()
     assert presence.serving(), "a reply is a worker too"
+
+
+def test_close_waits_for_a_presence_check_in_flight(client: PredictionClient,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's admin requests are answered on librdkafka's background thread, which calls into Python: a
+    gateway that ended while one was in flight died of SIGSEGV at exit. close() returns after the check has."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_check(timeout_s: float = 5.0) -> None:
+        started.set()
+        release.wait(5)
+
+    monkeypatch.setattr(client.presence, "check", slow_check)
+    client._reachable = True
+    assert started.wait(5), "the broker thread never checked"
+    closing = threading.Thread(target=client.close, args=(0,))
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive(), "close returned while the check was in flight"
+    release.set()
+    closing.join(5)
+    assert not closing.is_alive() and not client._checker.is_alive()
