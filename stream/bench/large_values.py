@@ -29,6 +29,10 @@ number of small events gives the floor. Variants, in one run on one local Apache
 * ``large-key``: small events keyed by ``--size`` bytes, the worker at its defaults;
 * ``many-headers-confluent``, ``large-header-confluent``, ``large-key-confluent``: the same three with
   ``--no-native-consumer`` (confluent-kafka's ``consume``, the path of a worker whose C extension is not built).
+* ``unreadable``: small events, and before them on each partition one zstd batch of 200,000 values of 550 bytes
+  (some 450 KB on the wire, 110 MB decompressed: past librdkafka's ``receive.message.max.bytes``, so the consumer
+  cannot decompress it, `stream.kafka.unreadable`), the worker at its defaults; ``unreadable-confluent``: the same
+  with ``--no-native-consumer``.
 
 Writes the figures to ``--results`` as JSON and prints one line per variant.
 """
@@ -39,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -70,7 +75,28 @@ VARIANTS: dict[str, dict[str, Any]] = {
                                "args": ["--no-native-consumer"]},
     "large-header-confluent": {"size": 100, "headers": ("traceparent", "size", 1), "args": ["--no-native-consumer"]},
     "large-key-confluent": {"size": 100, "key": True, "args": ["--no-native-consumer"]},
+    "unreadable": {"size": 100, "unreadable": (200_000, 550)},
+    "unreadable-confluent": {"size": 100, "unreadable": (200_000, 550), "args": ["--no-native-consumer"]},
 }
+
+
+def produce_unreadable(bootstrap: str, topic: str, partition: int, records: int = 120, size: int = 900_000) -> None:
+    """One zstd batch of ``records`` values of ``size`` bytes of one character (at the defaults some 5 KB on the
+    wire, under the broker's max.message.bytes, and 108 MB decompressed, past librdkafka's
+    receive.message.max.bytes): what a producer, buggy or hostile, sends with the settings below (or a Java
+    producer's size estimate, librdkafka #3935)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd", "linger.ms": 60_000,
+                         "message.max.bytes": 1_000_000_000, "batch.size": 2**31 - 1, "batch.num.messages": 1_000_000,
+                         "queue.buffering.max.kbytes": 2**31 - 1, "queue.buffering.max.messages": 2**31 - 1})
+    failed: list[str] = []
+    value = b"u" * size
+    for _ in range(records):
+        producer.produce(topic, value, b"unreadable", partition=partition,
+                         on_delivery=lambda err, _msg: failed.append(str(err)) if err else None)
+    if producer.flush(120) or failed:
+        raise RuntimeError(f"{topic}[{partition}]: the unreadable batch was not written: {failed[:1]}")
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int, compression: str,
@@ -130,8 +156,10 @@ def drain(bootstrap: str, topic: str, name: str, args: list[str], env: dict[str,
     if worker.returncode != 0:
         raise RuntimeError(f"{name}: the worker exited {worker.returncode} (log: {logs / f'{name}.log'})")
     said = json.loads(summary.read_text())
+    measured = re.findall(r"measured in ([0-9.]+) s", (logs / f"{name}.log").read_text(errors="replace"))
     return {"peak_rss_mib": round(peak), "seconds": round(time.monotonic() - started, 1),
-            "predicted": said["predicted"], "batches": said["batches"],
+            "predicted": said["predicted"], "dead_lettered": said["dead_lettered"],
+            "unreadable_measured_s": [float(s) for s in measured] or None, "batches": said["batches"],
             "mean_batch_size": round(said["batched_records"] / max(said["batches"], 1), 1)}
 
 
@@ -179,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 header, length, count = variant["headers"]
                 headers = [(header, b"0" * (args.size if length == "size" else length))] * count
             key_bytes = args.size if variant.get("key") else 0
+            unreadable: tuple[int, int] | None = variant.get("unreadable")
+            if unreadable is not None:  # one batch at the head of each partition
+                for partition in range(args.partitions):
+                    produce_unreadable(bootstrap, topic, partition, *unreadable)
             value_bytes = produce(bootstrap, topic, records, size, variant.get("compression", "lz4"), headers,
                                   key_bytes)
             row = drain(bootstrap, topic, name, variant.get("args", []), variant.get("env", {}),
@@ -189,10 +221,15 @@ def main(argv: list[str] | None = None) -> int:
                                                                                 for k, v in headers)},
                           "compression": variant.get("compression", "lz4"),
                           "topic_config": variant.get("topic_config") or None,
-                          "worker_args": variant.get("args", []), "env": variant.get("env", {}), **row}
+                          "worker_args": variant.get("args", []), "env": variant.get("env", {}),
+                          "unreadable_batches": None if unreadable is None else {
+                              "per_partition": 1, "records": unreadable[0], "value_bytes": unreadable[1]}, **row}
             carrying = "" if headers is None else (f" carrying {len(headers):,} header(s) of "
                                                    f"{rows[name]['headers']['bytes']:,} B")
             carrying += f" keyed by {key_bytes:,} B" if key_bytes else ""
+            if unreadable is not None:
+                carrying += (f" behind {args.partitions} unreadable batches of {unreadable[0]:,} (dead-lettered: "
+                             f"{row['dead_lettered']:,}, each measured in {row['unreadable_measured_s']} s)")
             print(f"{name}: {records} values of {value_bytes:,} B{carrying} ({rows[name]['compression']}): peak RSS "
                   f"{row['peak_rss_mib']:,} MiB, {row['batches']} batches of {row['mean_batch_size']} on "
                   f"average, {row['seconds']} s", flush=True)

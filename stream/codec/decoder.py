@@ -3,8 +3,9 @@ resolves it to the reader schema, and the plan runs over every record of that id
 is built).
 
 A record is dead-lettered when it has no value (``null-value``), is too short for the header (``truncated``), has
-another magic byte (``bad-magic``), is larger than the limit (``oversized``), carries an id the registry does not
-know (``unknown-schema``) or one met while new ids come faster than the registry is asked about them
+another magic byte (``bad-magic``), stands for an offset of a batch the consumer could not decompress
+(``unreadable``: `stream.kafka.unreadable`), is larger than the limit (``oversized``), carries an id the registry
+does not know (``unknown-schema``) or one met while new ids come faster than the registry is asked about them
 (``lookup-limited``: a producer writing ids at random must neither send a request to the registry a record nor
 grow the cache), a writer schema the reader schema cannot take (``incompatible-schema``), or bytes that do
 not follow its schema (``corrupt-avro``). A registry that cannot be reached is none of these: `decode_batch`
@@ -27,7 +28,7 @@ from stream.codec.program import Program, flatten, run_native
 from stream.codec.reference import decode_columns
 from stream.codec.registry import SchemaSource, WriterSchema
 from stream.errors import DecodeError
-from stream.kafka.records import Records
+from stream.kafka.records import UNREADABLE, Records
 from stream.logs import Throttle
 
 try:
@@ -44,7 +45,10 @@ LOOKUP_BURST = 200  # ... after a first burst of this many
 _LIMITED_WARN_EVERY_S = 60.0
 _HEADER_ERRORS = {-1: ("null-value", "record has no value (tombstone)"),
                   -2: ("truncated", "shorter than the 5-byte header"),
-                  -3: ("bad-magic", "the first byte is not the magic byte 0")}
+                  -3: ("bad-magic", "the first byte is not the magic byte 0"),
+                  -5: ("unreadable", "the consumer could not decompress the record batch holding this offset (its "
+                                     "records decompress past receive.message.max.bytes, or its codec is not built "
+                                     "in): what it holds is unknown; the worker's log names the batch")}
 
 
 def native_depth_ok(plan: FieldPlan) -> bool:
@@ -167,6 +171,8 @@ class ColumnDecoder:
         errors: list[tuple[int, DecodeError]] = []
         if n == 0:
             return Columns.concat([], self.columns), errors
+        if int(lengths.min()) < -1:
+            ids[lengths == UNREADABLE] = -5
         if max_bytes is not None and int(lengths.max()) > max_bytes:
             big = np.flatnonzero(lengths > max_bytes)
             for i in big.tolist():

@@ -7,15 +7,17 @@ import faulthandler
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stream.config import WorkerSettings
 from stream.errors import KafkaClientError, StreamError
 from stream.kafka import native
 from stream.kafka.records import MESSAGES_A_CONSUME, MessageRows, Records
 from stream.kafka.replies import ADDRESS_HEADERS, watched_headers
+from stream.kafka.unreadable import UNREADABLE_CODES, UnreadableBatches, probe_config
 
 log = logging.getLogger(__name__)
 _LEAVE_BOUND_S = 5.0  # `leave_group`: at most this long (or half the close's bound) before the close
@@ -28,28 +30,40 @@ class Intake:
     """Takes up to n records for the poll thread, serving the group (rebalances, commit results, errors) meanwhile."""
 
     def __init__(self, consumer: Consumer, source: native.NativeInput | None, clock: Callable[[], float],
-                 watched: tuple[str, ...] = ADDRESS_HEADERS) -> None:
+                 watched: tuple[str, ...] = ADDRESS_HEADERS, unreadable: UnreadableBatches | None = None) -> None:
         self._consumer = consumer
         self._watched = watched
         self._source = source
         self._clock = clock
         self._serve_consumer_at = 0.0  # native input: when the consumer's own queue is next served
+        self._unreadable = unreadable  # None: an unreadable batch fails the take (`consume_error`)
+        if unreadable is not None:
+            unreadable.wake = self.wake
 
     @classmethod
-    def open(cls, consumer: Consumer, settings: WorkerSettings, clock: Callable[[], float]) -> Intake:
-        """The C consumer when it can be used, else confluent-kafka's; logs the choice."""
+    def open(cls, consumer: Consumer, settings: WorkerSettings, clock: Callable[[], float],
+             consumer_config: Mapping[str, Any]) -> Intake:
+        """The C consumer when it can be used, else confluent-kafka's; logs the choice. ``consumer_config``: the
+        consumer's settings, for the one that measures an unreadable batch (`stream.kafka.unreadable`)."""
+        topic = settings.input_topic
+        probe = probe_config(consumer_config)
+
+        def seek(partition: int, offset: int) -> None:
+            consumer.seek(TopicPartition(topic, partition, offset))
+
+        unreadable = UnreadableBatches(topic, None if settings.dlq_topic is None else lambda: Consumer(probe), seek)
         why_not = "--no-native-consumer" if not settings.native_consumer else native.unavailable()
         watched = watched_headers(settings.copy_header_names)
         if why_not is None:
             try:
-                source = native.NativeInput(consumer, settings.input_topic, watched)
+                source = native.NativeInput(consumer, topic, watched)
             except (RuntimeError, TypeError, ValueError) as exc:
                 why_not = str(exc)
             else:
                 log.info("input records taken through the native consumer (stream.kafka._nativeconsume)")
-                return cls(consumer, source, clock, watched)
+                return cls(consumer, source, clock, watched, unreadable)
         log.info("input records taken through confluent-kafka (native consumer off: %s)", why_not)
-        return cls(consumer, None, clock, watched)
+        return cls(consumer, None, clock, watched, unreadable)
 
     def route(self, tps: list[tuple[str, int]]) -> None:
         """Newly assigned partitions (from on_assign, before confluent-kafka assigns them): the input topic's
@@ -61,6 +75,12 @@ class Intake:
         """Up to ``n`` consumed records, waiting up to ``timeout_s`` for them; serves the group meanwhile.
         ``first``: waiting up to ``timeout_s`` for the first record only, then taking what is already fetched,
         up to ``n`` in all: one batch's worth of a backlog in one `Records` (no copy to join it later)."""
+        unreadable = self._unreadable
+        if unreadable is not None and unreadable.pending:
+            # the rows of a batch the consumer could not read first (once it is measured), then what is fetched
+            pre = Records.unreadable(*unreadable.rows(n))
+            if len(pre):
+                return pre if len(pre) >= n else Records.concat([pre, self.take(n - len(pre), 0)])
         consumer = self._consumer
         source = self._source
         if source is None:
@@ -75,8 +95,8 @@ class Intake:
                 raise StreamError("a record reached the consumer's own queue while the native consumer takes the "
                                   "input (a partition assigned without on_assign?)")
         records, errors, pending = source.consume(n, timeout_s, first)
-        for _partition, _offset, code, text in errors:
-            consume_error(KafkaError(code, text))
+        for partition, offset, code, text in errors:
+            self._error(partition, offset, KafkaError(code, text))
         if pending:
             self._serve_consumer_at = 0.0  # at the next call
         return records
@@ -95,6 +115,8 @@ class Intake:
 
     def close(self) -> None:
         """Before the consumer's close, which destroys the client the C consumer uses."""
+        if self._unreadable is not None:
+            self._unreadable.close()
         if self._source is not None:
             self._source.close()
             self._source = None
@@ -118,17 +140,31 @@ class Intake:
             want = min(n - taken, MESSAGES_A_CONSUME)
             wait = 0 if first else max(deadline - self._clock(), 0.0)
 
-    @staticmethod
-    def _add(rows: MessageRows, messages: list[Message]) -> None:
+    def _add(self, rows: MessageRows, messages: list[Message]) -> None:
         good = []
         for msg in messages:
             err = msg.error()
             if err is None:
                 good.append(msg)
             else:
-                consume_error(err)
+                self._error(msg.partition(), msg.offset(), err)
         messages.clear()
         rows.add(good)
+
+    def _error(self, partition: int | None, offset: int | None, err: KafkaError) -> None:
+        """An error event of the consumer's: a batch it cannot read goes to `UnreadableBatches`, the rest to
+        `consume_error`."""
+        if (err.code() in UNREADABLE_CODES and self._unreadable is not None and partition is not None
+                and partition >= 0 and offset is not None and offset >= 0):
+            self._unreadable.met(partition, offset, err.str())
+        else:
+            consume_error(err)
+
+    def forget(self, partitions: set[int] | None = None) -> None:
+        """Revoked partitions (the batches met on them and not yet passed are their next owner's), or None: every
+        partition, rewound to its committed offset (its batches are met again)."""
+        if self._unreadable is not None:
+            self._unreadable.forget(partitions)
 
     def _records_of(self, messages: list[Message]) -> Records:
         rows = MessageRows(self._watched)

@@ -29,12 +29,16 @@ _COMPACT_SLACK = 1_048_576
 # at 64 the demo's drains on that path ran at 0.88-0.92 of one call a take (docs/performance.md).
 MESSAGES_A_CONSUME = 64
 
+# `Records.lengths` of a record in a batch the consumer could not decompress (`stream.kafka.unreadable`): no value
+# is known; the decode stage dead-letters it as ``unreadable``
+UNREADABLE = -2
+
 
 @dataclass(frozen=True)
 class Records:
     buffer: bytes  # every value, back to back
     starts: np.ndarray  # int64: where each value starts in buffer
-    lengths: np.ndarray  # int64: each value's length, -1 for a null value (a tombstone)
+    lengths: np.ndarray  # int64: each value's length, -1 for a null value (a tombstone), UNREADABLE
     keys: list[bytes | None]
     partitions: np.ndarray  # int32
     offsets: np.ndarray  # int64
@@ -51,6 +55,13 @@ class Records:
     @classmethod
     def empty(cls) -> Records:
         return cls(b"", _EMPTY_I64, _EMPTY_I64, [], np.zeros(0, dtype=np.int32), _EMPTY_I64)
+
+    @classmethod
+    def unreadable(cls, partitions: list[int], offsets: list[int]) -> Records:
+        """Rows for offsets of batches the consumer could not read: no value, no key."""
+        n = len(offsets)
+        return cls(b"", np.zeros(n, dtype=np.int64), np.full(n, UNREADABLE, dtype=np.int64), [None] * n,
+                   np.array(partitions, dtype=np.int32), np.array(offsets, dtype=np.int64))
 
     @classmethod
     def build(cls, values: Sequence[bytes | None], keys: list[bytes | None], partitions: Sequence[int],

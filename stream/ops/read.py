@@ -9,7 +9,8 @@ header or key that is not UTF-8 keeps its bytes as ``\\xNN`` escapes.
 No consumer group is joined and nothing is committed: the partitions are assigned. Without ``--follow`` it stops at
 the end offsets the topic had when it started; ``--from-beginning`` starts at each partition's first record, else at
 its end (so a read without either prints nothing and says so). Records of aborted transactions are left out unless
-``--isolation read_uncommitted``."""
+``--isolation read_uncommitted``. A batch librdkafka cannot decompress is skipped, saying which offsets it held
+(`stream.kafka.unreadable`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from stream.codec.registry import WireDecoder, open_source
 from stream.errors import ConfigError, StreamError
 from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.topics import end_offsets, partitions_of
+from stream.kafka.unreadable import UNREADABLE_CODES, batch_end, probe_config
 from stream.kafka_env import kafka_admin_env_config, kafka_env_config
 from stream.ops.compare import drop_read_to_end
 
@@ -114,17 +116,32 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
             return 0
     start = OFFSET_BEGINNING if args.from_beginning else OFFSET_END
     source = open_source(args.schema_registry_url, args.schemas_dir)
-    consumer = Consumer({**consumer_env, "bootstrap.servers": args.bootstrap_servers,
-                         "group.id": f"stream-read-{uuid.uuid4()}", "enable.auto.commit": False,
-                         "isolation.level": args.isolation})
+    conf = {**consumer_env, "bootstrap.servers": args.bootstrap_servers, "group.id": f"stream-read-{uuid.uuid4()}",
+            "enable.auto.commit": False, "isolation.level": args.isolation}
+    consumer = Consumer(conf)
     printed = 0
     progress_at = time.monotonic()  # without --follow, a read that stops getting anywhere ends with an error
     try:
         decode = WireDecoder(source)
         consumer.assign([TopicPartition(args.topic, p, start) for p in (chosen if args.follow else todo)])
+        skipped: dict[int, int] = {}  # partition: where reading went on after a batch it could not read
         while args.follow or todo:
             for msg in consumer.consume(MESSAGES_A_CONSUME, 0.5):
                 error = msg.error()
+                at = msg.offset()
+                if error is not None and error.code() in UNREADABLE_CODES and at is not None and at >= 0:
+                    p, base = int(msg.partition() or 0), at
+                    if base >= skipped.get(p, 0):
+                        last = batch_end(lambda: Consumer(probe_config(conf)), args.topic, p, base)
+                        print(f"read: {args.topic}[{p}] offsets {base}-{last} skipped: {error.str()} (a batch whose "
+                              "records decompress past receive.message.max.bytes can be read with a larger "
+                              "KAFKA_CONSUMER_RECEIVE_MESSAGE_MAX_BYTES)", file=sys.stderr)
+                        skipped[p] = last + 1
+                        consumer.seek(TopicPartition(args.topic, p, last + 1))
+                        if p in todo and last + 1 >= todo[p]:
+                            del todo[p]
+                        progress_at = time.monotonic()
+                    continue
                 if error is not None:
                     if error.fatal() or not error.retriable():
                         print(f"read: {error.str()}", file=sys.stderr)

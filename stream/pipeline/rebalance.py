@@ -121,6 +121,7 @@ class Rebalancer:
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
+        self.intake.forget({p for _, p in tps})
         self._tracker.forget(tps)
         self._stalls.forget(tps)
         self._pause.gone(partitions)

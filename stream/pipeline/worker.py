@@ -377,7 +377,7 @@ class Worker:
         """The parts that need the clients, wired to them (the stages' threads are started by `_run_clients`)."""
         s, clock = self.settings, self._clock
         failed = self._failure.watching(publisher.failure)
-        intake = Intake.open(consumer, s, clock)
+        intake = Intake.open(consumer, s, clock, self._consumer_config)
         committer = Committer(consumer, self._ledger, self._tracker, self.metrics, exactly_once=s.exactly_once,
                               clock=clock)
         max_poll_ms = int(self._consumer_config.get("max.poll.interval.ms", 300_000))
@@ -471,6 +471,8 @@ class Worker:
                 spans.accept(records)
             if self._transactions.pending():
                 self._transactions.rewind(consumer, batcher, self._tracker)
+                if not self._transactions.pending():  # rewound: the unreadable batches met since are met again
+                    intake.forget()
             now = self._clock()
             if now >= next_commit and self._ledger.async_due():
                 committer.commit(asynchronous=True)

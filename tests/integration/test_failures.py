@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, ConsumerGroupState, Prod
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription
 
 from producers.events import generate_events
+from stream.bench.large_values import produce_unreadable
 from stream.codec import SchemaRegistry, encode
 from stream.kafka.publish import HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
 from stream.local.broker import free_port
@@ -104,6 +105,56 @@ def test_without_a_dlq_a_bad_record_stops_the_worker_and_is_not_committed(pipeli
     committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
     ends = end_offsets(pipeline.bootstrap, pipeline.input)
     assert sum(max(c, 0) for c in committed.values()) < sum(ends.values()), "the bad record was committed"
+
+
+@pytest.mark.parametrize("how", [["--guarantee", "at-least-once"],
+                                 ["--no-native-consumer", "--guarantee", "exactly-once"]], ids=["native", "eos"])
+def test_batches_the_consumer_cannot_decompress_are_dead_lettered_offset_by_offset_and_the_stream_goes_on(
+        pipeline: Pipeline, broker: BrokerInfo, how: list[str]) -> None:
+    """Before: librdkafka fetched such a batch again and again, each time with _BAD_COMPRESSION, which stopped the
+    worker (every replica in turn, on the same batch)."""
+    if broker.kind == "tansu":
+        pytest.skip("measured against Apache Kafka, which keeps a producer's zstd batches as they are")
+    dlq = pipeline.input.replace("-in-", "-dlq-")
+    pipeline.produce(200, seed=73)
+    produce_unreadable(pipeline.bootstrap, pipeline.input, 0)
+    produce_unreadable(pipeline.bootstrap, pipeline.input, 0, records=130)  # right behind the first
+    pipeline.produce(200, seed=73, start=200)
+    produce_unreadable(pipeline.bootstrap, pipeline.input, 1, records=115)  # the last batch of its partition
+    ends = end_offsets(pipeline.bootstrap, pipeline.input)
+    started = time.monotonic()
+    worker = pipeline.worker("--dlq-topic", dlq, "--stop-at-end", *how)
+    assert worker.wait(120) == 0, worker.output()[-3000:]
+    took = time.monotonic() - started
+    dead = read_all(pipeline.bootstrap, dlq, 365)
+    assert len(dead) == 365 and {h[DLQ_ERROR_REASON] for h, _, _ in dead} == {b"unreadable"}
+    assert {(k, v) for _, k, v in dead} == {(None, None)}, "what they held is unknown"
+    preds = read_all(pipeline.bootstrap, pipeline.output, 400)
+    assert len(preds) == 400
+    sources = [source_of(decode_value(writer_schemas(), v), h) for h, _, v in preds]
+    sources += [source_of({}, h) for h, _, _ in dead]
+    assert sorted(sources) == sorted((pipeline.input, p, o) for p, end in ends.items() for o in range(end)), \
+        "each input offset exactly once, a prediction or an unreadable dead letter"
+    assert pipeline.committed_problems() == []
+    output = worker.output()
+    assert output.count("dead-lettered as unreadable") == 3, output[-3000:]
+    assert re.search(r"\[1\]@\d+: the consumer cannot read the record batch at offsets \d+-(\d+)", output)
+    print(f"{how}: 3 unreadable batches (365 records) and 400 events in {took:.1f} s")
+
+
+def test_without_a_dlq_a_batch_the_consumer_cannot_decompress_stops_the_worker_on_purpose(
+        pipeline: Pipeline, broker: BrokerInfo) -> None:
+    if broker.kind == "tansu":
+        pytest.skip("measured against Apache Kafka, which keeps a producer's zstd batches as they are")
+    pipeline.produce(100, seed=79)
+    produce_unreadable(pipeline.bootstrap, pipeline.input, 2)
+    worker = pipeline.worker("--stop-at-end")
+    assert worker.wait(120) == EXIT_STOPPED_ON_PURPOSE, worker.output()[-3000:]
+    assert "stopped on purpose (no-dlq-topic)" in worker.output() and "unreadable: the consumer could not" in \
+        worker.output()
+    committed = committed_offsets(pipeline.bootstrap, pipeline.group, pipeline.input)
+    ends = end_offsets(pipeline.bootstrap, pipeline.input)
+    assert committed.get(2, -1) < ends[2], "the unreadable batch was committed"
 
 
 def test_a_flood_of_records_the_model_cannot_take_is_dead_lettered_and_the_records_behind_are_predicted(

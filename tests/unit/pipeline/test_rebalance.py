@@ -43,9 +43,13 @@ class Consumer:
 class Intake:
     def __init__(self) -> None:
         self.routed: list[tuple[str, int]] = []
+        self.forgotten: list[int] = []
 
     def route(self, tps: list[tuple[str, int]]) -> None:
         self.routed += tps
+
+    def forget(self, partitions: set[int]) -> None:  # the unreadable batches met on them (stream.kafka.unreadable)
+        self.forgotten += sorted(partitions)
 
 
 class StepClock:
@@ -98,6 +102,7 @@ def test_a_revoke_finishes_in_flight_records_commits_them_and_drops_unstarted_on
     acker.join()
     assert consumer.commits == [{(T, 0): 10}]
     assert tracker.assigned() == [(T, 1)] and len(batcher) == 1, "partition 1's record stays in the open batch"
+    assert r.intake.forgotten == [0]  # type: ignore[union-attr]
 
 
 def test_a_revoke_gives_up_on_records_not_acknowledged_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
@@ -133,6 +138,7 @@ def test_a_lost_assignment_commits_nothing_and_drops_its_state() -> None:
     batcher.add([Records.build([b"a"], [None], [0], [5])])
     r.on_lost(consumer, tps(0))  # type: ignore[arg-type]
     assert consumer.commits == [] and tracker.assigned() == [] and len(batcher) == 0
+    assert r.intake.forgotten == [0]  # type: ignore[union-attr]
 
 
 def test_a_replica_without_partitions_warns_once_after_30_s(caplog: pytest.LogCaptureFixture) -> None:
