@@ -29,9 +29,9 @@ from stream.errors import StreamError
 log = logging.getLogger(__name__)
 UNREADABLE_CODES = frozenset({KafkaError._BAD_COMPRESSION})
 PROBE_TIMEOUT_S = 5.0  # one fetch of the search: at most this long for an answer
-# The whole search, on the poll thread (a batch of 200,000 records took 1.3-3.4 s, large-values-*.json): under the
-# 30 s after which /healthz says the poll thread is stuck
+# The whole search of one batch (200,000 records: about 36 fetches, 2-3 s, docs/operations.md "Memory and logs")
 SEARCH_TIMEOUT_S = 20.0
+MEASURING_THREADS = 4  # batches measured at once (each with a consumer of its own), of as many partitions
 
 
 def probe_config(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,13 +106,18 @@ def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, 
         log.debug("measuring the unreadable batch at %s[%d]@%d: %s", topic, partition, base, err.str())
 
 
+def _timed(measure: Callable[..., int], *args: Any) -> tuple[int, float]:
+    started = time.monotonic()
+    return measure(*args), time.monotonic() - started
+
+
 class UnreadableBatches:
     """What the intake does with the unreadable batches it meets (`met`): each batch measured (`batch_end`) on a
-    thread of its own, the poll thread going on with the other partitions meanwhile; then its rows (`rows`), each
-    an offset of the batch with no value (length `UNREADABLE`), which the decode stage dead-letters as
-    ``unreadable``; once all are taken, the partition's fetching moves past the batch (``seek``). Without a
-    dead-letter topic (``make_consumer`` None) the batch is not measured: its first offset alone is taken, which
-    stops the worker on purpose as any bad record does then. ``wake``: called when a measurement ends (the
+    thread beside the poll thread (up to `MEASURING_THREADS` at once), which goes on with the other partitions;
+    then its rows (`rows`), each an offset of the batch with no value (length `UNREADABLE`), which the decode stage
+    dead-letters as ``unreadable``; once all are taken, the partition's fetching moves past the batch (``seek``).
+    Without a dead-letter topic (``make_consumer`` None) the batch is not measured: its first offset alone is
+    taken, which stops the worker on purpose as any bad record does then. ``wake``: called when a measurement ends (the
     intake's, so that a take waiting for records returns)."""
 
     def __init__(self, topic: str, make_consumer: Callable[[], Consumer] | None,
@@ -122,8 +127,8 @@ class UnreadableBatches:
         self._make_consumer = make_consumer
         self._seek = seek
         self._pending: dict[int, list[int]] = {}  # partition: [next offset to take, last offset of the batch]
-        # partition: (its batch's last offset, to come; its first offset; librdkafka's words; when it started)
-        self._measuring: dict[int, tuple[Future[int], int, str, float]] = {}
+        # partition: ((its batch's last offset, seconds measuring it), to come; its first offset; librdkafka's words)
+        self._measuring: dict[int, tuple[Future[tuple[int, float]], int, str]] = {}
         self._executor: ThreadPoolExecutor | None = None
         # Without a dead-letter topic, partition: the batch whose first offset was taken (its fetching is not moved,
         # so librdkafka reports it again and again until the worker stops). With one, librdkafka drops the errors
@@ -145,25 +150,25 @@ class UnreadableBatches:
             self._stopping_at[partition] = base
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="unreadable-batch")
-        future = self._executor.submit(batch_end, self._make_consumer, self.topic, partition, base)
+            self._executor = ThreadPoolExecutor(MEASURING_THREADS, thread_name_prefix="unreadable-batch")
+        future = self._executor.submit(_timed, batch_end, self._make_consumer, self.topic, partition, base)
         future.add_done_callback(lambda _: self.wake())
-        self._measuring[partition] = (future, base, text, time.monotonic())
+        self._measuring[partition] = (future, base, text)
 
     def rows(self, n: int) -> tuple[list[int], list[int]]:
         """Up to ``n`` rows of the batches measured: (their partitions, their offsets); a partition whose rows are
         all taken is moved past its batch. Raises `StreamError` where a batch could not be measured."""
-        for partition, (future, base, text, started) in list(self._measuring.items()):
+        for partition, (future, base, text) in list(self._measuring.items()):
             if future.done():
                 del self._measuring[partition]
-                last = future.result()
+                last, took_s = future.result()
                 log.warning("%s[%d]@%d: the consumer cannot read the record batch at offsets %d-%d (%s): its %d "
                             "offsets are dead-lettered as unreadable and the partition is read on from %d "
                             "(measured in %.2f s). A batch whose records decompress past "
                             "receive.message.max.bytes can be read with a larger "
                             "KAFKA_CONSUMER_RECEIVE_MESSAGE_MAX_BYTES; it stays in the input topic until its "
                             "retention", self.topic, partition, base, base, last, text, last - base + 1, last + 1,
-                            time.monotonic() - started)
+                            took_s)
                 self._pending[partition] = [base, last]
         partitions: list[int] = []
         offsets: list[int] = []
