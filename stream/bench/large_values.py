@@ -30,7 +30,7 @@ number of small events gives the floor. Variants, in one run on one local Apache
 * ``many-headers-confluent``, ``large-header-confluent``, ``large-key-confluent``: the same three with
   ``--no-native-consumer`` (confluent-kafka's ``consume``, the path of a worker whose C extension is not built).
 * ``unreadable``: small events, and before them on each partition one zstd batch of 200,000 values of 550 bytes
-  (some 450 KB on the wire, 110 MB decompressed: past librdkafka's ``receive.message.max.bytes``, so the consumer
+  (110 MB decompressed: past librdkafka's ``receive.message.max.bytes``, so the consumer
   cannot decompress it, `stream.kafka.unreadable`), the worker at its defaults; ``unreadable-confluent``: the same
   with ``--no-native-consumer``.
 
@@ -81,7 +81,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def produce_unreadable(bootstrap: str, topic: str, partition: int, records: int = 120, size: int = 900_000) -> None:
-    """One zstd batch of ``records`` values of ``size`` bytes of one character (at the defaults some 5 KB on the
+    """One zstd batch of ``records`` values of ``size`` bytes of one character (at the defaults a few KB on the
     wire, under the broker's max.message.bytes, and 108 MB decompressed, past librdkafka's
     receive.message.max.bytes): what a producer, buggy or hostile, sends with the settings below (or a Java
     producer's size estimate, librdkafka #3935)."""

@@ -1,10 +1,11 @@
 """Record batches the consumer cannot read, and how the worker gets past one.
 
 A producer can write a batch that librdkafka cannot decompress: its records decompress to more than
-``receive.message.max.bytes`` (100 MB by default; 200 values of 900 KB of one character make 8 KB of zstd, well
-under the broker's ``max.message.bytes``), or its codec is one this build of librdkafka lacks. librdkafka then
-reports ``_BAD_COMPRESSION`` at the batch's first offset and fetches the same batch again, for ever: the partition
-goes no further, and a worker that stopped at the error stopped every replica in turn on the same batch.
+``receive.message.max.bytes`` (100 MB by default; 120 values of 900 KB of one character pack into a few KB of
+zstd, well under the broker's ``max.message.bytes``), or its codec is one this build of librdkafka lacks.
+librdkafka then reports ``_BAD_COMPRESSION`` at the batch's first offset and fetches the same batch again, for
+ever: the partition goes no further, and a worker that stopped at the error stopped every replica in turn on the
+same batch.
 
 With a dead-letter topic the worker dead-letters each offset of such a batch (reason ``unreadable``: it cannot
 know their contents) and reads on after it. librdkafka names the batch's first offset only, so `batch_end` finds
@@ -29,7 +30,8 @@ from stream.errors import StreamError
 log = logging.getLogger(__name__)
 UNREADABLE_CODES = frozenset({KafkaError._BAD_COMPRESSION})
 PROBE_TIMEOUT_S = 5.0  # one fetch of the search: at most this long for an answer
-# The whole search of one batch (200,000 records: about 36 fetches, 2-3 s, docs/operations.md "Memory and logs")
+# The whole search of one batch (200,000 records: about 36 fetches, 2.5-6.3 s four at once on 2 cores,
+# docs/operations.md "Memory and logs")
 SEARCH_TIMEOUT_S = 20.0
 MEASURING_THREADS = 4  # batches measured at once (each with a consumer of its own), of as many partitions
 
