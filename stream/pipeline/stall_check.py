@@ -42,6 +42,9 @@ class StallCheck:
         # With no committed offset, fetching starts where auto.offset.reset says: offset 0 for "earliest".
         reset = str(consumer_config.get("auto.offset.reset", "latest")).lower()
         self._reset_start = 0 if reset in ("earliest", "smallest", "beginning") else None
+        # Partitions whose records past the last stable offset are waiting behind a transaction still open (the
+        # latest check's): {partition: (last stable offset, end offset)}
+        self.held: dict[Tp, tuple[int, int]] = {}
 
     def due(self) -> bool:
         return self._stalls.due()
@@ -56,9 +59,10 @@ class StallCheck:
             warn = stalls.judge(self.records_waiting(idle))
             if warn:
                 log.warning("stalled: %s %s records waiting and no committed progress for %.0fs or more "
-                            "(--stall-timeout-s %g)%s", fmt_partitions(warn), "has" if len(warn) == 1 else "have",
+                            "(--stall-timeout-s %g)%s%s", fmt_partitions(warn), "has" if len(warn) == 1 else "have",
                             min(stalls.stalled_for_s(tp) for tp in warn), stalls.timeout_s,
-                            "; input is paused: the model's queue is full" if self._pause.paused else "")
+                            "; input is paused: the model's queue is full" if self._pause.paused else "",
+                            self._held_note(warn))
         self._metrics.stalled_partitions.set(len(stalls.stalled()))
 
     def records_waiting(self, tps: list[Tp]) -> dict[Tp, bool]:
@@ -77,9 +81,11 @@ class StallCheck:
                         exc.args[0] if exc.args else exc)
             return {}
         ends = {(tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
+        stable = dict(ends)  # a read_committed consumer's ListOffsets(latest): the last stable offset
         for t, p in tps:
             # Also the end offset the last fetch response carried (no round trip): the embedded Tansu broker
-            # answers ListOffsets(latest) wrongly, its fetch responses rightly; on Kafka the two agree.
+            # answers ListOffsets(latest) wrongly, its fetch responses rightly; on Kafka the two agree. It is the
+            # high watermark, past the last stable offset while a transaction is open.
             _, fetched = consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
             if fetched >= 0:
                 ends[(t, p)] = max(ends.get((t, p), 0), fetched)
@@ -99,12 +105,28 @@ class StallCheck:
                              for tp in answer if tp.error is None}
         batched = self._batched_partitions()
         waiting = {}
+        self.held = {}
         for tp in tps:
             known = [x for x in (taken.get(tp), self._ledger.position(tp), committed.get(tp)) if x is not None]
             if tp not in ends or not known:
                 continue
             waiting[tp] = ends[tp] > max(known) or self._tracker.holds(tp) or tp[1] in batched
+            if taken.get(tp, -1) == stable.get(tp) and stable[tp] < ends[tp]:  # read up to a transaction still open
+                self.held[tp] = (stable[tp], ends[tp])
         return waiting
+
+    def _held_note(self, tps: list[Tp]) -> str:
+        """What the warning adds for stalled partitions held by an open transaction."""
+        held = [(tp, *self.held[tp]) for tp in tps if tp in self.held]
+        if not held:
+            return ""
+        return ("; " + ", ".join(f"{t}[{p}] at {stable} ({end - stable:,} records past it)"
+                                 for (t, p), stable, end in held)
+                + ": a transaction its producer has neither committed nor aborted holds the last stable offset "
+                "there, and a read_committed consumer reads nothing past it until the producer ends it or the "
+                "broker aborts it at the producer's transaction.timeout.ms (at most the broker's "
+                "transaction.max.timeout.ms, 15 minutes by default): grant transactional ids only to producers "
+                "you trust (docs/operations.md, 'Security: the least-privilege ACLs')")
 
     def _batched_partitions(self) -> set[int]:
         """Input partitions with records in the open batch."""

@@ -134,3 +134,29 @@ def test_the_end_offset_of_the_last_fetch_counts_when_listoffsets_answers_less(p
     consumer = OffsetsConsumer(ends={0: 1, 1: 1}, positions={0: 700, 1: 1449})
     consumer.fetched = {0: 1449, 1: 1449}
     assert waiting(parts, consumer, [A, B]) == {A: True, B: False}
+
+
+def test_a_partition_read_up_to_a_transaction_left_open_is_waiting_and_the_warning_says_why(
+        parts: Parts, caplog: pytest.LogCaptureFixture) -> None:
+    # An upstream producer began a transaction at offset 30 and never ended it: ListOffsets (read_committed) answers
+    # the last stable offset, 30; the fetches carry the high watermark, 80. The worker took and committed all to 30.
+    consumer = OffsetsConsumer(ends={0: 30, 1: 50}, positions={0: 30, 1: 20})
+    consumer.fetched = {0: 80, 1: 50}
+    parts.ledger.start_at(A, 30)
+    check = stall_check(parts, consumer)
+    parts.tracker.assign([A, B])
+    assert check.records_waiting([A, B]) == {A: True, B: True}
+    assert check.held == {A: (30, 80)}, "partition 1 is behind, not held"
+    note = check._held_note([A, B])
+    assert note.startswith("; in[0] at 30 (50 records past it): a transaction its producer has neither committed")
+    assert "in[1]" not in note and check._held_note([B]) == ""
+    consumer.ends[0] = 80  # the transaction ended: nothing held
+    assert check.records_waiting([A]) == {A: True} and check.held == {}
+
+
+def test_tansus_wrong_listoffsets_answer_is_not_taken_for_a_transaction_left_open(parts: Parts) -> None:
+    consumer = OffsetsConsumer(ends={0: 1}, positions={0: 700})
+    consumer.fetched = {0: 1449}
+    check = stall_check(parts, consumer)
+    parts.tracker.assign([A])
+    assert check.records_waiting([A]) == {A: True} and check.held == {}
