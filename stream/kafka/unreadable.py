@@ -17,6 +17,7 @@ Exponential, then binary search: about 2 log2(n) fetches for a batch of n record
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -48,16 +49,18 @@ def probe_config(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def batch_end(make_consumer: Callable[[], Consumer], topic: str, partition: int, base: int,
               timeout_s: float = SEARCH_TIMEOUT_S, probe_timeout_s: float = PROBE_TIMEOUT_S,
-              clock: Callable[[], float] = time.monotonic) -> int:
-    """The last offset of the unreadable batch whose first offset is ``base`` (librdkafka's error names it)."""
+              clock: Callable[[], float] = time.monotonic, stop: threading.Event | None = None) -> int:
+    """The last offset of the unreadable batch whose first offset is ``base`` (librdkafka's error names it).
+    ``stop``: set, the search ends within a second (`StreamError`)."""
     deadline = clock() + timeout_s
+    stop = stop or threading.Event()
 
     def probe(at: int) -> bool:
         left = deadline - clock()
         if left <= 0:
             raise StreamError(f"{topic}[{partition}]: the unreadable batch at {base} was not measured within "
                               f"{timeout_s:.0f} s")
-        return _inside(consumer, topic, partition, base, at, min(probe_timeout_s, left))
+        return _inside(consumer, topic, partition, base, at, min(probe_timeout_s, left), stop)
 
     consumer = make_consumer()
     try:
@@ -80,7 +83,8 @@ def batch_end(make_consumer: Callable[[], Consumer], topic: str, partition: int,
         consumer.close()
 
 
-def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, timeout_s: float) -> bool:
+def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, timeout_s: float,
+            stop: threading.Event) -> bool:
     """Whether fetching from ``at`` returns the unreadable batch that starts at ``base`` (else a readable record,
     another batch or the partition's end)."""
     consumer.assign([TopicPartition(topic, partition, at)])
@@ -90,7 +94,9 @@ def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, 
         if left <= 0:
             raise StreamError(f"{topic}[{partition}]: no answer fetching from {at} within {timeout_s:.1f} s while "
                               f"measuring the unreadable batch at {base}")
-        msg = consumer.poll(min(left, 1.0))
+        if stop.is_set():
+            raise StreamError(f"{topic}[{partition}]: measuring the unreadable batch at {base} stopped")
+        msg = consumer.poll(min(left, 0.5))
         if msg is None or msg.partition() != partition:
             continue
         err = msg.error()
@@ -99,7 +105,9 @@ def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, 
                 return False
             continue  # from before this assignment
         if err.code() == KafkaError._PARTITION_EOF:
-            return False
+            if (msg.offset() or 0) >= at:  # the end of the partition is past it
+                return False
+            continue  # from before this assignment
         if err.code() in UNREADABLE_CODES:
             return msg.offset() == base
         if err.fatal() or not err.retriable():
@@ -108,9 +116,9 @@ def _inside(consumer: Consumer, topic: str, partition: int, base: int, at: int, 
         log.debug("measuring the unreadable batch at %s[%d]@%d: %s", topic, partition, base, err.str())
 
 
-def _timed(measure: Callable[..., int], *args: Any) -> tuple[int, float]:
+def _timed(measure: Callable[..., int], *args: Any, **kwargs: Any) -> tuple[int, float]:
     started = time.monotonic()
-    return measure(*args), time.monotonic() - started
+    return measure(*args, **kwargs), time.monotonic() - started
 
 
 class UnreadableBatches:
@@ -132,6 +140,7 @@ class UnreadableBatches:
         # partition: ((its batch's last offset, seconds measuring it), to come; its first offset; librdkafka's words)
         self._measuring: dict[int, tuple[Future[tuple[int, float]], int, str]] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()
         # Without a dead-letter topic, partition: the batch whose first offset was taken (its fetching is not moved,
         # so librdkafka reports it again and again until the worker stops). With one, librdkafka drops the errors
         # fetched before the seek itself (their fetch version is outdated).
@@ -153,7 +162,8 @@ class UnreadableBatches:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(MEASURING_THREADS, thread_name_prefix="unreadable-batch")
-        future = self._executor.submit(_timed, batch_end, self._make_consumer, self.topic, partition, base)
+        future = self._executor.submit(_timed, batch_end, self._make_consumer, self.topic, partition, base,
+                                       stop=self._stop)
         future.add_done_callback(lambda _: self.wake())
         self._measuring[partition] = (future, base, text)
 
@@ -197,8 +207,9 @@ class UnreadableBatches:
                 table.pop(partition, None)
 
     def close(self) -> None:
-        """Before the consumer's close: waits for a measurement under way (at most `SEARCH_TIMEOUT_S`), whose
-        client must not outlive the process's end."""
+        """Before the consumer's close: ends a measurement under way (within a second) and waits for it, so that
+        its client does not outlive the process's end."""
+        self._stop.set()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None

@@ -34,6 +34,7 @@ class Log:
                  gate: threading.Event | None = None) -> None:
         self.batches, self.end, self.answers, self.gate = batches, end, answers, gate
         self.fetches: list[int] = []
+        self.stale: list[Msg] = []  # answered first (from before an assignment)
         self.closed = False
         self._at: int | None = None
 
@@ -48,6 +49,8 @@ class Log:
         self.fetches.append(tp.offset)
 
     def poll(self, timeout: float) -> Msg | None:
+        if self.stale:
+            return self.stale.pop(0)
         at, self._at = self._at, None
         if at is None or not self.answers:
             time.sleep(min(timeout, 0.01))
@@ -99,6 +102,22 @@ def test_a_search_without_answers_fails_within_its_bound() -> None:
     with pytest.raises(StreamError, match=r"not measured within 3 s"):
         batch_end(lambda: log, "t", 0, 0, timeout_s=3, clock=clock)  # type: ignore[arg-type,return-value]
     assert log.closed
+
+
+def test_answers_from_before_an_assignment_are_not_taken_for_its_own() -> None:
+    log = Log([(0, 9, True), (10, 20, False)], 21)
+    log.stale = [Msg(0, 0, KafkaError(KafkaError._PARTITION_EOF)), Msg(0, 0), Msg(1, 50)]  # the first probe is at 1
+    assert batch_end(lambda: log, "t", 0, 0) == 9  # type: ignore[arg-type,return-value]
+
+
+def test_a_close_ends_a_measurement_under_way_and_waits_for_it() -> None:
+    log = Log([(0, 9, True)], 10, answers=False)
+    batches = UnreadableBatches("t", lambda: log, lambda p, o: None)  # type: ignore[arg-type,return-value]
+    batches.met(0, 0, "Decompression failed")
+    batches.close()
+    assert log.closed, "its consumer closed before close() returned"
+    with pytest.raises(StreamError, match=r"t\[0\]: measuring the unreadable batch at 0 stopped"):
+        batches.rows(10)
 
 
 def test_the_probe_consumer_keeps_the_workers_settings_but_not_its_group_or_callbacks() -> None:
