@@ -171,8 +171,6 @@ class ColumnDecoder:
         errors: list[tuple[int, DecodeError]] = []
         if n == 0:
             return Columns.concat([], self.columns), errors
-        if int(lengths.min()) < -1:
-            ids[lengths == UNREADABLE] = -5
         if max_bytes is not None and int(lengths.max()) > max_bytes:
             big = np.flatnonzero(lengths > max_bytes)
             for i in big.tolist():
@@ -184,6 +182,7 @@ class ColumnDecoder:
         if first >= 0 and bool((ids == first).all()):
             groups: list[tuple[int, np.ndarray]] = [(first, np.arange(n))]
         else:
+            ids[lengths == UNREADABLE] = -5  # read as null values (-1) above, which the comparison sent here
             for code, (reason, message) in _HEADER_ERRORS.items():
                 for i in np.flatnonzero(ids == code).tolist():
                     errors.append((i, DecodeError(reason, message)))

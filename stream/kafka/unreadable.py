@@ -35,6 +35,9 @@ PROBE_TIMEOUT_S = 5.0  # one fetch of the search: at most this long for an answe
 # docs/operations.md "Memory and logs")
 SEARCH_TIMEOUT_S = 20.0
 MEASURING_THREADS = 4  # batches measured at once (each with a consumer of its own), of as many partitions
+# What the worker's warning and `stream read` say of such a batch
+READ_WITH = ("a batch whose records decompress past receive.message.max.bytes can be read with a larger "
+             "KAFKA_CONSUMER_RECEIVE_MESSAGE_MAX_BYTES")
 
 
 def probe_config(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,11 +179,9 @@ class UnreadableBatches:
                 last, took_s = future.result()
                 log.warning("%s[%d]@%d: the consumer cannot read the record batch at offsets %d-%d (%s): its %d "
                             "offsets are dead-lettered as unreadable and the partition is read on from %d "
-                            "(measured in %.2f s). A batch whose records decompress past "
-                            "receive.message.max.bytes can be read with a larger "
-                            "KAFKA_CONSUMER_RECEIVE_MESSAGE_MAX_BYTES; it stays in the input topic until its "
-                            "retention", self.topic, partition, base, base, last, text, last - base + 1, last + 1,
-                            took_s)
+                            "(measured in %.2f s); %s, and it stays in the input topic until its retention",
+                            self.topic, partition, base, base, last, text, last - base + 1, last + 1, took_s,
+                            READ_WITH)
                 self._pending[partition] = [base, last]
         partitions: list[int] = []
         offsets: list[int] = []

@@ -30,7 +30,7 @@ from stream.codec.registry import WireDecoder, open_source
 from stream.errors import ConfigError, StreamError
 from stream.kafka.records import MESSAGES_A_CONSUME
 from stream.kafka.topics import end_offsets, partitions_of
-from stream.kafka.unreadable import UNREADABLE_CODES, batch_end, probe_config
+from stream.kafka.unreadable import READ_WITH, UNREADABLE_CODES, batch_end, probe_config
 from stream.kafka_env import kafka_admin_env_config, kafka_env_config
 from stream.ops.compare import drop_read_to_end
 
@@ -133,9 +133,8 @@ def read(args: argparse.Namespace, out: IO[str] = sys.stdout) -> int:
                     p, base = int(msg.partition() or 0), at
                     if base >= skipped.get(p, 0):
                         last = batch_end(lambda: Consumer(probe_config(conf)), args.topic, p, base)
-                        print(f"read: {args.topic}[{p}] offsets {base}-{last} skipped: {error.str()} (a batch whose "
-                              "records decompress past receive.message.max.bytes can be read with a larger "
-                              "KAFKA_CONSUMER_RECEIVE_MESSAGE_MAX_BYTES)", file=sys.stderr)
+                        print(f"read: {args.topic}[{p}] offsets {base}-{last} skipped: {error.str()} ({READ_WITH})",
+                              file=sys.stderr)
                         skipped[p] = last + 1
                         consumer.seek(TopicPartition(args.topic, p, last + 1))
                         if p in todo and last + 1 >= todo[p]:
